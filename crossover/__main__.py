@@ -1,0 +1,5 @@
+import sys
+
+from crossover.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""The one `crossover` command; each subcommand lives in its own module and is imported lazily
+so `crossover --help` and `crossover validate` stay fast and need none of the heavy libraries."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+from collections.abc import Sequence
+
+from crossover import __version__
+from crossover.errors import UserError
+
+# subcommand -> (module with add_arguments(parser) and run(args) -> int, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("crossover.validate", "check a fleet spec and print its topologies"),
+    "sim": ("crossover.sim.cli", "serve a simulated vLLM fleet from a spec"),
+    "exporter": ("crossover.exporter.cli", "scrape the fleet and serve per-topology goodput"),
+    "sweep": ("crossover.loadgen.cli", "drive synthetic traffic and find the crossover"),
+    "rules": ("crossover.rules.cli", "generate Prometheus scrape config, recording rules and alerts"),
+    "dashboards": ("crossover.dashboards.cli", "generate Grafana dashboards"),
+    "app": ("crossover.app.cli", "start the Streamlit app"),
+    "demo": ("crossover.demo", "run the whole stack on the simulator"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="crossover",
+        description="Find where one vLLM topology overtakes another on goodput: simulate, scrape, "
+        "sweep, alert and chart a fleet described by one spec file.",
+    )
+    parser.add_argument("--version", action="version", version=f"crossover {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        subparser = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            subparser.set_defaults(_missing=module_name)
+            continue
+        module.add_arguments(subparser)
+        subparser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # A closed pipe (`crossover ... | head`) is not an error worth a traceback.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if getattr(args, "_missing", None):
+        print(f"crossover {args.command}: not available in this build", file=sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except UserError as exc:
+        print(f"crossover {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"crossover {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

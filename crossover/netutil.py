@@ -1,0 +1,32 @@
+"""Loopback helpers shared by the simulator, the demo and the tests."""
+
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlsplit, urlunsplit
+
+from crossover.spec import FleetSpec
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on host (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _with_port(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, f"{parts.hostname}:{port}", parts.path, parts.query, parts.fragment))
+
+
+def spec_on_free_ports(spec: FleetSpec) -> FleetSpec:
+    """The same spec with every instance and entrypoint URL moved to a free loopback port, so that
+    tests and demos never collide with each other or with a fleet already running."""
+    data = spec.model_dump(mode="json")
+    for topology in data["topologies"]:
+        for instance in topology["instances"]:
+            instance["url"] = _with_port(instance["url"], free_port())
+        if topology["entrypoint"].get("url"):
+            topology["entrypoint"]["url"] = _with_port(topology["entrypoint"]["url"], free_port())
+    return FleetSpec.model_validate(data)

@@ -1,0 +1,463 @@
+"""The fleet spec: one YAML file describing the model, hardware, topologies, SLOs and scraping.
+
+Every part of the project reads the spec through `load_spec`, which returns frozen, typed objects
+or raises `SpecError` with a one-line message naming the file, the field and the problem.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from crossover.catalog import SLO_HISTOGRAMS
+from crossover.errors import UserError
+
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9_.-]*$")
+
+
+class SpecError(UserError):
+    """A spec that cannot be used; the message is one line meant for the user."""
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Prometheus-style duration ("500ms", "5s", "1m", "30d") to seconds."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a duration: {text!r}")
+    if isinstance(text, int | float):
+        if text <= 0 or not math.isfinite(text):
+            raise ValueError(f"duration must be positive, got {text!r}")
+        return float(text)
+    match = _DURATION_RE.match(str(text).strip())
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 5s, 1m, 6h, 30d)")
+    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {text!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds to the shortest exact Prometheus duration ("300" -> "5m")."""
+    for unit in ("w", "d", "h", "m", "s"):
+        size = _DURATION_UNITS[unit]
+        if seconds >= size and float(seconds / size).is_integer():
+            return f"{int(seconds / size)}{unit}"
+    return f"{round(seconds * 1000)}ms"
+
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class Role(StrEnum):
+    COLOCATED = "colocated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Interconnect(StrEnum):
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+
+
+class Balance(StrEnum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_OUTSTANDING = "least_outstanding"
+
+
+def _check_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"malformed URL {value!r} (want http://host:port)")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ValueError(f"malformed URL {value!r} ({exc})") from None
+    return value.rstrip("/")
+
+
+class Model(_Strict):
+    """The served model; the shape fields drive the simulator's roofline."""
+
+    name: str = Field(min_length=1, description="served model name (model_name label)")
+    params_b: PositiveFloat = Field(description="parameters, in billions")
+    layers: PositiveInt
+    hidden_size: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt
+    dtype_bytes: PositiveFloat = 2.0
+    max_model_len: PositiveInt = 131072
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Model:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.heads
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V for every layer: 2 x layers x kv_heads x head_dim x dtype (70B BF16: 320 KiB)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_b * 1e9 * self.dtype_bytes
+
+
+class Hardware(_Strict):
+    """One GPU of the fleet and how GPUs and instances are linked."""
+
+    gpu: str = "GPU"
+    memory_gib: PositiveFloat
+    hbm_bandwidth_gbps: PositiveFloat = Field(description="HBM bandwidth, GB/s")
+    bf16_tflops: PositiveFloat
+    interconnect: Interconnect = Interconnect.NVLINK
+    allreduce_latency_us: PositiveFloat | None = Field(
+        default=None, description="per all-reduce; default from the interconnect and TP size")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    kv_link_gbps: PositiveFloat = Field(default=25.0, description="P/D KV-transfer link, GB/s")
+    kv_link_latency_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+
+
+class Instance(_Strict):
+    name: str
+    url: str
+    role: Role = Role.COLOCATED
+
+    _url = field_validator("url")(_check_url)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(f"bad name {value!r} (letters, digits, _ . -; starts with a letter)")
+        return value
+
+
+class Entrypoint(_Strict):
+    """Where traffic for a topology goes: one URL (load balancer, P/D proxy) or client-side balancing."""
+
+    url: str | None = None
+    balance: Balance | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Entrypoint:
+        if (self.url is None) == (self.balance is None):
+            raise ValueError("give exactly one of url (a load balancer or P/D proxy) or balance "
+                             "(round_robin or least_outstanding over the instances)")
+        return self
+
+
+class Topology(_Strict):
+    name: str
+    gpus: PositiveInt
+    tensor_parallel_size: PositiveInt
+    instances: list[Instance] = Field(min_length=1)
+    entrypoint: Entrypoint = Entrypoint(balance=Balance.ROUND_ROBIN)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(f"bad name {value!r} (letters, digits, _ . -; starts with a letter)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        roles = {i.role for i in self.instances}
+        disaggregated = roles & {Role.PREFILL, Role.DECODE}
+        if disaggregated and roles != {Role.PREFILL, Role.DECODE}:
+            raise ValueError("a P/D topology needs at least one prefill and one decode instance "
+                             f"and no colocated ones (has {sorted(r.value for r in roles)})")
+        if disaggregated and self.entrypoint.url is None:
+            raise ValueError("a P/D topology needs entrypoint.url (the P/D proxy)")
+        used = len(self.instances) * self.tensor_parallel_size
+        if used != self.gpus:
+            raise ValueError(f"gpus is {self.gpus} but {len(self.instances)} instance(s) x "
+                             f"tensor_parallel_size {self.tensor_parallel_size} use {used}")
+        names = [i.name for i in self.instances]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate instance names in {names}")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(i.role is not Role.COLOCATED for i in self.instances)
+
+    @property
+    def gpus_per_instance(self) -> int:
+        return self.tensor_parallel_size
+
+
+class Slos(_Strict):
+    """Latency SLOs in milliseconds (any subset) and the objective over the period."""
+
+    ttft_ms: PositiveFloat | None = None
+    tpot_ms: PositiveFloat | None = None
+    itl_ms: PositiveFloat | None = None
+    e2el_ms: PositiveFloat | None = None
+    objective: Annotated[float, Field(gt=0, lt=1)] = 0.99
+    period: str = "30d"
+
+    @field_validator("period")
+    @classmethod
+    def _period(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> Slos:
+        if not self.thresholds_ms:
+            raise ValueError("give at least one of ttft_ms, tpot_ms, itl_ms, e2el_ms")
+        return self
+
+    @property
+    def thresholds_ms(self) -> dict[str, float]:
+        """SLO name ("ttft", "tpot", "itl", "e2el") -> threshold in ms, only those given."""
+        values = {"ttft": self.ttft_ms, "tpot": self.tpot_ms, "itl": self.itl_ms, "e2el": self.e2el_ms}
+        return {k: v for k, v in values.items() if v is not None}
+
+    @property
+    def period_seconds(self) -> float:
+        return parse_duration(self.period)
+
+
+class Scrape(_Strict):
+    interval: str = "5s"
+    timeout: str = "2s"
+    bearer_token_env: str | None = None
+    bearer_token_file: str | None = None
+    max_body_bytes: PositiveInt = 16 * 1024 * 1024
+    windows: list[str] = Field(default_factory=lambda: ["1m"], min_length=1)
+
+    @field_validator("interval", "timeout")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @field_validator("windows")
+    @classmethod
+    def _windows(cls, value: list[str]) -> list[str]:
+        for window in value:
+            parse_duration(window)
+        if len(set(value)) != len(value):
+            raise ValueError(f"duplicate windows in {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _token_source(self) -> Scrape:
+        if self.bearer_token_env and self.bearer_token_file:
+            raise ValueError("give bearer_token_env or bearer_token_file, not both")
+        if parse_duration(self.timeout) > parse_duration(self.interval):
+            raise ValueError(f"timeout {self.timeout} is longer than interval {self.interval}")
+        return self
+
+    @property
+    def interval_seconds(self) -> float:
+        return parse_duration(self.interval)
+
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.timeout)
+
+    @property
+    def window_seconds(self) -> list[float]:
+        return [parse_duration(w) for w in self.windows]
+
+    def bearer_token(self) -> str | None:
+        """Read the token at use time so it never sits in the spec object or its repr."""
+        if self.bearer_token_env:
+            token = os.environ.get(self.bearer_token_env)
+            if not token:
+                raise SpecError(f"scrape.bearer_token_env: environment variable "
+                                f"{self.bearer_token_env} is not set or empty")
+            return token.strip()
+        if self.bearer_token_file:
+            try:
+                return Path(self.bearer_token_file).read_text().strip()
+            except OSError as exc:
+                raise SpecError(f"scrape.bearer_token_file: cannot read {self.bearer_token_file}: "
+                                f"{exc.strerror}") from None
+        return None
+
+
+class Fault(_Strict):
+    """A simulator fault switched on at start; the admin endpoint can change it later."""
+
+    slowdown: PositiveFloat = 1.0
+    error_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    drop_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    stall_metrics: bool = False
+    malformed_metrics: bool = False
+    truncated_metrics: bool = False
+    legacy_names: bool = False
+
+
+class Simulator(_Strict):
+    """Options of the embedded simulator; ignored by real fleets."""
+
+    seed: int = 0
+    vllm_version: str = "0.32.0"
+    faults: dict[str, Fault] = Field(default_factory=dict, description="instance name -> fault")
+    time_scale: PositiveFloat = Field(default=1.0, description="simulated seconds per wall second")
+
+
+class FleetSpec(_Strict):
+    model: Model
+    hardware: Hardware
+    topologies: list[Topology] = Field(min_length=1)
+    slos: Slos
+    scrape: Scrape = Scrape()
+    simulator: Simulator = Simulator()
+
+    @model_validator(mode="after")
+    def _unique(self) -> FleetSpec:
+        names = [t.name for t in self.topologies]
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise ValueError(f"duplicate topology name {name!r}")
+            seen.add(name)
+        instance_names: set[str] = set()
+        urls: set[str] = set()
+        for topology in self.topologies:
+            for instance in topology.instances:
+                if instance.name in instance_names:
+                    raise ValueError(f"instance name {instance.name!r} is used twice")
+                instance_names.add(instance.name)
+                if instance.url in urls:
+                    raise ValueError(f"instance URL {instance.url} is used twice")
+                urls.add(instance.url)
+        unknown = set(self.simulator.faults) - instance_names
+        if unknown:
+            raise ValueError(f"simulator.faults names unknown instance(s) {sorted(unknown)}")
+        return self
+
+    def topology(self, name: str) -> Topology:
+        for topology in self.topologies:
+            if topology.name == name:
+                return topology
+        raise SpecError(f"no topology named {name!r} (have {[t.name for t in self.topologies]})")
+
+
+def _location(loc: tuple[int | str, ...], data: Any) -> str:
+    """Render a pydantic error location with list items named where the YAML names them."""
+    parts: list[str] = []
+    node: Any = data
+    for item in loc:
+        if isinstance(item, int):
+            name = node[item].get("name") if isinstance(node, list) and item < len(node) and isinstance(
+                node[item], dict) else None
+            parts[-1:] = [f"{parts[-1] if parts else ''}[{item}]" + (f"({name})" if name else "")]
+            node = node[item] if isinstance(node, list) and item < len(node) else None
+        else:
+            parts.append(str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return ".".join(parts) or "(top level)"
+
+
+def _one_line(exc: ValidationError, data: Any) -> str:
+    problems = []
+    for error in exc.errors():
+        loc = tuple(x for x in error["loc"] if not (isinstance(x, str) and x.startswith(("function-",
+                                                                                        "constrained-"))))
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif error["type"] == "missing":
+            message = "required field is missing"
+        message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if error["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+            message += f" (got {error.get('input')!r})"
+        problems.append(f"{_location(loc, data)}: {message}")
+    text = problems[0]
+    if len(problems) > 1:
+        text += f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
+    return text.replace("\n", " ")
+
+
+def parse_spec(data: Any, source: str = "spec") -> FleetSpec:
+    """Validate already-loaded YAML data; raise SpecError with a one-line message."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: the top level must be a mapping with model, hardware, topologies, slos")
+    try:
+        return FleetSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(f"{source}: {_one_line(exc, data)}") from None
+
+
+def load_spec(path: str | os.PathLike[str]) -> FleetSpec:
+    """Read and validate a spec file; every error is one line naming the file, field and problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{source}: is a directory, not a spec file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{source}: cannot read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpecError(f"{source}: {where}{problem}") from None
+    except RecursionError:
+        raise SpecError(f"{source}: YAML nested too deeply") from None
+    return parse_spec(data, source)
+
+
+def bucket_neighbours(threshold_s: float, buckets: tuple[float, ...]) -> tuple[float | None, float | None]:
+    """The bucket boundaries just below and above a threshold (None beyond either end)."""
+    index = bisect.bisect_left(buckets, threshold_s)
+    below = buckets[index - 1] if index > 0 else None
+    above = buckets[index] if index < len(buckets) else None
+    return below, above
+
+
+def on_boundary(threshold_s: float, buckets: tuple[float, ...]) -> bool:
+    return any(math.isclose(threshold_s, b, rel_tol=1e-9, abs_tol=1e-12) for b in buckets)
+
+
+def slo_warnings(spec: FleetSpec, source: str = "spec") -> list[str]:
+    """One line for each SLO threshold that is not on a default vLLM bucket boundary."""
+    warnings = []
+    for slo, threshold_ms in spec.slos.thresholds_ms.items():
+        metric = SLO_HISTOGRAMS[slo]
+        threshold_s = threshold_ms / 1000.0
+        if on_boundary(threshold_s, metric.buckets):
+            continue
+        below, above = bucket_neighbours(threshold_s, metric.buckets)
+        near = " and ".join(f"{b * 1000:g} ms" for b in (below, above) if b is not None)
+        warnings.append(
+            f"{source}: slos.{slo}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} "
+            f"(neighbours {near}); histogram-based goodput is interpolated there, exact only on a boundary")
+    return warnings
+

@@ -1,0 +1,29 @@
+"""`crossover validate SPEC`: load the spec, print warnings and a short summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from crossover.spec import load_spec, slo_warnings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SPEC", help="fleet spec YAML file")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    for warning in slo_warnings(spec, args.spec):
+        print(f"warning: {warning}", file=sys.stderr)
+    if not args.quiet:
+        print(f"{args.spec}: ok: model {spec.model.name}, {len(spec.topologies)} topologies")
+        for topology in spec.topologies:
+            roles = ",".join(sorted({i.role.value for i in topology.instances}))
+            target = topology.entrypoint.url or f"client-side {topology.entrypoint.balance.value}"  # type: ignore[union-attr]
+            print(f"  {topology.name}: {topology.gpus} GPUs, TP={topology.tensor_parallel_size} x "
+                  f"{len(topology.instances)} ({roles}), traffic to {target}")
+        slos = ", ".join(f"{k} {v:g} ms" for k, v in spec.slos.thresholds_ms.items())
+        print(f"  SLOs: {slos}; objective {spec.slos.objective} over {spec.slos.period}")
+    return 0
