@@ -325,6 +325,23 @@ class Simulator(_Strict):
     vllm_version: str = "0.32.0"
     faults: dict[str, Fault] = Field(default_factory=dict, description="instance name -> fault")
     time_scale: PositiveFloat = Field(default=1.0, description="simulated seconds per wall second")
+    # Performance-model knobs (docs/simulator.md explains each and how the presets were fitted).
+    hbm_efficiency: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=0.85, description="share of peak HBM bandwidth a decode step achieves")
+    mfu: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=0.5, description="share of peak BF16 FLOPs a compute-bound step achieves")
+    gpu_time_scale: PositiveFloat = Field(
+        default=1.0, description="multiplies the roofline GPU and all-reduce time; 1 = plain physics")
+    host_overhead_step_us: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        default=0.0, description="CPU time per engine step not hidden behind the GPU")
+    host_overhead_per_seq_us: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        default=0.0, description="CPU time per scheduled sequence per step (scheduler, sampler, detokenizer)")
+    max_num_seqs: PositiveInt = Field(default=256, description="vLLM --max-num-seqs per instance")
+    max_num_batched_tokens: PositiveInt = Field(
+        default=2048, description="vLLM --max-num-batched-tokens: chunked-prefill token budget per step")
+    block_size: PositiveInt = Field(default=16, description="KV-cache block size in tokens")
+    mean_output_tokens: PositiveInt = Field(
+        default=128, description="mean drawn output length for requests without ignore_eos")
 
 
 class FleetSpec(_Strict):

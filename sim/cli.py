@@ -1,0 +1,43 @@
+"""`crossover sim SPEC`: serve every instance of every topology of a spec until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from crossover.sim.fleet import SimFleet, with_overrides
+from crossover.spec import load_spec
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="fleet spec (YAML)")
+    parser.add_argument("--seed", type=int, default=None, help="override simulator.seed")
+    parser.add_argument("--vllm-version", default=None,
+                        help="vLLM version whose metric names to expose (0.10/0.11 emit the legacy names)")
+    parser.add_argument("--time-scale", type=float, default=None,
+                        help="simulated seconds per wall second (default from the spec, 1.0)")
+
+
+async def serve(fleet: SimFleet) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await fleet.start()
+    try:
+        for line in fleet.lines():
+            print(line, flush=True)
+        await stop.wait()
+    finally:
+        await fleet.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = with_overrides(load_spec(args.spec), seed=args.seed, vllm_version=args.vllm_version,
+                          time_scale=args.time_scale)
+    fleet = SimFleet(spec)
+    asyncio.run(serve(fleet))
+    print("crossover sim: stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,168 @@
+"""The whole simulated fleet in one process: every instance of every topology, plus entrypoints."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import threading
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from crossover.errors import UserError
+from crossover.sim.metrics import legacy_mode
+from crossover.sim.proxy import EntrypointProxy
+from crossover.sim.server import SimInstance
+from crossover.spec import Fault, FleetSpec
+
+T = TypeVar("T")
+
+
+def _check_loopback(what: str, host: str) -> None:
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise UserError(f"{what}: the simulator listens on loopback only, not {host}")
+
+
+def with_overrides(spec: FleetSpec, *, seed: int | None = None, vllm_version: str | None = None,
+                   time_scale: float | None = None) -> FleetSpec:
+    """The spec with simulator options replaced (CLI flags), validated like the rest."""
+    update: dict[str, Any] = {}
+    if seed is not None:
+        update["seed"] = seed
+    if vllm_version is not None:
+        try:
+            legacy_mode(vllm_version)
+        except ValueError as exc:
+            raise UserError(f"--vllm-version: {exc}") from None
+        update["vllm_version"] = vllm_version
+    if time_scale is not None:
+        if not time_scale > 0:
+            raise UserError(f"--time-scale must be positive, got {time_scale}")
+        update["time_scale"] = time_scale
+    if not update:
+        return spec
+    data = spec.model_dump(mode="json")
+    data["simulator"].update(update)
+    return FleetSpec.model_validate(data)
+
+
+class SimFleet:
+    """Simulated vLLM instances (and P/D proxies) for every topology of a spec, on one event loop."""
+
+    def __init__(self, spec: FleetSpec) -> None:
+        try:
+            legacy_mode(spec.simulator.vllm_version)
+        except ValueError as exc:
+            raise UserError(f"simulator.vllm_version: {exc}") from None
+        self.spec = spec
+        self.instances: dict[str, SimInstance] = {}
+        self.proxies: list[EntrypointProxy] = []
+        for topology in spec.topologies:
+            for instance in topology.instances:
+                sim = SimInstance(spec, topology, instance)
+                _check_loopback(f"instance {instance.name} ({instance.url})", sim.host)
+                self.instances[instance.name] = sim
+            if topology.entrypoint.url is not None:
+                proxy = EntrypointProxy(topology)
+                _check_loopback(f"topology {topology.name} entrypoint ({proxy.url})", proxy.host)
+                self.proxies.append(proxy)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started: list[SimInstance | EntrypointProxy] = []
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for server in [*self.instances.values(), *self.proxies]:
+            try:
+                await server.start()
+            except OSError as exc:
+                await self.stop()
+                raise UserError(f"{server.name}: cannot listen on {server.host}:{server.port}: "
+                                f"{exc.strerror or exc}") from None
+            self._started.append(server)
+
+    async def stop(self) -> None:
+        for server in reversed(self._started):
+            await server.stop()
+        self._started.clear()
+
+    def lines(self) -> list[str]:
+        """One line per served endpoint, for the CLI."""
+        out = []
+        for topology in self.spec.topologies:
+            for instance in topology.instances:
+                out.append(f"{instance.name:<14} {instance.url:<28} topology={topology.name} "
+                           f"role={instance.role.value} tp={topology.tensor_parallel_size}")
+            if topology.entrypoint.url is not None:
+                kind = "pd-proxy" if topology.disaggregated else "balancer"
+                out.append(f"{topology.name + '-entry':<14} {topology.entrypoint.url:<28} "
+                           f"topology={topology.name} role={kind}")
+        return out
+
+    def instance(self, name: str) -> SimInstance:
+        try:
+            return self.instances[name]
+        except KeyError:
+            raise UserError(f"no simulated instance named {name!r} (have {sorted(self.instances)})") from None
+
+    # --- faults from Python, from any thread ---------------------------------------------------
+    def _call(self, function: Any, *args: Any) -> Any:
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return function(*args)
+        try:
+            if asyncio.get_running_loop() is loop:
+                return function(*args)
+        except RuntimeError:
+            pass
+
+        async def call() -> Any:
+            return function(*args)
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout=10)
+
+    def set_fault(self, instance_name: str, fault: Fault) -> None:
+        """Replace an instance's fault (Fault() switches every fault off)."""
+        self._call(self.instance(instance_name).set_fault, fault)
+
+    def clear_faults(self) -> None:
+        for name in self.instances:
+            self.set_fault(name, Fault())
+
+    def restart(self, instance_name: str) -> None:
+        """Simulate a process restart: open streams cut, counters reset."""
+        self._call(self.instance(instance_name).restart)
+
+    def requests(self, instance_name: str) -> list[dict[str, Any]]:
+        """The emission timeline of the instance's finished requests (what /admin/requests returns)."""
+        def snapshot() -> list[dict[str, Any]]:
+            return [{**r, "token_times": r["token_times"].tolist()}
+                    for r in self.instance(instance_name).records]
+        result: list[dict[str, Any]] = self._call(snapshot)
+        return result
+
+    def run_coroutine(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        """Run a coroutine on the fleet's loop from another thread (for tests)."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+
+@contextmanager
+def running_fleet(spec: FleetSpec, start_timeout: float = 30.0) -> Iterator[SimFleet]:
+    """Run a SimFleet on a background thread's event loop for the duration of a `with` block."""
+    fleet = SimFleet(spec)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="sim-fleet", daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(fleet.start(), loop).result(start_timeout)
+        yield fleet
+    finally:
+        try:
+            asyncio.run_coroutine_threadsafe(fleet.stop(), loop).result(start_timeout)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(start_timeout)
+            loop.close()

@@ -1,0 +1,224 @@
+"""An instance's vLLM metrics: cheap accumulators on the token path, prometheus_client exposition.
+
+Names, types, labels and buckets all come from crossover.catalog. Counting happens in plain Python
+lists (one bisect per observation, no locks: everything runs on the instance's event loop), and a
+custom collector turns them into prometheus_client families at scrape time, so the payload is
+prometheus_client's text format exactly as a real vLLM server writes it (`_total`, `_created`,
+sorted labels, `+Inf`).
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric as PromFamily
+
+from crossover import catalog
+from crossover.catalog import MetricType
+
+LABEL_NAMES = catalog.ENGINE_LABELS
+
+
+class Hist:
+    """A classic histogram's state: per-bucket counts (not cumulative), sum, creation time."""
+
+    __slots__ = ("bounds", "counts", "created", "total")
+
+    def __init__(self, bounds: tuple[float, ...], created: float) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.created = created
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """The engine gauges, read at scrape time."""
+
+    running: int
+    waiting_capacity: int
+    waiting_deferred: int
+    kv_usage: float
+    preemptions: int
+
+
+def legacy_mode(vllm_version: str) -> tuple[bool, bool]:
+    """(emit current names, emit legacy names) for a vLLM version: 0.10 only the old names of renamed
+    families, 0.11 both (old ones deprecated), 0.12 and later only the current ones."""
+    parts = vllm_version.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        raise ValueError(f"not a vLLM version: {vllm_version!r} (want e.g. 0.32.0)") from None
+    if (major, minor) < (0, 11):
+        return False, True
+    if (major, minor) == (0, 11):
+        return True, True
+    return True, False
+
+
+class InstanceMetrics:
+    """Counters and histograms of one simulated vLLM engine (engine="0")."""
+
+    def __init__(self, model_name: str, max_model_len: int, queue_state: Callable[[], QueueState],
+                 kv_connector: bool = False) -> None:
+        self.labels = {"model_name": model_name, "engine": "0"}
+        self.max_model_len = max_model_len
+        self.queue_state = queue_state
+        self.kv_connector = kv_connector
+        self.reset()
+
+    def reset(self) -> None:
+        """A process restart: every counter and histogram starts again from zero."""
+        now = time.time()
+        self.created = now
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefix_queries = 0
+        self.success = dict.fromkeys(catalog.FINISHED_REASONS, 0)
+        token_buckets = catalog.token_count_buckets(self.max_model_len)
+        self.ttft = Hist(catalog.TTFT.buckets, now)
+        self.itl = Hist(catalog.ITL.buckets, now)
+        self.tpot = Hist(catalog.TPOT.buckets, now)
+        self.e2e = Hist(catalog.E2E_LATENCY.buckets, now)
+        self.queue = Hist(catalog.QUEUE_TIME.buckets, now)
+        self.prefill = Hist(catalog.PREFILL_TIME.buckets, now)
+        self.decode = Hist(catalog.DECODE_TIME.buckets, now)
+        self.inference = Hist(catalog.INFERENCE_TIME.buckets, now)
+        self.request_prompt = Hist(token_buckets, now)
+        self.request_generation = Hist(token_buckets, now)
+        self.nixl_xfer = Hist(catalog.NIXL_XFER_TIME.buckets, now)
+        self.nixl_post = Hist(catalog.NIXL_POST_TIME.buckets, now)
+        self.nixl_bytes = Hist(catalog.NIXL_BYTES.buckets, now)
+        self.nixl_descriptors = Hist(catalog.NIXL_DESCRIPTORS.buckets, now)
+        self.nixl_failed_transfers = 0
+        self.nixl_failed_notifications = 0
+        self.nixl_expired = 0
+
+    # --- events --------------------------------------------------------------------------------
+    def on_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
+                    last_token: float, prompt_tokens: int, generated: int) -> None:
+        self.success[reason] += 1
+        self.e2e.observe(last_token - arrival)
+        self.queue.observe(scheduled - arrival)
+        self.prefill.observe(first_token - scheduled)
+        decode = last_token - first_token
+        self.decode.observe(decode)
+        self.inference.observe(last_token - scheduled)
+        self.tpot.observe(decode / (generated - 1) if generated > 1 else 0.0)
+        self.request_prompt.observe(prompt_tokens)
+        self.request_generation.observe(generated)
+
+    def on_kv_transfer(self, seconds: float, nbytes: float, descriptors: int) -> None:
+        self.nixl_xfer.observe(seconds)
+        self.nixl_post.observe(min(seconds, 0.0005))
+        self.nixl_bytes.observe(nbytes)
+        self.nixl_descriptors.observe(descriptors)
+
+    # --- exposition ----------------------------------------------------------------------------
+    def families(self, *, current: bool = True, legacy: bool = False) -> Iterator[PromFamily]:
+        state = self.queue_state()
+        values: list[tuple[catalog.Metric, object]] = [
+            (catalog.NUM_REQUESTS_RUNNING, float(state.running)),
+            (catalog.NUM_REQUESTS_WAITING, float(state.waiting_capacity + state.waiting_deferred)),
+            (catalog.NUM_REQUESTS_WAITING_BY_REASON,
+             {"capacity": float(state.waiting_capacity), "deferred": float(state.waiting_deferred)}),
+            (catalog.KV_CACHE_USAGE, state.kv_usage),
+            (catalog.PREFIX_CACHE_QUERIES, float(self.prefix_queries)),
+            (catalog.PREFIX_CACHE_HITS, 0.0),
+            (catalog.NUM_PREEMPTIONS, float(state.preemptions)),
+            (catalog.PROMPT_TOKENS, float(self.prompt_tokens)),
+            (catalog.GENERATION_TOKENS, float(self.generation_tokens)),
+            (catalog.REQUEST_SUCCESS, {k: float(v) for k, v in self.success.items()}),
+            (catalog.REQUEST_PROMPT_TOKENS, self.request_prompt),
+            (catalog.REQUEST_GENERATION_TOKENS, self.request_generation),
+            (catalog.TTFT, self.ttft),
+            (catalog.ITL, self.itl),
+            (catalog.TPOT, self.tpot),
+            (catalog.E2E_LATENCY, self.e2e),
+            (catalog.QUEUE_TIME, self.queue),
+            (catalog.INFERENCE_TIME, self.inference),
+            (catalog.PREFILL_TIME, self.prefill),
+            (catalog.DECODE_TIME, self.decode),
+        ]
+        if self.kv_connector:
+            values += [
+                (catalog.NIXL_XFER_TIME, self.nixl_xfer),
+                (catalog.NIXL_POST_TIME, self.nixl_post),
+                (catalog.NIXL_BYTES, self.nixl_bytes),
+                (catalog.NIXL_DESCRIPTORS, self.nixl_descriptors),
+                (catalog.NIXL_FAILED_TRANSFERS, float(self.nixl_failed_transfers)),
+                (catalog.NIXL_FAILED_NOTIFICATIONS, float(self.nixl_failed_notifications)),
+                (catalog.NIXL_EXPIRED_REQS, float(self.nixl_expired)),
+            ]
+        for metric, value in values:
+            names = []
+            if current or not metric.aliases:
+                names.append(metric.name)
+            if legacy and metric.aliases:
+                names.append(metric.aliases[0])
+            for name in names:
+                yield self._family(metric, name, value)
+
+    def _family(self, metric: catalog.Metric, name: str, value: object) -> PromFamily:
+        family = PromFamily(name, metric.help, metric.type.value)
+        if metric.type is MetricType.HISTOGRAM:
+            assert isinstance(value, Hist)
+            cumulative = 0
+            for bound, count in zip((*value.bounds, float("inf")), value.counts, strict=True):
+                cumulative += count
+                le = "+Inf" if bound == float("inf") else repr(float(bound))
+                family.add_sample(name + "_bucket", {**self.labels, "le": le}, float(cumulative))
+            family.add_sample(name + "_count", self.labels, float(cumulative))
+            family.add_sample(name + "_sum", self.labels, value.total)
+            family.add_sample(name + "_created", self.labels, value.created)
+            return family
+        per_label = value if isinstance(value, dict) else {None: value}
+        extra = metric.labels[len(self.labels):]
+        for label_value, number in per_label.items():
+            labels = dict(self.labels)
+            if extra and label_value is not None:
+                labels[extra[0]] = label_value
+            if metric.type is MetricType.COUNTER:
+                family.add_sample(name + "_total", labels, float(number))  # type: ignore[arg-type]
+                family.add_sample(name + "_created", labels, self.created)
+            else:
+                family.add_sample(name, labels, float(number))  # type: ignore[arg-type]
+        return family
+
+
+class _View:
+    """A collector over one instance's metrics in one naming mode (prometheus_client asks collect())."""
+
+    def __init__(self, metrics: InstanceMetrics, current: bool, legacy: bool) -> None:
+        self.metrics, self.current, self.legacy = metrics, current, legacy
+
+    def collect(self) -> Iterator[PromFamily]:
+        return self.metrics.families(current=self.current, legacy=self.legacy)
+
+
+def render(metrics: InstanceMetrics, *, current: bool = True, legacy: bool = False) -> bytes:
+    """The /metrics payload in prometheus_client's text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_View(metrics, current, legacy))
+    return generate_latest(registry)
+
+
+def malformed(payload: bytes) -> bytes:
+    """A payload a Prometheus parser rejects: a sample line with a broken label set half-way down."""
+    lines = payload.split(b"\n")
+    middle = len(lines) // 2
+    lines.insert(middle, b'vllm_simulator_fault{engine="0",model_name= 1.0 garbage')
+    return b"\n".join(lines)

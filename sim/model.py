@@ -1,0 +1,141 @@
+"""The performance model: how long one engine step of one instance takes, and how much KV fits.
+
+Pure functions of the spec; docs/simulator.md gives the formulas and their sources. The engine
+(live, wall-clock) and the ground-truth calculator (virtual time) both call `step_seconds`, so the
+simulator serves exactly what the model predicts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from crossover.spec import FleetSpec, Interconnect
+
+# Per all-reduce latency (us) by TP size, the first seed's figures: NVLink ~60 us (TP2), ~100 us (TP4);
+# PCIe 2-8 ms. Other sizes extrapolate the same way (see allreduce_latency_s).
+_NVLINK_ALLREDUCE_US = {2: 60.0, 4: 100.0, 8: 180.0}
+_PCIE_ALLREDUCE_US = {2: 2000.0, 4: 3000.0, 8: 8000.0}
+_GIB = 1024**3
+
+
+def allreduce_latency_s(interconnect: Interconnect, tensor_parallel_size: int,
+                        override_us: float | None = None) -> float:
+    """Latency of one all-reduce of a step's activations across the TP group."""
+    if tensor_parallel_size <= 1:
+        return 0.0
+    if override_us is not None:
+        return override_us * 1e-6
+    table = _NVLINK_ALLREDUCE_US if interconnect is Interconnect.NVLINK else _PCIE_ALLREDUCE_US
+    if tensor_parallel_size in table:
+        return table[tensor_parallel_size] * 1e-6
+    # Ring all-reduce latency grows about linearly with the number of ranks.
+    per_rank = table[4] / 4
+    return per_rank * tensor_parallel_size * 1e-6
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """What one engine step computes: decode tokens (one per decoding sequence) and prefill chunks."""
+
+    decode_seqs: int = 0
+    decode_context_tokens: int = 0  # KV tokens the decoding sequences attend over (read from HBM)
+    prefill_tokens: int = 0
+    prefill_attention_pairs: float = 0.0  # sum over prefill tokens of the context each attends to
+    prefill_seqs: int = 0
+
+
+@dataclass(frozen=True)
+class PerfModel:
+    """The roofline of one instance (one TP group) of the spec's model on the spec's GPU."""
+
+    tensor_parallel_size: int
+    layers: int
+    hidden_size: int
+    params: float  # parameters
+    weight_bytes_per_gpu: float
+    kv_bytes_per_token: float  # whole model (all TP shards)
+    hbm_bytes_per_s: float  # achieved, per GPU
+    flops_per_s: float  # achieved, per GPU
+    allreduce_s: float
+    gpu_time_scale: float
+    host_step_s: float
+    host_per_seq_s: float
+    kv_capacity_tokens: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_link_bytes_per_s: float
+    kv_link_latency_s: float
+
+    @classmethod
+    def for_instance(cls, spec: FleetSpec, tensor_parallel_size: int) -> PerfModel:
+        model, hardware, sim = spec.model, spec.hardware, spec.simulator
+        tp = tensor_parallel_size
+        weight_per_gpu = model.weight_bytes / tp
+        usable_per_gpu = hardware.memory_gib * _GIB * hardware.gpu_memory_utilization
+        kv_bytes_total = max(0.0, usable_per_gpu - weight_per_gpu) * tp
+        block = sim.block_size
+        capacity_blocks = int(kv_bytes_total // (model.kv_bytes_per_token * block))
+        return cls(
+            tensor_parallel_size=tp,
+            layers=model.layers,
+            hidden_size=model.hidden_size,
+            params=model.params_b * 1e9,
+            weight_bytes_per_gpu=weight_per_gpu,
+            kv_bytes_per_token=model.kv_bytes_per_token,
+            hbm_bytes_per_s=hardware.hbm_bandwidth_gbps * 1e9 * sim.hbm_efficiency,
+            flops_per_s=hardware.bf16_tflops * 1e12 * sim.mfu,
+            allreduce_s=allreduce_latency_s(hardware.interconnect, tp, hardware.allreduce_latency_us),
+            gpu_time_scale=sim.gpu_time_scale,
+            host_step_s=sim.host_overhead_step_us * 1e-6,
+            host_per_seq_s=sim.host_overhead_per_seq_us * 1e-6,
+            kv_capacity_tokens=capacity_blocks * block,
+            block_size=block,
+            max_num_seqs=sim.max_num_seqs,
+            max_num_batched_tokens=sim.max_num_batched_tokens,
+            kv_link_bytes_per_s=hardware.kv_link_gbps * 1e9,
+            kv_link_latency_s=hardware.kv_link_latency_ms * 1e-3,
+        )
+
+    @property
+    def tp_overhead_s(self) -> float:
+        """Two all-reduces per layer per step (after attention and after the MLP)."""
+        return self.layers * 2 * self.allreduce_s
+
+    def step_seconds(self, load: StepLoad) -> float:
+        """Duration of one engine step: roofline GPU time per shard + TP all-reduces + host time."""
+        tokens = load.decode_seqs + load.prefill_tokens
+        if tokens == 0:
+            return 0.0
+        tp = self.tensor_parallel_size
+        kv_tokens_touched = load.decode_context_tokens + load.prefill_tokens  # reads + new writes
+        bytes_moved = self.weight_bytes_per_gpu + kv_tokens_touched * self.kv_bytes_per_token / tp
+        attention_pairs = load.decode_context_tokens + load.prefill_attention_pairs
+        flops = (2.0 * self.params * tokens + 4.0 * self.layers * self.hidden_size * attention_pairs) / tp
+        gpu = max(bytes_moved / self.hbm_bytes_per_s, flops / self.flops_per_s)
+        host = self.host_step_s + self.host_per_seq_s * (load.decode_seqs + load.prefill_seqs)
+        return (gpu + self.tp_overhead_s) * self.gpu_time_scale + host
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    @property
+    def kv_capacity_blocks(self) -> int:
+        return self.kv_capacity_tokens // self.block_size
+
+    def kv_transfer_seconds(self, prompt_tokens: int) -> float:
+        """P/D: the prompt's KV (all layers, all shards) over the KV link, plus the link latency."""
+        return self.kv_transfer_bytes(prompt_tokens) / self.kv_link_bytes_per_s + self.kv_link_latency_s
+
+    def kv_transfer_bytes(self, prompt_tokens: int) -> float:
+        return self.blocks_for(prompt_tokens) * self.block_size * self.kv_bytes_per_token
+
+
+def prefill_attention_pairs(start: int, chunk: int) -> float:
+    """Sum over a causal prefill chunk's tokens of the context each attends to (start+1 .. start+chunk)."""
+    return chunk * start + chunk * (chunk + 1) / 2.0
+
+
+def ceil_div(a: int, b: int) -> int:
+    return math.ceil(a / b)

@@ -1,0 +1,471 @@
+"""One simulated vLLM instance: the OpenAI-compatible HTTP surface over a live engine.
+
+Streaming responses are written straight to the connection from the engine's step pass (chunked
+framing done here, after aiohttp has sent the headers): one SSE chunk per token, no task switch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+import zlib
+from array import array
+from collections import deque
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+
+from crossover.sim.engine import LiveEngine
+from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
+from crossover.sim.model import PerfModel
+from crossover.sim.scheduler import SimRequest
+from crossover.spec import Fault, FleetSpec, Instance, Role, Topology
+
+RECORD_RING = 20_000
+_WORDS = [w.encode() for w in (" the", " model", " serves", " tokens", " in", " steps", " of", " a",
+                                " batch", " and", " each", " one", " is", " streamed", " back", " now")]
+_MAX_METRICS_STALL_S = 600.0
+
+
+class BadRequest(Exception):
+    """A request the OpenAI API would answer with 400; the message names the field."""
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+    return web.json_response(body, status=status)
+
+
+def count_prompt_tokens(prompt: Any) -> int:
+    """A cheap deterministic token count: whitespace words of a text, or the length of a token-id list."""
+    if isinstance(prompt, str):
+        return max(1, len(prompt.split()))
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1:
+        return count_prompt_tokens(prompt[0])
+    raise BadRequest("prompt must be a string or a list of token ids (batched prompts are not simulated)")
+
+
+def count_chat_tokens(messages: Any) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list")
+    total = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            raise BadRequest("each message must be an object with role and content")
+        content = message.get("content") or ""
+        if isinstance(content, list):  # content parts
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        total += len(str(content).split()) + 4  # chat-template tokens around each message
+    return total
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BadRequest(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class StreamSink:
+    """Writes one request's SSE chunks to its connection as the engine emits tokens."""
+
+    __slots__ = ("chat", "continuous_usage", "done", "drop_after", "dropped", "engine", "head", "prompt",
+                 "record", "tail", "transport")
+
+    def __init__(self, engine: LiveEngine, transport: asyncio.Transport, *, chat: bool, head: bytes,
+                 prompt: int, continuous_usage: bool, drop_after: int | None, record: dict[str, Any]) -> None:
+        self.engine = engine
+        self.transport = transport
+        self.chat = chat
+        self.head = head
+        self.tail = b'"},"logprobs":null,"finish_reason":' if chat else \
+            b'","logprobs":null,"finish_reason":'
+        self.prompt = prompt
+        self.continuous_usage = continuous_usage
+        self.drop_after = drop_after
+        self.dropped = False
+        self.record = record
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_token(self, request: SimRequest, step_end: float) -> None:
+        transport = self.transport
+        if transport.is_closing():
+            self.engine.abort(request)
+            self._finish()
+            return
+        n = request.generated
+        finish = b'"' + request.finish_reason.encode() + b'"' if request.finished else b"null"
+        parts = [b"data: ", self.head, _WORDS[n & 15], self.tail, finish,
+                 b"}]" if self.chat else b',"stop_reason":null}]']
+        if self.continuous_usage:
+            parts.append(b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
+                         % (self.prompt, self.prompt + n, n))
+        parts.append(b"}\n\n")
+        if self.chat and n == 1:  # vLLM sends the assistant role in its own chunk with the first token
+            parts.insert(0, b"data: " + self.head[: -len(b'"content":"')]
+                         + b'"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n')
+        data = b"".join(parts)
+        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.record["token_times"].append(time.time())
+        self.engine.record_gap(time.monotonic() - step_end)
+        if self.drop_after is not None and n >= self.drop_after and not request.finished:
+            self.dropped = True
+            self.engine.abort(request)
+            transport.abort()
+            self._finish()
+
+    def on_finish(self, request: SimRequest) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class WaitSink:
+    """A non-streaming request: just wait for the end."""
+
+    __slots__ = ("done", "record")
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_token(self, request: SimRequest, step_end: float) -> None:
+        self.record["token_times"].append(time.time())
+
+    def on_finish(self, request: SimRequest) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class SimInstance:
+    """A simulated vLLM server for one instance of the spec, listening on its URL's loopback port."""
+
+    def __init__(self, spec: FleetSpec, topology: Topology, instance: Instance) -> None:
+        self.spec = spec
+        self.topology = topology
+        self.instance = instance
+        self.name = instance.name
+        parts = urlsplit(instance.url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.model_name = spec.model.name
+        self.perf = PerfModel.for_instance(spec, topology.tensor_parallel_size)
+        self.metrics = InstanceMetrics(spec.model.name, spec.model.max_model_len, self._queue_state,
+                                       kv_connector=instance.role is not Role.COLOCATED)
+        self.engine = LiveEngine(self.perf, self.metrics, spec.simulator.time_scale)
+        self.current_names, self.legacy_names = legacy_mode(spec.simulator.vllm_version)
+        self.rng = random.Random(spec.simulator.seed * 1_000_003 + zlib.crc32(self.name.encode()))
+        self.records: deque[dict[str, Any]] = deque(maxlen=RECORD_RING)
+        self.fault = Fault()
+        self.set_fault(spec.simulator.faults.get(self.name, Fault()))
+        self.created = int(time.time())
+        self._runner: web.AppRunner | None = None
+        self._live: set[StreamSink | WaitSink] = set()
+
+    def _queue_state(self):  # type: ignore[no-untyped-def]
+        return self.engine.queue_state()
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_endpoint)
+        app.router.add_get("/admin/faults", self.get_faults)
+        app.router.add_post("/admin/faults", self.post_faults)
+        app.router.add_get("/admin/requests", self.get_requests)
+        app.router.add_get("/admin/stats", self.get_stats)
+        return app
+
+    async def start(self) -> None:
+        self.engine.start()
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
+                                     shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096, reuse_address=True)
+        await site.start()
+
+    async def stop(self) -> None:
+        for sink in list(self._live):
+            if isinstance(sink, StreamSink):
+                sink.transport.abort()
+            if not sink.done.done():
+                sink.done.set_result(None)
+        await self.engine.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- faults --------------------------------------------------------------------------------
+    def set_fault(self, fault: Fault) -> None:
+        self.fault = fault
+        self.engine.slowdown = fault.slowdown
+
+    def restart(self) -> None:
+        """What a process restart looks like from outside: open streams cut, counters back to zero."""
+        for request in self.engine.reset():
+            sink = request.sink
+            if isinstance(sink, StreamSink):
+                sink.dropped = True
+                sink.transport.abort()
+            if sink is not None and not sink.done.done():
+                sink.done.set_result(None)
+        self.metrics.reset()
+        self.records.clear()
+        self.created = int(time.time())
+
+    # --- OpenAI API ----------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, http: web.Request, *, chat: bool) -> web.StreamResponse:
+        if self.fault.error_rate and self.rng.random() < self.fault.error_rate:
+            return _error(500, "simulated engine error (fault error_rate)", "InternalServerError")
+        try:
+            body = await http.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        try:
+            parsed = self._parse(body, chat=chat)
+        except BadRequest as exc:
+            return _error(400, str(exc))
+        model = body.get("model", self.model_name)
+        if model != self.model_name:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        prompt_tokens, output_tokens, finish_reason, stream, include_usage, continuous, kv_params = parsed
+        loop = asyncio.get_running_loop()
+        request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        arrival_unix = time.time()
+        record: dict[str, Any] = {"id": request_id, "arrival": arrival_unix, "token_times": array("d"),
+                                  "prompt_tokens": prompt_tokens, "output_tokens": 0}
+        remote_kv = bool(kv_params and kv_params.get("do_remote_prefill")
+                         and self.instance.role is Role.DECODE)
+        sim = SimRequest(request_id, prompt_tokens, output_tokens, loop.time(), finish_reason,
+                         remote_kv=remote_kv)
+        drop_after = None
+        if self.fault.drop_rate and self.rng.random() < self.fault.drop_rate:
+            drop_after = self.rng.randint(1, max(1, output_tokens - 1)) if output_tokens > 1 else 1
+        if stream:
+            return await self._stream(http, sim, record, chat=chat, include_usage=include_usage,
+                                      continuous=continuous, drop_after=drop_after)
+        sink = WaitSink(record)
+        sim.sink = sink
+        self._live.add(sink)
+        try:
+            self.engine.submit(sim)
+            await sink.done
+        except asyncio.CancelledError:
+            self.engine.abort(sim)
+            raise
+        finally:
+            self._live.discard(sink)
+        if drop_after is not None or not sim.finished or sim.generated < sim.output_tokens:
+            if http.transport is not None:
+                http.transport.abort()
+            return web.Response(status=500)
+        self._record(record, sim)
+        text = "".join(_WORDS[(i + 1) & 15].decode() for i in range(sim.generated))
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + sim.generated,
+                 "completion_tokens": sim.generated, "prompt_tokens_details": None}
+        choice: dict[str, Any]
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                      "logprobs": None, "finish_reason": sim.finish_reason, "stop_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": sim.finish_reason,
+                      "stop_reason": None, "prompt_logprobs": None}
+        response: dict[str, Any] = {
+            "id": request_id, "object": "chat.completion" if chat else "text_completion",
+            "created": int(arrival_unix), "model": self.model_name, "choices": [choice], "usage": usage}
+        if kv_params and kv_params.get("do_remote_decode") and self.instance.role is Role.PREFILL:
+            response["kv_transfer_params"] = {
+                "do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": list(range(self.perf.blocks_for(prompt_tokens))),
+                "remote_engine_id": self.name, "remote_host": self.host, "remote_port": self.port,
+                "tp_size": self.topology.tensor_parallel_size}
+        return web.json_response(response)
+
+    async def _stream(self, http: web.Request, sim: SimRequest, record: dict[str, Any], *, chat: bool,
+                      include_usage: bool, continuous: bool, drop_after: int | None) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        response.enable_chunked_encoding()
+        await response.prepare(http)
+        transport = http.transport
+        if transport is None:
+            return response
+        created = int(record["arrival"])
+        if chat:
+            head = (b'data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,'
+                    b'"choices":[{"index":0,"delta":{"content":"'
+                    % (sim.request_id.encode(), created, json.dumps(self.model_name).encode()))
+        else:
+            head = (b'data: {"id":"%s","object":"text_completion","created":%d,"model":%s,'
+                    b'"choices":[{"index":0,"text":"'
+                    % (sim.request_id.encode(), created, json.dumps(self.model_name).encode()))
+        sink = StreamSink(self.engine, transport, chat=chat, head=head[len(b"data: "):],
+                          prompt=sim.prompt_tokens, continuous_usage=continuous, drop_after=drop_after,
+                          record=record)
+        sim.sink = sink
+        self._live.add(sink)
+        try:
+            self.engine.submit(sim)
+            await sink.done
+        except asyncio.CancelledError:
+            self.engine.abort(sim)
+            raise
+        finally:
+            self._live.discard(sink)
+        if sink.dropped or transport.is_closing():
+            return response
+        self._record(record, sim)
+        if include_usage:
+            usage = {"prompt_tokens": sim.prompt_tokens, "total_tokens": sim.prompt_tokens + sim.generated,
+                     "completion_tokens": sim.generated}
+            chunk = {"id": sim.request_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": created, "model": self.model_name, "choices": [], "usage": usage}
+            await response.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _record(self, record: dict[str, Any], sim: SimRequest) -> None:
+        record["output_tokens"] = sim.generated
+        self.records.append(record)
+
+    def _parse(self, body: dict[str, Any], *, chat: bool) -> tuple[int, int, str, bool, bool, bool,
+                                                                   dict[str, Any] | None]:
+        if chat:
+            prompt_tokens = count_chat_tokens(body.get("messages"))
+        else:
+            if "prompt" not in body:
+                raise BadRequest("prompt is required")
+            prompt_tokens = count_prompt_tokens(body["prompt"])
+        max_len = self.spec.model.max_model_len
+        if prompt_tokens >= max_len:
+            raise BadRequest(f"This model's maximum context length is {max_len} tokens. However, your "
+                             f"request has {prompt_tokens} input tokens.")
+        room = max_len - prompt_tokens
+        max_tokens = _int_field(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
+                                else "max_tokens", None if chat else 16, 1)
+        if max_tokens is None:
+            max_tokens = room
+        if max_tokens > room:
+            raise BadRequest(f"max_tokens ({max_tokens}) plus the prompt ({prompt_tokens} tokens) exceeds "
+                             f"the maximum context length {max_len}")
+        min_tokens = _int_field(body, "min_tokens", 0, 0) or 0
+        if min_tokens > max_tokens:
+            raise BadRequest(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})")
+        ignore_eos = bool(body.get("ignore_eos", False))
+        if ignore_eos:
+            output_tokens = max_tokens
+        else:
+            drawn = 1 + int(self.rng.expovariate(1.0 / self.spec.simulator.mean_output_tokens))
+            output_tokens = min(max_tokens, max(min_tokens, drawn))
+        finish_reason = "length" if output_tokens >= max_tokens else "stop"
+        if self.perf.blocks_for(prompt_tokens + output_tokens) > self.perf.kv_capacity_blocks:
+            raise BadRequest(f"the request needs {prompt_tokens + output_tokens} tokens of KV cache but the "
+                             f"instance holds {self.perf.kv_capacity_tokens}")
+        stream = bool(body.get("stream", False))
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise BadRequest("stream_options must be an object")
+        kv_params = body.get("kv_transfer_params")
+        if kv_params is not None and not isinstance(kv_params, dict):
+            raise BadRequest("kv_transfer_params must be an object")
+        return (prompt_tokens, output_tokens, finish_reason, stream, bool(options.get("include_usage")),
+                bool(options.get("continuous_usage_stats")), kv_params)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created, "owned_by": "vllm",
+            "root": self.model_name, "parent": None, "max_model_len": self.spec.model.max_model_len,
+            "permission": []}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    # --- /metrics ------------------------------------------------------------------------------
+    async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
+        waited = 0.0
+        while self.fault.stall_metrics and waited < _MAX_METRICS_STALL_S:
+            await asyncio.sleep(0.05)
+            waited += 0.05
+        fault = self.fault
+        if fault.legacy_names:
+            payload = render(self.metrics, current=False, legacy=True)
+        else:
+            payload = render(self.metrics, current=self.current_names, legacy=self.legacy_names)
+        if fault.malformed_metrics:
+            payload = malformed(payload)
+        if fault.truncated_metrics:
+            # Announce the whole payload, send half of it, then cut the connection mid-line.
+            response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+            response.content_length = len(payload)
+            await response.prepare(request)
+            await response.write(payload[: len(payload) // 2])
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # --- admin ---------------------------------------------------------------------------------
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return web.json_response(self.fault.model_dump())
+
+    async def post_faults(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "body must be a JSON object of fault fields")
+        restart = body.pop("restart", False)
+        if not isinstance(restart, bool):
+            return _error(400, f"restart must be true or false, got {restart!r}")
+        try:
+            fault = Fault.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
+            return _error(400, f"fault {where}: {message}")
+        self.set_fault(fault)
+        if restart:
+            self.restart()
+        return web.json_response(self.fault.model_dump())
+
+    async def get_requests(self, request: web.Request) -> web.Response:
+        out = [{**r, "token_times": r["token_times"].tolist()} for r in self.records]
+        return web.json_response(out)
+
+    def emission_stats(self) -> dict[str, float]:
+        n = min(self.engine.emission_count, len(self.engine.emission_gaps))
+        gaps = sorted(self.engine.emission_gaps[:n])
+        if not gaps:
+            return {"count": 0}
+        return {"count": self.engine.emission_count, "p50_s": gaps[n // 2],
+                "p99_s": gaps[min(n - 1, int(n * 0.99))], "max_s": gaps[-1]}
+
+    async def get_stats(self, request: web.Request) -> web.Response:
+        return web.json_response({"instance": self.name, "emission_gaps": self.emission_stats(),
+                                  "running": self.engine.scheduler.num_running,
+                                  "waiting": self.engine.scheduler.num_waiting})
