@@ -1,0 +1,390 @@
+"""`crossover demo`: the whole stack on one machine, from one command.
+
+Starts, each on a loopback port, the simulated fleet of a spec (unless its instances are real
+servers), the exporter, Prometheus with the generated scrape config and rules, Alertmanager with
+a webhook that prints alerts, and the Streamlit app; runs a sweep, prints the URLs and where the
+results are, and keeps everything up until Ctrl-C. `--headless` runs only the fleet and the sweep,
+prints the per-level table and the crossover sentence, and exits: the same job for a terminal or CI.
+
+Every part is started through its own `crossover` subcommand as a child process (one process
+group each, see demo_procs), so the demo depends on the parts' command lines, not their insides;
+a part missing from this build, or a binary missing from this machine, is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+from crossover.cli import SUBCOMMANDS
+from crossover.demo_procs import Supervisor, crossover_command, http_ok, tail, terminate_as_interrupt
+from crossover.demo_prom import (
+    alertmanager_config,
+    fallback_scrape_configs,
+    find_generated,
+    prometheus_config,
+)
+from crossover.errors import UserError
+from crossover.netutil import free_port, spec_on_free_ports
+from crossover.spec import FleetSpec, load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_SPEC = REPO / "compose" / "specs" / "seed-70b-h100.yaml"
+DEFAULT_CONCURRENCY = "1,4,16,32,64"
+# Preferred ports for the UIs (the usual ones, so bookmarks work); a free port when taken.
+PREFERRED_PORTS = {"exporter": 9400, "prometheus": 9090, "alertmanager": 9093, "app": 8501}
+READY_TIMEOUT_S = 60.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", default=None,
+                        help=f"fleet spec (default {DEFAULT_SPEC.relative_to(REPO)}: TP=4x1 vs TP=2x2)")
+    parser.add_argument("--headless", action="store_true",
+                        help="only the fleet and the sweep: print the table and the crossover, then exit")
+    fleet = parser.add_mutually_exclusive_group()
+    fleet.add_argument("--no-sim", dest="simulate", action="store_false", default=None,
+                       help="the spec's instances are real servers already running: do not simulate")
+    fleet.add_argument("--sim", dest="simulate", action="store_true",
+                       help="always simulate the fleet, on free loopback ports")
+    parser.add_argument("--out", default=None,
+                        help="results folder (default results/demo-<UTC time>)")
+    parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
+                        help=f"sweep concurrency levels (default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests per level (default: the sweep's, 4 rounds of the concurrency)")
+    parser.add_argument("--input-len", default=None, help="prompt tokens (the sweep's forms and default)")
+    parser.add_argument("--output-len", default=None, help="output tokens (the sweep's forms and default)")
+    parser.add_argument("--no-app", action="store_true", help="do not start the Streamlit app")
+    parser.add_argument("--no-prometheus", action="store_true",
+                        help="do not start Prometheus and Alertmanager even when installed")
+    parser.add_argument("--no-sweep", action="store_true",
+                        help="start the stack and wait, without a sweep (use the app to run one)")
+
+
+# ---- planning: plain decisions from the arguments and the machine ------------------------------
+
+
+def available(subcommand: str) -> bool:
+    """Whether this build has the module behind `crossover SUBCOMMAND`."""
+    module = SUBCOMMANDS[subcommand][0]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def alertmanager_binary() -> str | None:
+    """Debian names it prometheus-alertmanager; upstream tarballs name it alertmanager."""
+    return shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(name: str) -> int:
+    preferred = PREFERRED_PORTS.get(name)
+    return preferred if preferred is not None and port_free(preferred) else free_port()
+
+
+def default_out_dir() -> Path:
+    return Path("results") / f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def instance_urls(spec: FleetSpec) -> list[tuple[str, str]]:
+    return [(i.name, i.url) for t in spec.topologies for i in t.instances]
+
+
+def decide_simulation(spec: FleetSpec, simulate: bool | None) -> bool:
+    """--sim / --no-sim win; otherwise simulate unless every instance of the spec already answers.
+
+    A spec whose instances all answer /health is a real fleet (say cpu-real-vllm.yaml with its
+    servers up), so it is used as it is. Some answering and some not is ambiguous: say so.
+    """
+    if simulate is not None:
+        return simulate
+    answering = [name for name, url in instance_urls(spec) if http_ok(url + "/health", timeout=1.0)]
+    if not answering:
+        return True
+    silent = [name for name, _ in instance_urls(spec) if name not in answering]
+    if silent:
+        raise UserError(f"instances {answering} answer but {silent} do not: start them and pass --no-sim, "
+                        "or pass --sim to simulate the whole fleet on free ports")
+    return False
+
+
+def check_real_fleet(spec: FleetSpec) -> None:
+    silent = [f"{name} ({url})" for name, url in instance_urls(spec) if not http_ok(url + "/health", 2.0)]
+    if silent:
+        raise UserError(f"--no-sim: no answer at /health from {', '.join(silent)}; start the servers "
+                        "first, or drop --no-sim to simulate the fleet")
+
+
+def write_spec(spec: FleetSpec, path: Path) -> Path:
+    """The spec the children read: the user's spec with the ports the demo chose."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    load_spec(path)  # what is written must read back, or every child would fail later
+    return path
+
+
+def sweep_command(args: argparse.Namespace, spec_path: Path, out: Path, headless: bool) -> list[str]:
+    command = crossover_command("sweep", str(spec_path), "--concurrency", args.concurrency, "--out", str(out))
+    if args.requests is not None:
+        command += ["--requests", str(args.requests)]
+    if args.input_len is not None:
+        command += ["--input-len", args.input_len]
+    if args.output_len is not None:
+        command += ["--output-len", args.output_len]
+    if headless:
+        command.append("--no-progress")
+    return command
+
+
+def tcp_open(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+# ---- running ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """What is up and where; printed for the user at start and used to wire parts together."""
+
+    out: Path
+    spec_path: Path
+    simulated: bool
+    urls: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def start_fleet(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
+    if not stack.simulated:
+        check_real_fleet(spec)
+        stack.notes.append("fleet: real servers, not simulated")
+        return
+    if not available("sim"):
+        raise UserError("this build has no simulator (crossover sim); give a spec of real servers "
+                        "with --no-sim")
+    child = sup.start("sim", crossover_command("sim", str(stack.spec_path)))
+    urls = [url for _, url in instance_urls(spec)]
+    entrypoints = [t.entrypoint.url for t in spec.topologies if t.entrypoint.url]
+    sup.wait_ready(child, lambda: all(http_ok(u + "/health", 1.0) for u in urls)
+                   and all(tcp_open(u) for u in entrypoints), READY_TIMEOUT_S)
+    stack.urls["simulator"] = ", ".join(f"{name} {url}" for name, url in instance_urls(spec))
+
+
+def start_exporter(sup: Supervisor, stack: Stack) -> None:
+    if not available("exporter"):
+        stack.notes.append("exporter: not in this build (crossover exporter), skipped")
+        return
+    port = pick_port("exporter")
+    child = sup.start("exporter", crossover_command("exporter", str(stack.spec_path), "--port", str(port),
+                                                    "--bind", "127.0.0.1"))
+    url = f"http://127.0.0.1:{port}"
+    sup.wait_ready(child, lambda: http_ok(url + "/metrics"), READY_TIMEOUT_S)
+    stack.urls["exporter"] = url + "/metrics"
+
+
+def generate_rules(stack: Stack) -> Path | None:
+    if not available("rules"):
+        stack.notes.append("rules: not in this build (crossover rules); Prometheus scrapes without rules")
+        return None
+    out = stack.out / "rules"
+    result = subprocess.run(crossover_command("rules", str(stack.spec_path), "--out", str(out)),
+                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        stack.notes.append(f"rules: `crossover rules` failed ({result.stderr.strip()[-300:]}); "
+                           "Prometheus scrapes without rules")
+        return None
+    return out
+
+
+def start_alerting(sup: Supervisor, stack: Stack) -> str | None:
+    """Alertmanager with the webhook receiver; returns Alertmanager's host:port, or None."""
+    binary = alertmanager_binary()
+    if binary is None:
+        stack.notes.append("alertmanager: not installed (apt-get install prometheus-alertmanager), skipped")
+        return None
+    hook_port = free_port()
+    alerts_log = stack.out / "alerts.jsonl"
+    hook = sup.start("alert-webhook", [sys.executable, "-m", "crossover.demo_webhook", "--port",
+                                       str(hook_port), "--log", str(alerts_log)])
+    sup.wait_ready(hook, lambda: http_ok(f"http://127.0.0.1:{hook_port}/health"), READY_TIMEOUT_S)
+    folder = stack.out / "alertmanager"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "alertmanager.yml"
+    config.write_text(yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{hook_port}/alerts"),
+                                     sort_keys=False))
+    port = pick_port("alertmanager")
+    # No cluster: its gossip port would listen on every interface and collide between demos.
+    child = sup.start("alertmanager", [binary, f"--config.file={config}", f"--storage.path={folder / 'data'}",
+                                       f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="])
+    url = f"http://127.0.0.1:{port}"
+    sup.wait_ready(child, lambda: http_ok(url + "/-/ready"), READY_TIMEOUT_S)
+    stack.urls["alertmanager"] = f"{url}  (alerts also land in {alerts_log})"
+    return f"127.0.0.1:{port}"
+
+
+def start_prometheus(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        stack.notes.append("prometheus: not installed (apt-get install prometheus), skipped")
+        return
+    rules_dir = generate_rules(stack)
+    scrape, rule_files = find_generated(rules_dir) if rules_dir else ([], [])
+    if not scrape:
+        scrape = fallback_scrape_configs(spec)
+    alertmanager = start_alerting(sup, stack)
+    exporter = stack.urls.get("exporter")
+    folder = stack.out / "prometheus"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_config(
+        spec, scrape, rule_files, exporter=urlsplit(exporter).netloc if exporter else None,
+        alertmanager=alertmanager), sort_keys=False))
+    promtool = shutil.which("promtool")
+    if promtool:
+        check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True,
+                               timeout=60, stdin=subprocess.DEVNULL)
+        if check.returncode != 0:
+            raise UserError(f"promtool rejects the demo's {config}: {check.stdout.strip()[-300:]} "
+                            f"{check.stderr.strip()[-300:]}")
+    port = pick_port("prometheus")
+    child = sup.start("prometheus", [binary, f"--config.file={config}",
+                                     f"--storage.tsdb.path={folder / 'data'}",
+                                     f"--web.listen-address=127.0.0.1:{port}"])
+    url = f"http://127.0.0.1:{port}"
+    sup.wait_ready(child, lambda: http_ok(url + "/-/ready"), READY_TIMEOUT_S)
+    stack.urls["prometheus"] = f"{url}  ({len(rule_files)} rule file(s) from {rules_dir or 'nowhere'})"
+
+
+def start_app(sup: Supervisor, stack: Stack) -> None:
+    if not available("app"):
+        stack.notes.append("app: not in this build (crossover app), skipped")
+        return
+    port = pick_port("app")
+    command = crossover_command("app", str(stack.spec_path), "--port", str(port), "--address", "127.0.0.1",
+                                "--results", str(stack.out / "app"))
+    if "exporter" in stack.urls:
+        command += ["--exporter", stack.urls["exporter"].removesuffix("/metrics")]
+    if "prometheus" in stack.urls:
+        command += ["--prometheus", stack.urls["prometheus"].split()[0]]
+    child = sup.start("app", command)
+    url = f"http://127.0.0.1:{port}"
+    sup.wait_ready(child, lambda: http_ok(url + "/_stcore/health"), 120.0)
+    stack.urls["app"] = url
+
+
+def print_stack(stack: Stack, spec_source: str) -> None:
+    fleet = "simulated on loopback" if stack.simulated else "real servers"
+    say(f"crossover demo: {spec_source} ({fleet}); results and logs in {stack.out}/")
+    for name, url in stack.urls.items():
+        say(f"  {name:<13}{url}")
+    for note in stack.notes:
+        say(f"  note: {note}")
+
+
+def run_sweep(sup: Supervisor, stack: Stack, args: argparse.Namespace) -> int:
+    if not available("sweep"):
+        say("crossover demo: this build has no sweep (crossover sweep); nothing to measure")
+        return 2
+    out = stack.out / "sweep"
+    say(f"crossover demo: sweeping concurrency {args.concurrency}; results in {out}/")
+    # Piped output (CI, a log file): give rich a width that fits the table instead of 80 columns.
+    env = {} if sys.stdout.isatty() else {"COLUMNS": "160"}
+    child = sup.start("sweep", sweep_command(args, stack.spec_path, out, args.headless), env=env,
+                      passthrough=True)
+    code = child.process.wait()
+    if code != 0:
+        say(f"crossover demo: the sweep exited with status {code}; see above")
+    return code
+
+
+def wait_for_interrupt(sup: Supervisor) -> int:
+    """Keep the stack up until Ctrl-C; a part that dies ends the demo with its log's last lines."""
+    while True:
+        crashed = [c for c in sup.crashed() if c.name != "sweep"]
+        if crashed:
+            child = crashed[0]
+            say(f"crossover demo: {child.name} exited with status {child.process.returncode}; "
+                f"its log {child.log_path} ends:\n{tail(child.log_path)}")
+            return 1
+        time.sleep(1.0)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec_source = args.spec or str(DEFAULT_SPEC.relative_to(REPO) if DEFAULT_SPEC.exists() else DEFAULT_SPEC)
+    spec_file = Path(args.spec) if args.spec else DEFAULT_SPEC
+    if not spec_file.exists():
+        raise UserError(f"--spec: {spec_file} does not exist" + ("" if args.spec else " (pass --spec)"))
+    spec = load_spec(spec_file)
+    if args.requests is not None and args.requests < 1:
+        raise UserError(f"--requests: must be at least 1, got {args.requests}")
+    simulated = decide_simulation(spec, args.simulate)
+    if simulated:
+        spec = spec_on_free_ports(spec)
+    out = Path(args.out) if args.out else default_out_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    out = out.resolve()
+    stack = Stack(out=out, spec_path=write_spec(spec, out / "spec.yaml"), simulated=simulated)
+
+    with terminate_as_interrupt(), Supervisor(stack.out / "logs") as sup:
+        try:
+            start_fleet(sup, stack, spec)
+            if not args.headless:
+                start_exporter(sup, stack)
+                if args.no_prometheus:
+                    stack.notes.append("prometheus and alertmanager: off (--no-prometheus)")
+                else:
+                    start_prometheus(sup, stack, spec)
+                if args.no_app:
+                    stack.notes.append("app: off (--no-app)")
+                else:
+                    start_app(sup, stack)
+            print_stack(stack, spec_source)
+            code = 0 if args.no_sweep else run_sweep(sup, stack, args)
+            summary = stack.out / "sweep" / "crossover.json"
+            if summary.exists():
+                say(f"crossover demo: crossover written to {summary}")
+            if args.headless:
+                return code
+            say("crossover demo: everything keeps running; press Ctrl-C to stop it all")
+            return wait_for_interrupt(sup)
+        except KeyboardInterrupt:
+            say("crossover demo: stopping everything...")
+            sup.stop_all()
+            say("crossover demo: stopped")
+            return 130
+
+
+def read_crossover(out: Path) -> dict[str, object]:
+    """The sweep's crossover.json of a demo run (for tests and scripts)."""
+    return dict(json.loads((out / "sweep" / "crossover.json").read_text()))
