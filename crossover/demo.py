@@ -218,7 +218,10 @@ def generate_rules(stack: Stack) -> Path | None:
         stack.notes.append("rules: not in this build (crossover rules); Prometheus scrapes without rules")
         return None
     out = stack.out / "rules"
-    result = subprocess.run(crossover_command("rules", str(stack.spec_path), "--out", str(out)),
+    command = crossover_command("rules", str(stack.spec_path), "--out", str(out))
+    if "exporter" in stack.urls:
+        command += ["--exporter-target", urlsplit(stack.urls["exporter"]).netloc]
+    result = subprocess.run(command,
                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         stack.notes.append(f"rules: `crossover rules` failed ({result.stderr.strip()[-300:]}); "

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -68,16 +69,18 @@ class Child:
     def running(self) -> bool:
         return self.process.poll() is None
 
+    def signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signum)
+
     def stop(self, grace: float = 8.0) -> None:
         """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds."""
         if self.running():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGTERM)
+            self.signal_group(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=grace)
         # The leader may be gone while a grandchild of its group lingers: sweep the group too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        self.signal_group(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=grace)
 
@@ -132,9 +135,27 @@ class Supervisor:
     def crashed(self) -> list[Child]:
         return [c for c in self.children if not c.running()]
 
-    def stop_all(self) -> None:
-        for child in reversed(self.children):
-            child.stop()
+    def stop_all(self, grace: float = 8.0) -> None:
+        """SIGTERM every group at once, wait up to `grace` seconds in all, then SIGKILL the rest.
+
+        A second Ctrl-C while this runs is ignored: cleanup must finish, or children would be left.
+        """
+        main = threading.current_thread() is threading.main_thread()  # signals are main-thread only
+        previous = ({s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+                    if main else {})
+        try:
+            running = [c for c in reversed(self.children) if c.running()]
+            for child in running:
+                child.signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for child in running:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            for child in self.children:
+                child.stop(grace=grace)  # SIGKILLs what is left of each group
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def _write_pids(self) -> None:
         # Lets a test (or a person) check afterwards that nothing the demo started is left.
@@ -149,11 +170,15 @@ def _one_line(text: str) -> str:
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP to the demo stop it like Ctrl-C does, so the children are stopped too."""
+    """SIGTERM and SIGHUP to the demo stop it like Ctrl-C does, so the children are stopped too.
+
+    SIGINT is set too: a shell starts background jobs with SIGINT ignored, and Python then keeps
+    ignoring it, so `kill -INT` (what a supervisor or a test sends) would do nothing.
+    """
     def _raise(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

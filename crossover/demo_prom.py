@@ -59,11 +59,17 @@ def fallback_scrape_configs(spec: FleetSpec) -> list[dict[str, Any]]:
              "scrape_timeout": spec.scrape.timeout, "static_configs": groups}]
 
 
+def scraped_targets(jobs: list[dict[str, Any]]) -> set[str]:
+    """Every host:port of the static configs of some scrape jobs."""
+    return {target for job in jobs for group in job.get("static_configs", []) or []
+            for target in group.get("targets", []) or []}
+
+
 def prometheus_config(spec: FleetSpec, scrape_configs: list[dict[str, Any]], rule_files: list[Path], *,
                       exporter: str | None, alertmanager: str | None) -> dict[str, Any]:
     """prometheus.yml for the demo. exporter and alertmanager are host:port or None when absent."""
     jobs = [dict(job) for job in scrape_configs]
-    if exporter and not any(job.get("job_name") == EXPORTER_JOB for job in jobs):
+    if exporter and exporter not in scraped_targets(jobs):
         jobs.append({"job_name": EXPORTER_JOB, "static_configs": [{"targets": [exporter]}]})
     config: dict[str, Any] = {
         "global": {"scrape_interval": spec.scrape.interval, "scrape_timeout": spec.scrape.timeout,
