@@ -336,6 +336,8 @@ class Simulator(_Strict):
         default=0.0, description="CPU time per engine step not hidden behind the GPU")
     host_overhead_per_seq_us: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
         default=0.0, description="CPU time per scheduled sequence per step (scheduler, sampler, detokenizer)")
+    host_overhead_per_seq_per_rank_us: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        default=0.0, description="CPU time per scheduled sequence per step per TP worker (input preparation)")
     max_num_seqs: PositiveInt = Field(default=256, description="vLLM --max-num-seqs per instance")
     max_num_batched_tokens: PositiveInt = Field(
         default=2048, description="vLLM --max-num-batched-tokens: chunked-prefill token budget per step")

@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vLLM version whose metric names to expose (0.10/0.11 emit the legacy names)")
     parser.add_argument("--time-scale", type=float, default=None,
                         help="simulated seconds per wall second (default from the spec, 1.0)")
+    parser.add_argument("--bind", default=None, metavar="HOST",
+                        help="listen on HOST for every instance (e.g. 0.0.0.0 inside a container whose "
+                        "URLs name services); default: each URL's own host, which must be loopback")
 
 
 async def serve(fleet: SimFleet) -> None:
@@ -37,7 +40,7 @@ async def serve(fleet: SimFleet) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = with_overrides(load_spec(args.spec), seed=args.seed, vllm_version=args.vllm_version,
                           time_scale=args.time_scale)
-    fleet = SimFleet(spec)
+    fleet = SimFleet(spec, bind_host=args.bind)
     asyncio.run(serve(fleet))
     print("crossover sim: stopped", file=sys.stderr)
     return 0

@@ -53,7 +53,9 @@ def with_overrides(spec: FleetSpec, *, seed: int | None = None, vllm_version: st
 class SimFleet:
     """Simulated vLLM instances (and P/D proxies) for every topology of a spec, on one event loop."""
 
-    def __init__(self, spec: FleetSpec) -> None:
+    def __init__(self, spec: FleetSpec, bind_host: str | None = None) -> None:
+        """bind_host: listen there (e.g. 0.0.0.0 in a container whose URLs name services) instead of
+        on each URL's own host, which must then be loopback."""
         try:
             legacy_mode(spec.simulator.vllm_version)
         except ValueError as exc:
@@ -64,11 +66,17 @@ class SimFleet:
         for topology in spec.topologies:
             for instance in topology.instances:
                 sim = SimInstance(spec, topology, instance)
-                _check_loopback(f"instance {instance.name} ({instance.url})", sim.host)
+                if bind_host is None:
+                    _check_loopback(f"instance {instance.name} ({instance.url})", sim.host)
+                else:
+                    sim.host = bind_host
                 self.instances[instance.name] = sim
             if topology.entrypoint.url is not None:
                 proxy = EntrypointProxy(topology)
-                _check_loopback(f"topology {topology.name} entrypoint ({proxy.url})", proxy.host)
+                if bind_host is None:
+                    _check_loopback(f"topology {topology.name} entrypoint ({proxy.url})", proxy.host)
+                else:
+                    proxy.host = bind_host
                 self.proxies.append(proxy)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started: list[SimInstance | EntrypointProxy] = []

@@ -89,7 +89,7 @@ class PerfModel:
             allreduce_s=allreduce_latency_s(hardware.interconnect, tp, hardware.allreduce_latency_us),
             gpu_time_scale=sim.gpu_time_scale,
             host_step_s=sim.host_overhead_step_us * 1e-6,
-            host_per_seq_s=sim.host_overhead_per_seq_us * 1e-6,
+            host_per_seq_s=(sim.host_overhead_per_seq_us + sim.host_overhead_per_seq_per_rank_us * tp) * 1e-6,
             kv_capacity_tokens=capacity_blocks * block,
             block_size=block,
             max_num_seqs=sim.max_num_seqs,

@@ -42,3 +42,18 @@ def get_text(url: str, timeout: float = 30) -> str:
 
 def get_json(url: str, timeout: float = 30) -> Any:
     return json.loads(get_text(url, timeout))
+
+
+def stream_timed(url: str, body: Any, timeout: float = 30) -> list[tuple[float, dict[str, Any]]]:
+    """Like stream(), with the monotonic time each event line was read."""
+    import time
+
+    request = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    events = []
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append((time.monotonic(), json.loads(line[len("data: "):])))
+    return events

@@ -67,7 +67,7 @@ def test_same_families_and_label_sets_as_a_real_server() -> None:
         ours, theirs = simulated.get(metric.name), real[metric.name]
         assert ours is not None, metric.name
         assert ours.type == theirs.type, metric.name  # type: ignore[attr-defined]
-        def shape(family: object) -> set[tuple[str, tuple[str, ...]]]:
+        def shape(family: object) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
             return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name")))
                     for s in family.samples}  # type: ignore[attr-defined]
         assert shape(ours) == shape(theirs), metric.name

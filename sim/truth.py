@@ -1,0 +1,299 @@
+"""Ground truth without traffic: the performance model run in virtual time.
+
+The same `Scheduler` and `PerfModel` the live servers use are stepped by a discrete-event loop with
+no sleeping, so the figures here are exactly what the simulator serves, minus wall-clock jitter:
+closed-loop throughput, TTFT and TPOT at a concurrency, open-loop (Poisson) latency distributions,
+and the concurrency where one topology's aggregate output tokens/s overtakes another's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from crossover.sim.model import PerfModel, StepLoad
+from crossover.sim.scheduler import Scheduler, SimRequest, StepPlan
+from crossover.spec import FleetSpec, Role, Topology
+
+
+@dataclass
+class RequestTrace:
+    """One client request as the client sees it (times in virtual seconds)."""
+
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    first_token: float | None = None
+    finish: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        assert self.first_token is not None
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> float:
+        """vllm bench serve's per-request TPOT: (e2e - TTFT) / (output - 1), 0 for one token."""
+        assert self.finish is not None and self.first_token is not None
+        n = len(self.token_times)
+        return (self.finish - self.first_token) / (n - 1) if n > 1 else 0.0
+
+    @property
+    def itls(self) -> list[float]:
+        return [b - a for a, b in itertools.pairwise(self.token_times)]
+
+
+@dataclass
+class _Node:
+    name: str
+    role: Role
+    scheduler: Scheduler
+    plan: StepPlan | None = None
+    wake_at: float | None = None
+
+
+class FleetDES:
+    """A discrete-event run of one topology: instances step independently; P/D requests go prefill
+    instance -> KV transfer (on the decoder) -> decode instance, as the live proxy routes them."""
+
+    def __init__(self, spec: FleetSpec, topology: Topology) -> None:
+        model = PerfModel.for_instance(spec, topology.tensor_parallel_size)
+        self.model = model
+        self.nodes = [_Node(i.name, i.role, Scheduler(model)) for i in topology.instances]
+        self.prefill = [n for n in self.nodes if n.role is Role.PREFILL]
+        self.serving = [n for n in self.nodes if n.role is not Role.PREFILL]  # colocated or decode
+        self._events: list[tuple[float, int, Callable[[float], None]]] = []
+        self._seq = itertools.count()
+        self._ids = itertools.count()
+        self.now = 0.0
+        self.on_done: Callable[[RequestTrace, float], None] = lambda trace, t: None
+        self._rr_entry = itertools.cycle(self.prefill or self.serving)
+        self._rr_decode = itertools.cycle(self.serving)
+
+    def at(self, time: float, action: Callable[[float], None]) -> None:
+        heapq.heappush(self._events, (time, next(self._seq), action))
+
+    def submit(self, trace: RequestTrace, node: _Node | None = None) -> None:
+        """A client request arriving at trace.arrival, at the topology's entry (or a given instance)."""
+        target = node or next(self._rr_entry)
+        disaggregated = target.role is Role.PREFILL
+        request = SimRequest(f"r{next(self._ids)}", trace.prompt_tokens,
+                             1 if disaggregated else trace.output_tokens, trace.arrival)
+        request.sink = trace
+        self.at(trace.arrival, lambda t: self._arrive(target, request))
+
+    def _arrive(self, node: _Node, request: SimRequest) -> None:
+        node.scheduler.add(request)
+        self._kick(node)
+
+    def _kick(self, node: _Node) -> None:
+        if node.plan is not None:
+            return
+        plan = node.scheduler.plan(self.now)
+        if plan is not None:
+            node.plan = plan
+            self.at(self.now + plan.seconds, lambda t: self._step_end(node))
+            return
+        ready = node.scheduler.next_kv_ready()
+        if ready is not None and node.wake_at != ready:
+            node.wake_at = ready
+            self.at(ready, lambda t: self._kick(node))
+
+    def _step_end(self, node: _Node) -> None:
+        plan, node.plan = node.plan, None
+        assert plan is not None
+        outcome = node.scheduler.complete(plan, self.now)
+        for request in outcome.emitted:
+            trace: RequestTrace = request.sink
+            if node.role is Role.PREFILL:
+                continue  # the prefill's token goes back to the proxy, not to the client
+            trace.token_times.append(self.now)
+            if trace.first_token is None:
+                trace.first_token = self.now
+        for request in outcome.finished:
+            trace = request.sink
+            if node.role is Role.PREFILL:
+                decode = SimRequest(f"r{next(self._ids)}", trace.prompt_tokens, trace.output_tokens,
+                                    self.now, remote_kv=True)
+                decode.sink = trace
+                target = next(self._rr_decode)
+                self._arrive(target, decode)
+            else:
+                trace.finish = self.now
+                self.on_done(trace, self.now)
+        self._kick(node)
+
+    def run(self, until: Callable[[], bool], max_time: float = 1e7) -> None:
+        while self._events and not until():
+            time, _, action = heapq.heappop(self._events)
+            if time > max_time:
+                break
+            self.now = time
+            action(time)
+
+
+@dataclass(frozen=True)
+class ClosedLoopPoint:
+    """Steady state of `concurrency` clients each sending the next request when the last one ends."""
+
+    concurrency: int
+    output_tokens_per_s: float
+    ttft_s: float  # mean
+    tpot_s: float  # mean
+    requests_per_s: float
+
+
+def _topology(spec: FleetSpec, topology: Topology | str) -> Topology:
+    return spec.topology(topology) if isinstance(topology, str) else topology
+
+
+def closed_loop(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,
+                output_len: int) -> ClosedLoopPoint:
+    """Closed-loop steady state from the model alone (virtual time, deterministic)."""
+    topo = _topology(spec, topology)
+    if concurrency < 1 or input_len < 1 or output_len < 1:
+        raise ValueError("concurrency, input_len and output_len must be positive")
+    des = FleetDES(spec, topo)
+    serving = des.serving
+    # Spread the first arrivals over one request's expected life so the clients start out of step,
+    # as they are in a long run (otherwise every client prefills in the same step, cycle after cycle).
+    per_instance = max(1, concurrency // len(serving))
+    decode_step = des.model.step_seconds(StepLoad(per_instance, per_instance * (input_len + output_len // 2)))
+    life = output_len * decode_step
+    warmup = 2 * concurrency
+    measured = max(4 * concurrency, 40)
+    done: list[tuple[float, RequestTrace]] = []
+    entries = des.prefill or serving
+    client_entry = {}
+
+    def issue(client: int, at: float) -> None:
+        trace = RequestTrace(at, input_len, output_len)
+        client_entry[id(trace)] = client
+        des.submit(trace, entries[client % len(entries)])
+
+    def on_done(trace: RequestTrace, now: float) -> None:
+        done.append((now, trace))
+        issue(client_entry.pop(id(trace)), now)
+
+    des.on_done = on_done
+    for client in range(concurrency):
+        issue(client, client * life / concurrency)
+    des.run(lambda: len(done) >= warmup + measured)
+    start = done[warmup - 1][0]
+    window = done[warmup:]
+    end = window[-1][0]
+    tokens = sum(sum(1 for t in trace.token_times if start < t <= end) for _, trace in done)
+    # Requests still in flight also emitted tokens inside the window.
+    tokens += sum(sum(1 for t in trace.token_times if start < t <= end)
+                  for node in serving
+                  for r in (*node.scheduler.running, *node.scheduler.waiting, *node.scheduler.transferring)
+                  if isinstance((trace := r.sink), RequestTrace))
+    duration = end - start
+    return ClosedLoopPoint(
+        concurrency=concurrency,
+        output_tokens_per_s=tokens / duration,
+        ttft_s=sum(t.ttft for _, t in window) / len(window),
+        tpot_s=sum(t.tpot for _, t in window) / len(window),
+        requests_per_s=len(window) / duration,
+    )
+
+
+def throughput(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,
+               output_len: int) -> float:
+    """Aggregate output tokens/s of a topology at a closed-loop concurrency."""
+    return closed_loop(spec, topology, concurrency, input_len, output_len).output_tokens_per_s
+
+
+def tpot(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,
+         output_len: int) -> float:
+    """Mean per-request time per output token (s) at a closed-loop concurrency."""
+    return closed_loop(spec, topology, concurrency, input_len, output_len).tpot_s
+
+
+def ttft(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,
+         output_len: int) -> float:
+    """Mean time to first token (s) at a closed-loop concurrency."""
+    return closed_loop(spec, topology, concurrency, input_len, output_len).ttft_s
+
+
+def ground_truth_crossover(spec: FleetSpec, topology_a: Topology | str, topology_b: Topology | str,
+                           input_len: int, output_len: int, concurrencies: Sequence[int]) -> float | None:
+    """The concurrency where topology_b's aggregate output tokens/s overtakes topology_a's.
+
+    Evaluated at the given concurrencies; inside the first bracket where b goes from not ahead to
+    ahead, integer concurrencies are bisected and the crossing is interpolated linearly between the
+    last integer where a leads and the first where b leads. None when b never overtakes a in the
+    range (including when b leads from the first concurrency on: no crossover inside the range).
+    """
+    levels = sorted(set(concurrencies))
+    if not levels:
+        raise ValueError("give at least one concurrency")
+
+    def lead(c: int) -> float:
+        return (throughput(spec, topology_b, c, input_len, output_len)
+                - throughput(spec, topology_a, c, input_len, output_len))
+
+    previous: tuple[int, float] | None = None
+    for level in levels:
+        diff = lead(level)
+        if previous is not None and previous[1] <= 0 < diff:
+            low, low_diff = previous
+            high, high_diff = level, diff
+            while high - low > 1:
+                middle = (low + high) // 2
+                middle_diff = lead(middle)
+                if middle_diff > 0:
+                    high, high_diff = middle, middle_diff
+                else:
+                    low, low_diff = middle, middle_diff
+            return low + (high - low) * (-low_diff) / (high_diff - low_diff)
+        if diff > 0 and previous is None:
+            return None
+        previous = (level, diff)
+    return None
+
+
+@dataclass(frozen=True)
+class OpenLoopResult:
+    """Latencies of Poisson traffic at a request rate (times in seconds)."""
+
+    rate: float
+    traces: tuple[RequestTrace, ...]
+
+    def itl_quantile(self, q: float) -> float:
+        values = sorted(x for t in self.traces for x in t.itls)
+        return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+    def goodput_fraction(self, ttft_s: float | None, tpot_s: float | None) -> float:
+        """Share of requests meeting every SLO given (vllm bench serve --goodput)."""
+        good = sum(1 for t in self.traces
+                   if (ttft_s is None or t.ttft <= ttft_s) and (tpot_s is None or t.tpot <= tpot_s))
+        return good / len(self.traces)
+
+
+def open_loop(spec: FleetSpec, topology: Topology | str, rate: float, input_len: int, output_len: int,
+              num_requests: int = 100, seed: int | None = None) -> OpenLoopResult:
+    """Poisson arrivals at `rate` req/s (like `vllm bench serve --request-rate`), round robin."""
+    topo = _topology(spec, topology)
+    rng = random.Random(spec.simulator.seed if seed is None else seed)
+    des = FleetDES(spec, topo)
+    traces = []
+    at = 0.0
+    for _ in range(num_requests):
+        at += rng.expovariate(rate)
+        trace = RequestTrace(at, input_len, output_len)
+        traces.append(trace)
+        des.submit(trace)
+    finished = [0]
+
+    def on_done(trace: RequestTrace, now: float) -> None:
+        finished[0] += 1
+
+    des.on_done = on_done
+    des.run(lambda: finished[0] >= num_requests)
+    return OpenLoopResult(rate, tuple(traces))
