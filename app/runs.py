@@ -1,0 +1,86 @@
+"""The results folder: one sub-folder per sweep; list them, name new ones, export their tables."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from crossover.loadgen.results import LIST_COLUMNS, RUN_FILE
+
+FORMATS = ("csv", "parquet", "json")
+MIME = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet", "json": "application/json"}
+
+
+@dataclass(frozen=True)
+class PastRun:
+    path: Path
+    name: str
+    modified: float  # unix time of its run.json
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}  ({time.strftime('%Y-%m-%d %H:%M', time.localtime(self.modified))})"
+
+
+def list_runs(results_dir: Path) -> list[PastRun]:
+    """Sweep folders directly under results_dir (those with a run.json), newest first."""
+    if not results_dir.is_dir():
+        return []
+    found = []
+    for child in results_dir.iterdir():
+        marker = child / RUN_FILE
+        if child.is_dir() and marker.is_file():
+            found.append(PastRun(child, child.name, marker.stat().st_mtime))
+    return sorted(found, key=lambda run: (-run.modified, run.name))
+
+
+def new_run_dir(results_dir: Path, now: float | None = None) -> Path:
+    """A fresh, not yet existing folder named after the time: sweep-20260102-131415[-2]."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    candidate = results_dir / f"sweep-{stamp}"
+    suffix = 2
+    while candidate.exists():
+        candidate = results_dir / f"sweep-{stamp}-{suffix}"
+        suffix += 1
+    return candidate
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"
+
+
+def _flat(frame: pd.DataFrame) -> pd.DataFrame:
+    """List-valued columns (per-token ITLs, chunk times) as JSON text, for CSV."""
+    flat = frame.copy()
+    for column in LIST_COLUMNS:
+        if column in flat.columns:
+            flat[column] = flat[column].map(lambda v: json.dumps([float(x) for x in v]))
+    return flat
+
+
+def table_bytes(frame: pd.DataFrame, fmt: str) -> bytes:
+    """A table as CSV, Parquet or JSON (records) bytes, for a download button."""
+    if fmt == "csv":
+        return _flat(frame).to_csv(index=False).encode()
+    if fmt == "parquet":
+        buffer = io.BytesIO()
+        plain = frame.copy()
+        for column in LIST_COLUMNS:
+            if column in plain.columns:
+                plain[column] = plain[column].map(lambda v: [float(x) for x in v])
+        plain.to_parquet(buffer, index=False)
+        return buffer.getvalue()
+    if fmt == "json":
+        return frame.to_json(orient="records", indent=1, double_precision=15).encode()
+    raise ValueError(f"unknown format {fmt!r} (have {FORMATS})")
+
+
+def json_bytes(data: Any) -> bytes:
+    return (json.dumps(data, indent=2, default=str) + "\n").encode()

@@ -1,0 +1,275 @@
+"""The Streamlit page: a thin layout over the pure modules next to it.
+
+Sidebar: the sweep form (topologies, load, lengths, SLOs) with Start/Stop, and past runs.
+Main: the sweep's status, the crossover sentences, the charts against load, the server-side view,
+the results table and the downloads. While a sweep runs, the main area is a fragment that reruns
+every second; the sweep itself runs in a thread owned by a SweepRunner shared by every browser
+session of this app (one fleet, one sweep at a time: two sweeps at once would skew each other).
+Every error reaches the page as st.error with one line, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from crossover.app import charts, form, runs, serverview, view
+from crossover.app.config import AppConfig, parse_page_args
+from crossover.app.preflight import unreachable_targets
+from crossover.app.runner import RunState, RunStatus, SweepRunner, jobs_in
+from crossover.errors import UserError
+from crossover.loadgen.plan import SLO_NAMES, Mode
+from crossover.loadgen.results import load_run
+from crossover.loadgen.sweep import LevelDone, run_sweep
+from crossover.spec import FleetSpec, load_spec
+
+REFRESH_S = 1.0
+LIVE = "live"
+
+
+@st.cache_resource(show_spinner=False)
+def shared_runner(spec_path: str, results_dir: str) -> SweepRunner:
+    """One runner per (spec, results folder), shared by every session of this server."""
+    return SweepRunner()
+
+
+@st.cache_resource(show_spinner=False)
+def shared_poller(source: str, url: str, spec_path: str) -> serverview.ServerPoller:
+    poller = serverview.ServerPoller(source, url, load_spec(spec_path))
+    poller.start()
+    return poller
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)  # read-only once built; no copy per rerun
+def open_past_run(path: str, modified: float) -> view.ResultsView:
+    """A run folder as a view; `modified` makes a rewritten run.json a new cache entry."""
+    return view.past_view(load_run(path))
+
+
+def form_from_state(state: Any, spec: FleetSpec) -> form.SweepForm:
+    """The sweep form as the widgets hold it now (callbacks run before the widgets are drawn)."""
+    defaults = form.default_form(spec)
+    return form.SweepForm(
+        topologies=list(state.get("topologies", defaults.topologies)),
+        mode=str(state.get("mode", defaults.mode)), levels=str(state.get("levels", defaults.levels)),
+        requests_per_level=int(state.get("requests_per_level", defaults.requests_per_level)),
+        input_len=str(state.get("input_len", defaults.input_len)),
+        output_len=str(state.get("output_len", defaults.output_len)),
+        seed=int(state.get("seed", defaults.seed)),
+        slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_NAMES},
+        objective=float(state.get("objective", defaults.objective)))
+
+
+def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> None:
+    """The sweep form; Start and Stop act in callbacks, so the page drawn after shows their effect."""
+    defaults = form.default_form(spec)
+    active = runner.status().state.active
+    sb = st.sidebar
+    sb.header("Sweep")
+    sb.multiselect("Topologies", [t.name for t in spec.topologies], default=defaults.topologies,
+                   key="topologies", help="each gets the same seeded requests at every level")
+    mode = sb.radio("Load", [Mode.CLOSED.value, Mode.OPEN.value], horizontal=True, key="mode",
+                    format_func=lambda m: "closed loop (concurrency)" if m == "closed"
+                    else "open loop (req/s)")
+    sb.text_input("Concurrency levels" if mode == Mode.CLOSED.value else "Request rates (req/s)",
+                  value=defaults.levels, key="levels", help="comma-separated, e.g. 1,2,4,8,16")
+    sb.number_input("Requests per level", min_value=1, max_value=form.MAX_REQUESTS_PER_LEVEL,
+                    value=defaults.requests_per_level, step=1, key="requests_per_level")
+    left, right = sb.columns(2)
+    left.text_input("Input tokens", value=defaults.input_len, key="input_len",
+                    help="N, uniform:LOW-HIGH or normal:MEAN,STD")
+    right.text_input("Output tokens", value=defaults.output_len, key="output_len",
+                     help="N, uniform:LOW-HIGH or normal:MEAN,STD")
+    sb.number_input("Seed", min_value=0, value=defaults.seed, step=1, key="seed")
+    with sb.expander("SLOs (from the spec; 0 switches one off)", expanded=False):
+        for name in SLO_NAMES:
+            st.number_input(f"{form.SLO_LABELS[name]} (ms)", min_value=0.0,
+                            value=float(defaults.slos_ms.get(name) or 0.0), step=10.0, key=f"slo_{name}")
+        st.number_input("Objective (share of good requests)", min_value=0.0, max_value=1.0,
+                        value=defaults.objective, step=0.005, format="%.3f", key="objective")
+    left, right = sb.columns(2)
+    left.button("Start sweep", type="primary", disabled=active, key="start", width="stretch",
+                on_click=on_start, args=(runner, spec, config))
+    right.button("Stop", disabled=not active, key="stop", width="stretch", on_click=runner.stop)
+
+
+def on_start(runner: SweepRunner, spec: FleetSpec, config: AppConfig) -> None:
+    st.session_state["start_error"] = None
+    try:
+        start_sweep(runner, spec, config, form_from_state(st.session_state, spec))
+    except UserError as exc:
+        st.session_state["start_error"] = str(exc)
+
+
+def sidebar_past_runs(config: AppConfig) -> None:
+    st.sidebar.header("Past runs")
+    past = runs.list_runs(config.results_dir)
+    if not past:
+        st.sidebar.caption(f"No runs yet in {config.results_dir}")
+        return
+    labels = {str(run.path): run.label for run in past}
+    chosen = st.sidebar.selectbox("Run folder", list(labels), format_func=labels.__getitem__, key="past_run")
+    if st.sidebar.button("Open run", key="open_run", width="stretch"):
+        st.session_state["view"] = chosen
+    if st.session_state.get("view", LIVE) != LIVE and st.sidebar.button("Back to the live sweep",
+                                                                          key="back_live", width="stretch"):
+        st.session_state["view"] = LIVE
+
+
+def start_sweep(runner: SweepRunner, spec: FleetSpec, config: AppConfig, values: form.SweepForm) -> None:
+    """Check the form and the targets, then start the sweep in the background; UserError otherwise."""
+    request = form.build_request(values, spec)
+    problems = unreachable_targets(spec, request.topologies)
+    if problems:
+        raise UserError("; ".join(problems) + ". Start the fleet (e.g. `crossover sim SPEC`) and try again")
+    out_dir = runs.new_run_dir(config.results_dir)
+
+    def sweep(folder: Path, on_level: Callable[[LevelDone], None], stop: threading.Event) -> Any:
+        return run_sweep(spec, request.plan, folder, request.topologies, on_level=on_level, stop=stop)
+
+    runner.start(sweep, out_dir, jobs_in(request.plan.levels, request.topologies), axis=request.plan.axis)
+    st.session_state["view"] = LIVE
+
+
+def show_status(status: RunStatus) -> None:
+    if status.state is RunState.IDLE:
+        return
+    done = f"{status.levels_done} of {status.levels_total} (topology, level) steps"
+    where = f" into {status.out_dir}" if status.out_dir else ""
+    text = {
+        RunState.RUNNING: f"Sweep running: {done} done{where}",
+        RunState.STOPPING: f"Stopping the sweep after {done}",
+        RunState.FINISHED: f"Sweep finished: {done}{where}",
+        RunState.STOPPED: f"Sweep stopped by the user after {done}{where}",
+        RunState.FAILED: f"Sweep failed after {done}",
+    }[status.state]
+    st.progress(status.progress, text=text)
+    if status.state is RunState.FAILED and status.error:
+        st.error(status.error)
+
+
+def show_crossover(results: view.ResultsView) -> None:
+    sentences = view.crossing_sentences(results.crossover)
+    if sentences:
+        for sentence in sentences:
+            st.success(sentence)
+    elif not results.empty:
+        st.info("No crossover yet: the curves have not crossed over the levels measured so far.")
+    others = view.other_sentences(results.crossover)
+    if others:
+        with st.expander("Pairs that do not cross, and capacity at the SLO objective"):
+            for line in others:
+                st.markdown(f"- {line}")
+    for line in view.failure_warnings(results.summary):
+        st.warning(line)
+
+
+def show_charts(results: view.ResultsView, gpus: dict[str, int]) -> None:
+    per_gpu = st.toggle("Per GPU", key="per_gpu",
+                        help="divide throughput and goodput by each topology's GPUs")
+    marks = view.crossover_marks(results.crossover)
+    columns = st.columns(3)
+    for position, metric in enumerate(charts.CHART_METRICS):
+        frame = charts.chart_frame(results.summary, metric, gpus, per_gpu)
+        chart = charts.metric_chart(frame, metric, results.axis, per_gpu, marks)
+        columns[position % 3].altair_chart(chart, width="stretch")
+
+
+def show_table_and_downloads(results: view.ResultsView, downloads: bool) -> None:
+    st.subheader("Results")
+    st.dataframe(view.summary_table(results.summary), hide_index=True, width="stretch")
+    if not downloads:
+        st.caption("Downloads appear when the sweep ends.")
+        return
+    stem = runs.safe_name(results.out_dir.name if results.out_dir else "sweep")
+    columns = st.columns(7)
+    position = 0
+    for what, get in (("requests", results.requests), ("summary", lambda: results.summary)):
+        for fmt in runs.FORMATS:
+            columns[position].download_button(
+                f"{what}.{fmt}", data=functools.partial(_table_bytes, get, fmt),
+                file_name=f"{stem}-{what}.{fmt}", mime=runs.MIME[fmt], key=f"dl_{what}_{fmt}")
+            position += 1
+    columns[position].download_button("crossover.json", data=runs.json_bytes(results.crossover),
+                                      file_name=f"{stem}-crossover.json", mime=runs.MIME["json"],
+                                      key="dl_crossover")
+
+
+def _table_bytes(get: Callable[[], pd.DataFrame], fmt: str) -> bytes:
+    return runs.table_bytes(get(), fmt)
+
+
+def show_server_view(config: AppConfig, spec: FleetSpec, status: RunStatus) -> None:
+    source = serverview.configured_source(config)
+    if source is None:
+        return
+    st.subheader(f"What the servers saw ({source[0]})")
+    poller = shared_poller(source[0], source[1], str(config.spec_path))
+    history = poller.history()
+    if history.error:
+        st.warning(history.error)
+    if history.frame.empty:
+        st.caption("No server-side data yet.")
+        return
+    marks = serverview.level_marks(status.marks)
+    columns = st.columns(2)
+    for position, series in enumerate(serverview.SERIES):
+        if series.key in history.frame.columns:
+            chart = charts.server_chart(history.frame, series.key, series.title, series.unit, marks)
+            columns[position % 2].altair_chart(chart, width="stretch")
+
+
+def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_active: bool) -> None:
+    status = runner.status()
+    if was_active and not status.state.active:
+        st.rerun(scope="app")  # the sweep ended: rebuild the sidebar (Start enabled) and stop polling
+    show_status(status)
+    chosen = st.session_state.get("view", LIVE)
+    try:
+        if chosen == LIVE:
+            results = view.live_view(status)
+        else:
+            path = Path(chosen)
+            results = open_past_run(str(path), (path / "run.json").stat().st_mtime)
+            st.caption(f"Showing the past run {path.name}")
+    except (UserError, OSError) as exc:
+        st.error(f"cannot open that run: {exc}")
+        return
+    if results.empty and chosen == LIVE and status.state is RunState.IDLE:
+        st.info("Pick the topologies, load levels and SLOs in the sidebar, then press Start sweep. "
+                "The curves grow as each level finishes.")
+    gpus = {t.name: t.gpus for t in spec.topologies}
+    show_crossover(results)
+    show_charts(results, gpus)
+    show_server_view(config, spec, status)
+    show_table_and_downloads(results, downloads=not (chosen == LIVE and status.state.active)
+                             and not results.empty)
+
+
+def main() -> None:
+    st.set_page_config(page_title="vllm-crossover", layout="wide")
+    try:
+        config = parse_page_args(sys.argv[1:])
+        spec = load_spec(config.spec_path)
+    except UserError as exc:
+        st.title("vllm-crossover")
+        st.error(str(exc))
+        return
+    st.title(f"vllm-crossover: {spec.model.name} on {spec.hardware.gpu}")
+    st.caption(" vs ".join(f"{t.name} ({len(t.instances)} x TP={t.tensor_parallel_size}, {t.gpus} GPUs)"
+                           for t in spec.topologies))
+    runner = shared_runner(str(config.spec_path.resolve()), str(config.results_dir.resolve()))
+    sidebar_form(spec, runner, config)
+    sidebar_past_runs(config)
+    if st.session_state.get("start_error"):
+        st.error(st.session_state["start_error"])
+    active = runner.status().state.active
+    area = st.fragment(run_every=REFRESH_S if active else None)(results_area)
+    area(runner, spec, config, active)

@@ -1,0 +1,111 @@
+"""What the page shows about one sweep, live or past, as plain data: the page only lays it out.
+
+A `ResultsView` comes either from the background runner's latest status (a sweep in progress) or
+from a run folder opened with loadgen's `load_run`; both give the same summary, requests and
+crossover dict, so the charts, sentences, table and downloads have one code path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from crossover.app.charts import CrossoverMark
+from crossover.app.runner import RunStatus
+from crossover.loadgen.results import Run
+
+# the order sentences are listed in: the question the app answers first
+METRIC_ORDER = ("goodput", "token_goodput", "output_tps", "ttft_p99", "tpot_p99", "itl_p99")
+SUMMARY_TABLE_COLUMNS = (
+    "topology", "level", "gpus", "requests", "failed", "output_tps", "output_tps_per_gpu", "goodput",
+    "goodput_per_gpu", "token_goodput", "attainment", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms",
+    "e2el_p99_ms", "top_error",
+)
+
+
+@dataclass(frozen=True)
+class ResultsView:
+    source: str  # "live" or the run folder's name
+    out_dir: Path | None
+    axis: str  # "concurrency" or "rate"
+    summary: pd.DataFrame
+    crossover: dict[str, Any]
+    requests: Callable[[], pd.DataFrame] = field(repr=False, default=pd.DataFrame)
+
+    @property
+    def empty(self) -> bool:
+        return self.summary is None or self.summary.empty
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def crossover_marks(crossover: dict[str, Any]) -> list[CrossoverMark]:
+    """Every actual crossing in loadgen's crossover dict, as chart markers."""
+    marks = []
+    for item in crossover.get("crossovers", []):
+        at = _finite(item.get("x"))
+        if item.get("kind") != "crossing" or at is None:
+            continue
+        marks.append(CrossoverMark(metric=str(item.get("metric", "")), at=at, low=_finite(item.get("ci_low")),
+                                   high=_finite(item.get("ci_high")), sentence=str(item.get("sentence", ""))))
+    return marks
+
+
+def _rank(item: dict[str, Any]) -> int:
+    metric = item.get("metric")
+    return METRIC_ORDER.index(metric) if metric in METRIC_ORDER else len(METRIC_ORDER)
+
+
+def crossing_sentences(crossover: dict[str, Any]) -> list[str]:
+    """Sentences of actual crossings, goodput first."""
+    items = [c for c in crossover.get("crossovers", []) if c.get("kind") == "crossing"]
+    return [str(c["sentence"]) for c in sorted(items, key=_rank) if c.get("sentence")]
+
+
+def other_sentences(crossover: dict[str, Any]) -> list[str]:
+    """Pairs that do not cross (or lack data) and each topology's capacity at the objective."""
+    items = [c for c in crossover.get("crossovers", []) if c.get("kind") != "crossing"]
+    lines = [str(c["sentence"]) for c in sorted(items, key=_rank) if c.get("sentence")]
+    return lines + [str(c["sentence"]) for c in crossover.get("capacities", []) if c.get("sentence")]
+
+
+def failure_warnings(summary: pd.DataFrame) -> list[str]:
+    """One line per (topology, level) where requests failed, with the commonest error."""
+    if summary is None or summary.empty or "failed" not in summary.columns:
+        return []
+    lines = []
+    for row in summary[summary["failed"] > 0].to_dict("records"):
+        error = row.get("top_error") or "unknown error"
+        lines.append(f"{row['topology']} at {float(row['level']):g}: {int(row['failed'])} of "
+                     f"{int(row['requests'])} requests failed ({error})")
+    return lines
+
+
+def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The columns worth reading, in a stable order (the full table is in the downloads)."""
+    if summary is None or summary.empty:
+        return pd.DataFrame(columns=list(SUMMARY_TABLE_COLUMNS))
+    return summary[[c for c in SUMMARY_TABLE_COLUMNS if c in summary.columns]]
+
+
+def live_view(status: RunStatus) -> ResultsView:
+    summary = status.summary if status.summary is not None else pd.DataFrame()
+    return ResultsView(source="live", out_dir=status.out_dir, axis=status.axis, summary=summary,
+                       crossover=status.crossover, requests=status.requests)
+
+
+def past_view(run: Run) -> ResultsView:
+    requests = run.requests
+    return ResultsView(source=run.out_dir.name, out_dir=run.out_dir, axis=run.info.plan.axis,
+                       summary=run.summary, crossover=run.crossover, requests=lambda: requests)

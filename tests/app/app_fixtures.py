@@ -1,0 +1,41 @@
+"""Shared test data for the app's tests: a summary table shaped like crossover.loadgen.summary's,
+written by hand, and a spec file on free loopback ports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from crossover.netutil import spec_on_free_ports
+from crossover.spec import FleetSpec, load_spec
+from tests.helpers import SPECS
+
+SEED_SPEC = SPECS / "seed-70b-h100.yaml"
+
+
+def seed_summary() -> pd.DataFrame:
+    """The seed's TP=4x1 vs TP=2x2 table (aggregate output tokens/s), with made-up goodput and p99s."""
+    tps = {"tp4x1": [200, 650, 1800, 2400, 2800, 2900], "tp2x2": [170, 620, 2100, 3600, 5200, 5800]}
+    levels = [1, 4, 16, 32, 64, 128]
+    rows = []
+    for topology, values in tps.items():
+        for level, value in zip(levels, values, strict=True):
+            rows.append({
+                "topology": topology, "level": float(level), "gpus": 4, "requests": 64, "failed": 0,
+                "output_tps": float(value), "output_tps_per_gpu": value / 4.0,
+                "goodput": value / 128.0, "goodput_per_gpu": value / 512.0,
+                "token_goodput": value * 0.9, "attainment": 1.0,
+                "ttft_p99_ms": 50.0 * level, "tpot_p99_ms": 20.0 + level / 4, "itl_p99_ms": 25.0 + level / 3,
+                "e2el_p99_ms": 1000.0 + level, "top_error": "",
+            })
+    return pd.DataFrame(rows)
+
+
+def spec_file_on_free_ports(folder: Path, source: Path = SEED_SPEC) -> tuple[FleetSpec, Path]:
+    """A copy of an example spec with every URL on a free port, written where the app can read it."""
+    spec = spec_on_free_ports(load_spec(source))
+    path = folder / source.name
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    return spec, path

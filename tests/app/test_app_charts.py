@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import pandas as pd
+
+from crossover.app import charts, view
+from tests.app.app_fixtures import seed_summary
+
+CROSSOVER = {
+    "crossovers": [
+        {"metric": "ttft_p99", "kind": "crossing", "x": 3.0, "ci_low": 2.0, "ci_high": 5.0,
+         "sentence": "tp2x2 overtakes tp4x1 in p99 TTFT at concurrency about 3 (95% CI 2-5)"},
+        {"metric": "goodput", "kind": "crossing", "x": 11.2, "ci_low": 8.1, "ci_high": 14.3,
+         "sentence": "tp2x2 overtakes tp4x1 in goodput at concurrency about 11 (95% CI 8-14)"},
+        {"metric": "itl_p99", "kind": "none", "x": None, "ci_low": None, "ci_high": None,
+         "sentence": "tp4x1 stays ahead of tp2x2 in p99 ITL over concurrency 1-128 (no crossing in range)"},
+    ],
+    "capacities": [{"sentence": "tp4x1 meets the 99% SLO objective up to concurrency about 40"}],
+}
+
+
+def metric(key: str) -> charts.ChartMetric:
+    return next(m for m in charts.CHART_METRICS if m.key == key)
+
+
+def test_chart_frame_has_one_row_per_topology_and_level():
+    frame = charts.chart_frame(seed_summary(), metric("output_tps"), {}, per_gpu=False)
+    assert list(frame.columns) == ["topology", "level", "value"]
+    assert len(frame) == 12
+    row = frame[(frame["topology"] == "tp2x2") & (frame["level"] == 128)]
+    assert row["value"].item() == 5800
+
+
+def test_per_gpu_divides_rates_by_the_spec_gpus_but_never_latencies():
+    summary = seed_summary()
+    gpus = {"tp4x1": 4, "tp2x2": 2}  # as if tp2x2 were one replica smaller
+    tps = charts.chart_frame(summary, metric("output_tps"), gpus, per_gpu=True)
+    tps = tps.set_index(["topology", "level"])
+    assert tps.loc[("tp4x1", 128.0), "value"] == 2900 / 4
+    assert tps.loc[("tp2x2", 128.0), "value"] == 5800 / 2
+    ttft = charts.chart_frame(summary, metric("ttft_p99_ms"), gpus, per_gpu=True)
+    assert ttft["value"].max() == 50.0 * 128
+
+
+def test_chart_frame_of_an_empty_or_partial_summary_is_empty_not_an_error():
+    assert charts.chart_frame(pd.DataFrame(), metric("goodput"), {}, False).empty
+    partial = seed_summary().drop(columns=["itl_p99_ms"])
+    assert charts.chart_frame(partial, metric("itl_p99_ms"), {}, False).empty
+    nan_row = seed_summary()
+    nan_row.loc[0, "goodput"] = float("nan")
+    assert len(charts.chart_frame(nan_row, metric("goodput"), {}, False)) == 11
+
+
+def _layers(chart) -> list[dict]:
+    return chart.to_dict()["layer"]
+
+
+def test_the_crossover_is_a_rule_and_a_band_on_its_own_metric_only():
+    marks = view.crossover_marks(CROSSOVER)
+    assert [m.metric for m in marks] == ["ttft_p99", "goodput"]  # the "none" pair is no marker
+    goodput = metric("goodput")
+    frame = charts.chart_frame(seed_summary(), goodput, {}, False)
+    spec = charts.metric_chart(frame, goodput, "concurrency", False, marks).to_dict()
+    kinds = [layer["mark"]["type"] for layer in spec["layer"]]
+    assert kinds == ["rect", "line", "point", "rule"]
+    datasets = spec["datasets"]
+    rule_data = next(v for v in datasets.values() if v and "at" in v[0])
+    band_data = next(v for v in datasets.values() if v and "low" in v[0])
+    assert rule_data == [{"at": 11.2, "sentence": CROSSOVER["crossovers"][1]["sentence"]}]
+    assert band_data == [{"low": 8.1, "high": 14.3}]
+    assert spec["layer"][1]["encoding"]["x"]["scale"]["type"] == "log"  # 1..128 spans 7 octaves
+    tps = metric("output_tps")
+    tps_frame = charts.chart_frame(seed_summary(), tps, {}, False)
+    plain = charts.metric_chart(tps_frame, tps, "concurrency", False, marks)
+    assert len(_layers(plain)) == 2
+
+
+def test_chart_titles_say_per_gpu_only_for_rates():
+    goodput, ttft = metric("goodput"), metric("ttft_p99_ms")
+    empty = charts.chart_frame(pd.DataFrame(), goodput, {}, True)
+    assert charts.metric_chart(empty, goodput, "rate", True).to_dict()["title"] == \
+        "Goodput (requests/s within SLO) (req/s per GPU)"
+    assert charts.metric_chart(empty, ttft, "rate", True).to_dict()["title"] == "TTFT p99 (ms)"
+
+
+def test_sentences_put_goodput_first_and_keep_the_rest_apart():
+    assert view.crossing_sentences(CROSSOVER) == [CROSSOVER["crossovers"][1]["sentence"],
+                                                  CROSSOVER["crossovers"][0]["sentence"]]
+    others = view.other_sentences(CROSSOVER)
+    assert others[0].startswith("tp4x1 stays ahead") and others[1].startswith("tp4x1 meets")
+    assert view.crossing_sentences({}) == [] and view.crossover_marks({}) == []
+
+
+def test_failures_become_one_warning_per_level():
+    summary = seed_summary()
+    summary.loc[3, ["failed", "top_error"]] = [5, "HTTP 503"]
+    assert view.failure_warnings(summary) == ["tp4x1 at 32: 5 of 64 requests failed (HTTP 503)"]
+
+
+def test_server_chart_marks_levels_on_the_time_axis():
+    frame = pd.DataFrame({"time": pd.to_datetime([1, 2, 3], unit="s"), "topology": ["a", "a", "b"],
+                          "ttft_p99_ms": [1.0, 2.0, 3.0]})
+    marks = pd.DataFrame({"time": pd.to_datetime([2], unit="s"), "label": ["a at 1"]})
+    spec = charts.server_chart(frame, "ttft_p99_ms", "TTFT p99", "ms", marks).to_dict()
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["line", "rule"]

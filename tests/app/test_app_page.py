@@ -1,0 +1,159 @@
+"""The page through Streamlit's AppTest: widgets, the sweep's state transitions and every error
+shown as st.error, against a real simulated fleet where traffic is needed."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from crossover.app.runs import list_runs
+from crossover.sim.fleet import running_fleet
+from tests.app.app_fixtures import spec_file_on_free_ports
+
+PAGE = str(Path(__file__).resolve().parents[2] / "app" / "page.py")
+
+
+def open_page(monkeypatch, *args: str) -> AppTest:
+    monkeypatch.setattr(sys, "argv", ["page.py", *args])
+    app = AppTest.from_file(PAGE, default_timeout=30)
+    app.run()
+    return app
+
+
+def progress_text(app: AppTest) -> str:
+    bars = app.get("progress")
+    return bars[0].proto.text if bars else ""
+
+
+def texts(app: AppTest) -> str:
+    parts = [e.value for kind in ("error", "warning", "success", "info") for e in getattr(app, kind)]
+    return "\n".join(map(str, parts))
+
+
+def small_plan(app: AppTest, levels: str = "1,4", requests: int = 4, output: str = "8") -> None:
+    app.text_input(key="levels").set_value(levels)
+    app.number_input(key="requests_per_level").set_value(requests)
+    app.text_input(key="output_len").set_value(output)
+    app.text_input(key="input_len").set_value("64")
+
+
+def run_until(app: AppTest, done, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        app.run()
+        if done(app):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out; page says: {progress_text(app)!r} {texts(app)!r}")
+
+
+def test_the_page_starts_prefilled_from_the_spec(monkeypatch, tmp_path):
+    _, path = spec_file_on_free_ports(tmp_path)
+    app = open_page(monkeypatch, str(path), "--results", str(tmp_path / "results"))
+    assert not app.exception and not app.error
+    assert app.title[0].value == "vllm-crossover: meta-llama/Llama-3.1-70B-Instruct on H100-SXM-80GB"
+    assert app.multiselect(key="topologies").value == ["tp4x1", "tp2x2"]
+    assert app.number_input(key="slo_ttft").value == 2500.0
+    assert app.number_input(key="slo_tpot").value == 50.0
+    assert app.number_input(key="slo_itl").value == 0.0
+    assert app.button(key="start").proto.disabled is False
+    assert app.button(key="stop").proto.disabled is True
+    assert "press Start sweep" in app.info[0].value
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["missing.yaml"], "missing.yaml: no such file"),
+    (["SPEC", "--exporter", "ftp://x"], "--exporter: malformed URL"),
+    ([], "app arguments: the following arguments are required: spec"),
+])
+def test_bad_arguments_are_an_error_on_the_page(monkeypatch, tmp_path, args, message):
+    _, path = spec_file_on_free_ports(tmp_path)
+    args = [str(path) if a == "SPEC" else a for a in args]
+    app = open_page(monkeypatch, *args)
+    assert not app.exception
+    assert message in app.error[0].value
+
+
+def test_a_broken_spec_is_an_error_on_the_page(monkeypatch, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: {name: x}\n")
+    app = open_page(monkeypatch, str(path))
+    assert not app.exception
+    assert app.error[0].value.startswith(f"{path}: ")
+
+
+def test_invalid_slos_are_refused_before_any_traffic(monkeypatch, tmp_path):
+    _, path = spec_file_on_free_ports(tmp_path)
+    app = open_page(monkeypatch, str(path), "--results", str(tmp_path / "results"))
+    app.number_input(key="slo_ttft").set_value(0.0)
+    app.number_input(key="slo_tpot").set_value(0.0)
+    app.button(key="start").click().run()
+    assert not app.exception
+    assert "SLO invalid" in app.error[0].value
+    assert app.button(key="start").proto.disabled is False
+    assert list_runs(tmp_path / "results") == []
+
+
+def test_a_target_that_is_down_is_named(monkeypatch, tmp_path):
+    spec, path = spec_file_on_free_ports(tmp_path)  # nothing listens on these ports
+    app = open_page(monkeypatch, str(path), "--results", str(tmp_path / "results"))
+    app.button(key="start").click().run()
+    assert not app.exception
+    error = app.error[0].value
+    url = spec.topologies[0].instances[0].url
+    assert f"target down: tp4x1 at {url}" in error and "Start the fleet" in error
+
+
+def test_a_sweep_runs_in_the_background_and_the_page_follows_it(monkeypatch, tmp_path):
+    spec, path = spec_file_on_free_ports(tmp_path)
+    results = tmp_path / "results"
+    with running_fleet(spec):
+        app = open_page(monkeypatch, str(path), "--results", str(results))
+        small_plan(app, levels="1,2,4")
+        started = time.monotonic()
+        app.button(key="start").click().run()
+        assert time.monotonic() - started < 10, "pressing Start must not wait for the sweep"
+        assert not app.exception and not app.error
+        assert app.button(key="start").proto.disabled is True
+        assert app.button(key="stop").proto.disabled is False
+        assert progress_text(app).startswith("Sweep running")
+        run_until(app, lambda a: progress_text(a).startswith("Sweep finished"))
+    assert not app.exception and not app.error
+    assert "6 of 6" in progress_text(app)
+    assert app.button(key="start").proto.disabled is False
+    table = app.dataframe[0].value
+    assert sorted(set(table["topology"])) == ["tp2x2", "tp4x1"] and len(table) == 6
+    assert (table["requests"] > 0).all()
+    # a crossing or the statement that there is none, for every pair and metric
+    assert app.success or app.info
+    labels = [b.proto.label for b in app.get("download_button")]
+    assert {"requests.csv", "requests.parquet", "summary.json", "crossover.json"} <= set(labels)
+    assert [r.name for r in list_runs(results)] == [p.name for p in results.iterdir()]
+
+
+def test_stop_ends_the_sweep_and_a_past_run_can_be_opened(monkeypatch, tmp_path):
+    spec, path = spec_file_on_free_ports(tmp_path)
+    results = tmp_path / "results"
+    with running_fleet(spec):
+        app = open_page(monkeypatch, str(path), "--results", str(results))
+        small_plan(app, levels="1,2,4,8,16,32", requests=8, output="16")
+        app.button(key="start").click().run()
+        run_until(app, lambda a: "2 of 12" in progress_text(a) or "3 of 12" in progress_text(a))
+        app.button(key="stop").click().run()
+        run_until(app, lambda a: progress_text(a).startswith("Sweep stopped"), timeout=20)
+    assert not app.exception and not app.error
+    measured = len(app.dataframe[0].value)
+    assert 2 <= measured < 12
+    # a fresh session opens the stopped run from the results folder
+    other = open_page(monkeypatch, str(path), "--results", str(results))
+    past = list_runs(results)
+    assert len(past) == 1
+    assert other.selectbox(key="past_run").value == str(past[0].path)
+    other.button(key="open_run").click().run()
+    assert not other.exception and not other.error
+    assert any(past[0].name in c.value for c in other.caption)
+    assert len(other.dataframe[0].value) == measured
