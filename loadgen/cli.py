@@ -1,0 +1,150 @@
+"""`crossover sweep SPEC --concurrency 1,2,4,8 --out DIR`: drive traffic, print the tables and the
+crossover. A rich progress display on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from crossover.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="fleet spec (YAML)")
+    load = parser.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", help="closed loop: comma-separated concurrencies, e.g. 1,2,4,8,16")
+    load.add_argument("--rate", help="open loop: comma-separated request rates (req/s), e.g. 0.5,1,2")
+    parser.add_argument("--out", required=True, help="run folder; rerunning with the same folder resumes")
+    parser.add_argument("--topology", action="append", default=None,
+                        help="topology to drive (repeatable; default: all in the spec)")
+    parser.add_argument("--requests", type=int, default=None, help="requests per level")
+    parser.add_argument("--rounds", type=float, default=4.0,
+                        help="closed loop without --requests/--duration: rounds x concurrency requests (4)")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per level")
+    parser.add_argument("--input-len", default="128", help="N, uniform:LOW-HIGH, normal:MEAN,STD[,LOW-HIGH]")
+    parser.add_argument("--output-len", default="64", help="same forms as --input-len")
+    parser.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
+    parser.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=float, default=0.0, help="seconds trimmed at each level's start")
+    parser.add_argument("--cooldown", type=float, default=0.0, help="seconds trimmed at each level's end")
+    parser.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, seconds")
+    parser.add_argument("--ramp", type=float, default=0.0, help="seconds of linear ramp per level")
+    parser.add_argument("--arrival", choices=["poisson", "gamma"], default="poisson")
+    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson)")
+    parser.add_argument("--slo", action="append", default=[], metavar="NAME:MS",
+                        help="override a spec SLO, e.g. --slo ttft:2500 --slo tpot:50 (replaces all)")
+    parser.add_argument("--objective", type=float, default=None, help="override spec slos.objective")
+    parser.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for intervals")
+    parser.add_argument("--csv", action="store_true", help="also write each level's requests as CSV")
+    parser.add_argument("--no-progress", action="store_true", help="plain lines instead of a live display")
+
+
+def _plan(args: argparse.Namespace) -> Any:
+    from crossover.loadgen.plan import (
+        Arrival,
+        LengthDist,
+        Mode,
+        SweepPlan,
+        parse_levels,
+        parse_slo_overrides,
+    )
+
+    mode = Mode.CLOSED if args.concurrency else Mode.OPEN
+    levels = parse_levels(args.concurrency or args.rate, "--concurrency" if args.concurrency else "--rate")
+    if args.bootstrap < 0:
+        raise UserError(f"--bootstrap: must be zero or positive, got {args.bootstrap}")
+    return SweepPlan(
+        mode=mode, levels=levels, requests_per_level=args.requests, rounds=args.rounds,
+        duration_s=args.duration, input_len=LengthDist.parse(args.input_len, "--input-len"),
+        output_len=LengthDist.parse(args.output_len, "--output-len"), ignore_eos=not args.no_ignore_eos,
+        shared_prefix=args.shared_prefix, seed=args.seed, warmup_s=args.warmup, cooldown_s=args.cooldown,
+        timeout_s=args.timeout, ramp_s=args.ramp, arrival=Arrival(args.arrival), burstiness=args.burstiness,
+        slos_ms=parse_slo_overrides(args.slo) or None, objective=args.objective)
+
+
+_TABLE_COLUMNS = (("topology", "topology", "{}"), ("level", "level", "{:g}"), ("requests", "n", "{:.0f}"),
+                  ("failed", "failed", "{:.0f}"), ("output_tps", "out tok/s", "{:.1f}"),
+                  ("output_tps_per_gpu", "/GPU", "{:.1f}"), ("goodput", "goodput r/s", "{:.2f}"),
+                  ("attainment", "attain", "{:.0%}"), ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
+                  ("tpot_p99_ms", "TPOT p99 ms", "{:.1f}"), ("itl_p99_ms", "ITL p99 ms", "{:.1f}"))
+
+
+def _cell(value: Any, form: str) -> str:
+    try:
+        return form.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def print_summary(summary: Any, crossover: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="sweep summary (steady-state window)")
+    for _, header, _ in _TABLE_COLUMNS:
+        table.add_column(header, justify="left" if header == "topology" else "right")
+    for _, row in summary.iterrows():
+        table.add_row(*(_cell(row.get(column), form) for column, _, form in _TABLE_COLUMNS))
+    console.print(table)
+    for sentence in crossover.get("sentences", []):
+        console.print(f"- {sentence}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from crossover.loadgen.sweep import LevelDone, run_sweep
+    from crossover.spec import load_spec
+
+    spec = load_spec(args.spec)
+    plan = _plan(args)
+    for name in args.topology or []:
+        spec.topology(name)
+    console = Console(stderr=True)
+    live = console.is_terminal and not args.no_progress
+    stop = threading.Event()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, disable=not live)
+    n_topologies = len(args.topology or spec.topologies)
+    overall = progress.add_task("levels", total=len(plan.levels) * n_topologies)
+    current = progress.add_task("requests", total=None)
+
+    def on_request(topology: str, level: float, done: int, total: int | None) -> None:
+        progress.update(current, description=f"{topology} @ {plan.axis} {level:g}", completed=done,
+                        total=total)
+
+    def on_level(event: LevelDone) -> None:
+        progress.update(overall, completed=event.position)
+        row = event.summary[(event.summary["topology"] == event.topology)
+                            & (event.summary["level"] == event.level)]
+        if row.empty:
+            return
+        first = row.iloc[0]
+        line = (f"{event.topology} {plan.axis} {event.level:g}: {first['requests']:.0f} requests, "
+                f"{first['failed']:.0f} failed, {first['output_tps']:.1f} output tok/s, goodput "
+                f"{first['goodput']:.2f} req/s, attainment {first['attainment']:.0%}"
+                + (" (resumed)" if event.resumed else ""))
+        if live:
+            progress.console.print(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    with progress:
+        try:
+            result = run_sweep(spec, plan, Path(args.out), args.topology, on_level=on_level, stop=stop,
+                               on_request=on_request if live else None, csv=args.csv, n_boot=args.bootstrap)
+        except KeyboardInterrupt:
+            stop.set()
+            raise
+    out = Console()
+    if not result.summary.empty:
+        print_summary(result.summary, result.crossover, out)
+    out.print(f"results in {result.out_dir} (requests per level under levels/, summary.csv, crossover.json)")
+    failed = int(result.summary["failed"].sum()) if "failed" in result.summary else 0
+    if failed:
+        console.print(f"note: {failed} request(s) failed; they count against goodput")
+    return 0

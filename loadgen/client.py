@@ -1,0 +1,248 @@
+"""One streamed /v1/completions request, timed, and the client-side balancer.
+
+Timing follows `vllm bench serve`: TTFT is first token chunk minus send time, e2e is last token
+chunk minus send time, TPOT = (e2e - TTFT) / (output_tokens - 1) (0 for one token). Unlike it, a
+chunk that carries k tokens (known from `continuous_usage_stats`, or from the final usage when
+the server only reports totals) yields k inter-token latencies that share the chunk's gap, so
+ITLs always number output_tokens - 1 and sum to e2e - TTFT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from itertools import count
+
+import aiohttp
+
+from crossover.loadgen.dataset import SyntheticRequest
+from crossover.loadgen.sse import DONE, SSEOverflow, SSEParser
+from crossover.spec import Balance
+
+_ERROR_BODY_CHARS = 200
+
+
+@dataclass
+class StreamTrace:
+    """What the client saw of one stream, before any derived timing."""
+
+    send_time: float
+    chunk_times: list[float] = field(default_factory=list)  # unix time each token-bearing event arrived
+    chunk_tokens: list[int | None] = field(default_factory=list)  # tokens per event; None if unknown
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    completion_id: str = ""
+    status: int = 0
+    error: str = ""
+    done: bool = False  # saw [DONE]
+    garbage: int = 0  # events that were not JSON objects we understand
+    end_time: float = 0.0  # when the request finished (or failed), unix time
+
+
+@dataclass
+class RequestRecord:
+    """One row of the requests table (times in seconds; lists relative to nothing but themselves)."""
+
+    topology: str
+    level: float
+    index: int
+    instance: str
+    send_time: float
+    end_time: float
+    ok: bool
+    status: int
+    error: str
+    ttft: float
+    e2e: float
+    tpot: float
+    itl: list[float]
+    itl_max: float
+    chunk_times: list[float]  # seconds after send_time
+    chunk_tokens: list[int]
+    input_tokens: int
+    output_tokens: int
+    planned_input: int
+    planned_output: int
+    completion_id: str
+    garbage: int
+
+
+def expand_itl(chunk_offsets: list[float], chunk_tokens: list[int]) -> list[float]:
+    """Per-token inter-token latencies from chunk arrival offsets and tokens per chunk.
+
+    The first chunk's extra tokens arrived with the first token (ITL 0); a later chunk of k
+    tokens after a gap g gives k latencies of g / k.
+    """
+    itl: list[float] = [0.0] * max(0, chunk_tokens[0] - 1) if chunk_tokens else []
+    for j in range(1, len(chunk_offsets)):
+        k = chunk_tokens[j]
+        if k <= 0:
+            continue
+        gap = (chunk_offsets[j] - chunk_offsets[j - 1]) / k
+        itl.extend([gap] * k)
+    return itl
+
+
+def _distribute(known: list[int | None], total: int | None) -> list[int]:
+    """Tokens per chunk: known counts as given; unknown ones share what the total leaves (at
+    least 1 each, the rest to the last chunk, where a stream that skips counts usually bunches)."""
+    counts = [k if k is not None else 1 for k in known]
+    unknown = [i for i, k in enumerate(known) if k is None]
+    if total is not None and unknown:
+        extra = total - sum(counts)
+        if extra > 0:
+            counts[unknown[-1]] += extra
+    return counts
+
+
+def build_record(trace: StreamTrace, request: SyntheticRequest, topology: str, level: float,
+                 instance: str) -> RequestRecord:
+    """Derive TTFT, TPOT, ITL and e2e from a trace; a request is ok only if it streamed tokens and
+    finished cleanly. Failed requests keep their timing fields as NaN."""
+    tokens = _distribute(trace.chunk_tokens, trace.usage_completion_tokens)
+    offsets = [t - trace.send_time for t in trace.chunk_times]
+    reported = trace.usage_completion_tokens
+    output_tokens = reported if reported is not None else sum(tokens)
+    error = trace.error
+    if not error and not trace.chunk_times:
+        error = "no tokens in the stream"
+    if not error and not trace.done:
+        error = "stream ended before [DONE]"
+    ok = not error and trace.status == 200
+    nan = float("nan")
+    if ok:
+        ttft = offsets[0]
+        e2e = offsets[-1]
+        tpot = (e2e - ttft) / (output_tokens - 1) if output_tokens > 1 else 0.0
+        itl = expand_itl(offsets, tokens)
+    else:
+        ttft = e2e = tpot = nan
+        itl = []
+    return RequestRecord(
+        topology=topology, level=level, index=request.index, instance=instance,
+        send_time=trace.send_time, end_time=trace.end_time or trace.send_time, ok=ok,
+        status=trace.status, error=error, ttft=ttft, e2e=e2e, tpot=tpot, itl=itl,
+        itl_max=max(itl) if itl else (0.0 if ok else nan), chunk_times=offsets, chunk_tokens=tokens,
+        input_tokens=(trace.usage_prompt_tokens if trace.usage_prompt_tokens is not None
+                      else request.input_len),
+        output_tokens=output_tokens if ok else 0, planned_input=request.input_len,
+        planned_output=request.output_len, completion_id=trace.completion_id, garbage=trace.garbage)
+
+
+def completion_payload(model: str, request: SyntheticRequest, ignore_eos: bool) -> bytes:
+    body = {
+        "model": model, "prompt": request.prompt, "max_tokens": request.output_len, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "temperature": 0.0, "ignore_eos": ignore_eos,
+    }
+    if ignore_eos:
+        body["min_tokens"] = request.output_len
+    return json.dumps(body).encode()
+
+
+def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
+    if data == DONE:
+        trace.done = True
+        return
+    try:
+        event = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        trace.garbage += 1
+        return
+    if not isinstance(event, dict):
+        trace.garbage += 1
+        return
+    if "error" in event and "choices" not in event:
+        detail = event["error"]
+        message = detail.get("message", detail) if isinstance(detail, dict) else detail
+        trace.error = f"error event: {str(message)[:_ERROR_BODY_CHARS]}"
+        return
+    usage = event.get("usage")
+    completion_tokens = None
+    if isinstance(usage, dict):
+        completion_tokens = usage.get("completion_tokens")
+        if not isinstance(completion_tokens, int):
+            completion_tokens = None
+        prompt_tokens = usage.get("prompt_tokens")
+        if isinstance(prompt_tokens, int):
+            trace.usage_prompt_tokens = prompt_tokens
+    choices = event.get("choices")
+    if not trace.completion_id and isinstance(event.get("id"), str):
+        trace.completion_id = event["id"]
+    if isinstance(choices, list) and choices:
+        if completion_tokens is not None:
+            # continuous usage stats: the running total tells how many tokens this event carried
+            previous = trace.usage_completion_tokens or 0
+            tokens: int | None = completion_tokens - previous
+        else:
+            tokens = None
+        if tokens is None or tokens > 0:
+            trace.chunk_times.append(now)
+            trace.chunk_tokens.append(tokens)
+    elif choices is not None and not isinstance(choices, list):
+        trace.garbage += 1
+    if completion_tokens is not None:
+        trace.usage_completion_tokens = completion_tokens
+
+
+async def stream_completion(session: aiohttp.ClientSession, base_url: str, payload: bytes,
+                            timeout_s: float) -> StreamTrace:
+    """POST one streaming completion and record when each token event arrives. Never raises for
+    what the server or network does: every failure ends up in trace.error."""
+    trace = StreamTrace(send_time=time.time())
+    parser = SSEParser()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(base_url + "/v1/completions", data=payload,
+                                    headers={"Content-Type": "application/json"}) as response:
+                trace.status = response.status
+                if response.status != 200:
+                    body = (await response.content.read(4096)).decode(errors="replace")
+                    trace.error = f"HTTP {response.status}: {' '.join(body.split())[:_ERROR_BODY_CHARS]}"
+                else:
+                    async for chunk in response.content.iter_any():
+                        now = time.time()
+                        for data in parser.feed(chunk):
+                            _consume_event(trace, data, now)
+                    for data in parser.finish():
+                        _consume_event(trace, data, time.time())
+    except TimeoutError:
+        trace.error = f"timeout after {timeout_s:g} s"
+    except SSEOverflow as exc:
+        trace.error = f"not an event stream: {exc}"
+    except aiohttp.ClientError as exc:
+        trace.error = f"{type(exc).__name__}: {str(exc)[:_ERROR_BODY_CHARS]}"
+    except OSError as exc:
+        trace.error = f"{type(exc).__name__}: {exc}"
+    trace.garbage += parser.garbage
+    trace.end_time = time.time()
+    return trace
+
+
+class Balancer:
+    """Client-side balancing over a topology's instances, like a Kubernetes Service in front of
+    replicas: round_robin, or least_outstanding (fewest requests in flight, ties in turn)."""
+
+    def __init__(self, urls: list[str], policy: Balance) -> None:
+        if not urls:
+            raise ValueError("a balancer needs at least one URL")
+        self.urls = list(urls)
+        self.policy = policy
+        self.outstanding = dict.fromkeys(self.urls, 0)
+        self._turn = count()
+
+    def acquire(self) -> str:
+        turn = next(self._turn)
+        n = len(self.urls)
+        if self.policy is Balance.ROUND_ROBIN:
+            url = self.urls[turn % n]
+        else:
+            rotated = [self.urls[(turn + i) % n] for i in range(n)]
+            url = min(rotated, key=self.outstanding.__getitem__)
+        self.outstanding[url] += 1
+        return url
+
+    def release(self, url: str) -> None:
+        self.outstanding[url] -= 1

@@ -1,0 +1,402 @@
+"""Where one topology overtakes another, with a bootstrap interval, and each topology's capacity.
+
+Each topology's metric-vs-load curve is interpolated with monotone PCHIP (scipy) on a log2
+concurrency axis (or a linear rate axis); the difference of two curves is scanned on a fine grid
+and every sign change refined with brentq. A bootstrap resamples each (topology, level)'s
+requests with replacement, recomputes the metric and the crossing, and gives the interval.
+Throughput and goodput are compared per GPU, so topologies of different sizes compare fairly.
+Pure functions of DataFrames: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.interpolate import PchipInterpolator
+from scipy.optimize import brentq
+
+from crossover.loadgen.plan import SweepPlan
+from crossover.loadgen.summary import mark_requests
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    column: str  # summary column
+    higher_is_better: bool
+    label: str
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("output_tps", "output_tps_per_gpu", True, "output tokens/s per GPU"),
+    Metric("goodput", "goodput_per_gpu", True, "goodput"),
+    Metric("token_goodput", "token_goodput_per_gpu", True, "token goodput"),
+    Metric("ttft_p99", "ttft_p99_ms", False, "p99 TTFT"),
+    Metric("tpot_p99", "tpot_p99_ms", False, "p99 TPOT"),
+    Metric("itl_p99", "itl_p99_ms", False, "p99 ITL"),
+)}
+DEFAULT_METRICS = ("output_tps", "goodput", "ttft_p99", "tpot_p99", "itl_p99")
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """One crossing of two topologies' curves, or the statement that there is none.
+
+    kind: "crossing" (x is where `winner` overtakes `loser`), "none" (no crossing in the range:
+    `winner` leads throughout), "insufficient" (fewer than two common levels).
+    """
+
+    topology_a: str
+    topology_b: str
+    metric: str
+    axis: str  # "concurrency" or "rate"
+    kind: str
+    x: float | None
+    ci_low: float | None
+    ci_high: float | None
+    direction: str  # "b_overtakes_a", "a_overtakes_b", "a_leads", "b_leads" or ""
+    winner: str
+    loser: str
+    crossings: int  # how many times the point-estimate curves cross in the range
+    support: float  # share of bootstrap resamples that cross (in this direction), NaN without one
+    level_range: tuple[float, float]
+    sentence: str
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["level_range"] = list(self.level_range)
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The highest load at which a topology still meets the goodput objective (DistServe)."""
+
+    topology: str
+    axis: str
+    objective: float
+    x: float | None  # None when even the lowest level misses the objective
+    ci_low: float | None
+    ci_high: float | None
+    censored: str  # "" (found inside the range), "above" (meets it at every level), "below"
+    per_gpu: float | None
+    sentence: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def format_load(x: float, axis: str) -> str:
+    if axis == "concurrency":
+        return f"{x:.0f}" if x >= 9.5 else f"{x:.2g}"
+    return f"{x:.2g}" if x < 100 else f"{x:.0f}"
+
+
+def _to_axis(levels: np.ndarray, axis: str) -> np.ndarray:
+    return np.log2(levels) if axis == "concurrency" else levels.astype(float)
+
+
+def _from_axis(u: float, axis: str) -> float:
+    return float(2.0**u) if axis == "concurrency" else float(u)
+
+
+def _roots(u: np.ndarray, ya: np.ndarray, yb: np.ndarray) -> list[tuple[float, int]]:
+    """Sign changes of PCHIP(ya) - PCHIP(yb) on the grid u: (root, sign after the root)."""
+    fa, fb = PchipInterpolator(u, ya), PchipInterpolator(u, yb)
+
+    def diff(v: float) -> float:
+        return float(fa(v) - fb(v))
+
+    grid = np.linspace(u[0], u[-1], 64 * len(u))
+    values = fa(grid) - fb(grid)
+    scale = max(float(np.nanmax(np.abs(np.concatenate([ya, yb])))), 1e-12)
+    signs = np.where(np.abs(values) <= 1e-9 * scale, 0, np.sign(values))
+    roots: list[tuple[float, int]] = []
+    last_sign, last_index = 0, 0
+    for i, s in enumerate(signs):
+        if s == 0:
+            continue
+        if last_sign and s != last_sign:
+            lo, hi = grid[last_index], grid[i]
+            root = brentq(diff, lo, hi) if diff(lo) * diff(hi) < 0 else (lo + hi) / 2
+            roots.append((float(root), int(s)))
+        last_sign, last_index = int(s), i
+    return roots
+
+
+def _lead_sign(ya: np.ndarray, yb: np.ndarray) -> int:
+    return int(np.sign(np.nanmean(ya - yb)))
+
+
+def _curve_sentence(metric: Metric, axis: str, a: str, b: str, roots: list[tuple[float, int]],
+                    ci: list[tuple[float | None, float | None]], lead: int,
+                    span: tuple[float, float]) -> list[str]:
+    better_when = 1 if metric.higher_is_better else -1
+    lo, hi = format_load(span[0], axis), format_load(span[1], axis)
+    if not roots:
+        leader, other = (a, b) if lead * better_when > 0 else (b, a)
+        if lead == 0:
+            return [f"{a} and {b} are level in {metric.label} over {axis} {lo}-{hi} (no crossing in range)"]
+        return [f"{leader} stays ahead of {other} in {metric.label} over {axis} {lo}-{hi} "
+                f"(no crossing in range)"]
+    sentences = []
+    for n, ((u, sign_after), (c_lo, c_hi)) in enumerate(zip(roots, ci, strict=True), 1):
+        winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
+        x = _from_axis(u, axis)
+        interval = (f" (95% CI {format_load(c_lo, axis)}-{format_load(c_hi, axis)})"
+                    if c_lo is not None and c_hi is not None else "")
+        text = (f"{winner} overtakes {loser} in {metric.label} at {axis} about "
+                f"{format_load(x, axis)}{interval}")
+        if len(roots) > 1:
+            text += f"; the curves cross more than once ({len(roots)} times in {axis} {lo}-{hi}), " \
+                    f"this is crossing {n}"
+        sentences.append(text)
+    return sentences
+
+
+@dataclass
+class _Samples:
+    """Bootstrap replicates of one topology's metric at each level: shape (levels, B)."""
+
+    levels: np.ndarray
+    values: np.ndarray
+
+
+def _metric_replicates(group: pd.DataFrame, metric: Metric, duration: float, gpus: int, level: float,
+                       closed_loop: bool, indices: np.ndarray) -> np.ndarray:
+    """The metric recomputed for each row of `indices` (B x n resamples of the counted requests)."""
+    if len(group) == 0:
+        return np.full(len(indices), np.nan)
+    ok = group["ok"].to_numpy(bool)
+    if metric.name in ("output_tps", "goodput", "token_goodput"):
+        tokens = group["output_tokens"].to_numpy(float) * ok
+        good = group["good"].to_numpy(float)
+        amount = {"output_tps": tokens, "goodput": good, "token_goodput": tokens * good}[metric.name]
+        if closed_loop:
+            # Little's law, as in the summary: level x resampled work / resampled time in flight.
+            elapsed = (group["end_time"] - group["send_time"]).to_numpy(float)
+            return level * amount[indices].sum(axis=1) / elapsed[indices].sum(axis=1) / gpus
+        per_gpu_rate = 1.0 / (duration * gpus) if duration > 0 else np.nan
+        return amount[indices].sum(axis=1) * per_gpu_rate
+    if metric.name == "attainment":
+        return group["good"].to_numpy(float)[indices].mean(axis=1)
+    if metric.name in ("ttft_p99", "tpot_p99"):
+        source = group[metric.name[:4]].to_numpy(float).copy()
+        source[~ok] = np.nan
+        if metric.name == "tpot_p99":
+            source[group["output_tokens"].to_numpy() <= 1] = np.nan
+        picked = source[indices]
+        out = np.full(len(indices), np.nan)
+        has = np.isfinite(picked).any(axis=1)
+        if has.any():
+            out[has] = np.nanpercentile(picked[has], 99, axis=1) * 1000.0
+        return out
+    if metric.name == "itl_p99":
+        itls = [np.asarray(v, float) if o else np.empty(0) for v, o in zip(group["itl"], ok, strict=True)]
+        out = np.full(len(indices), np.nan)
+        for b, row in enumerate(indices):
+            pooled = np.concatenate([itls[i] for i in row])
+            if pooled.size:
+                out[b] = np.percentile(pooled, 99) * 1000.0
+        return out
+    raise KeyError(metric.name)
+
+
+def _bootstrap(marked: pd.DataFrame, summary: pd.DataFrame, topology: str, metric: Metric,
+               levels: np.ndarray, n_boot: int, rng: np.random.Generator, closed_loop: bool) -> np.ndarray:
+    out = np.full((len(levels), n_boot), np.nan)
+    mine = marked[(marked["topology"] == topology) & marked["in_window"]]
+    rows = summary[summary["topology"] == topology].set_index("level")
+    for i, level in enumerate(levels):
+        group = mine[mine["level"] == level]
+        if not len(group):
+            continue
+        indices = rng.integers(0, len(group), size=(n_boot, len(group)))
+        out[i] = _metric_replicates(group, metric, float(rows.at[level, "duration_s"]),  # type: ignore[arg-type]
+                                    int(rows.at[level, "gpus"]), float(level),  # type: ignore[arg-type]
+                                    closed_loop, indices)
+    return out
+
+
+_ATTAINMENT = Metric("attainment", "attainment", True, "SLO attainment")
+
+
+def _curves(summary: pd.DataFrame, a: str, b: str, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    left = summary[summary["topology"] == a].set_index("level")[column]
+    right = summary[summary["topology"] == b].set_index("level")[column]
+    joined = pd.concat([left.rename("a"), right.rename("b")], axis=1, join="inner").dropna().sort_index()
+    return joined.index.to_numpy(float), joined["a"].to_numpy(float), joined["b"].to_numpy(float)
+
+
+def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric: str, *,
+                    axis: str = "concurrency", slos_ms: Mapping[str, float] | None = None,
+                    plan: SweepPlan | None = None, pairs: Sequence[tuple[str, str]] | None = None,
+                    n_boot: int = 200, confidence: float = 0.95, seed: int = 0) -> list[Crossover]:
+    """Every crossing of every pair of topologies' `metric` curves (see METRICS), with bootstrap
+    intervals from the per-request data (pass requests=None to skip the bootstrap), and one
+    "none"/"insufficient" result for a pair that does not cross in the range."""
+    if metric not in METRICS:
+        raise KeyError(f"unknown metric {metric!r} (have {', '.join(METRICS)})")
+    spec = METRICS[metric]
+    topologies = list(summary["topology"].unique()) if len(summary) else []
+    pair_list = list(pairs) if pairs is not None else list(combinations(topologies, 2))
+    marked = None
+    if requests is not None and n_boot > 0 and len(requests):
+        marked = requests if "good" in requests and "in_window" in requests else mark_requests(
+            requests, slos_ms or {}, plan)
+    results: list[Crossover] = []
+    tail = (1 - confidence) / 2 * 100
+    for a, b in pair_list:
+        levels, ya, yb = _curves(summary, a, b, spec.column)
+        span = (float(levels[0]), float(levels[-1])) if len(levels) else (math.nan, math.nan)
+        if len(levels) < 2:
+            results.append(Crossover(a, b, metric, axis, "insufficient", None, None, None, "", "", "", 0,
+                                     math.nan, span, f"{a} vs {b} in {spec.label}: fewer than two common "
+                                     f"levels with data, no crossing can be computed"))
+            continue
+        u = _to_axis(levels, axis)
+        roots = _roots(u, ya, yb)
+        lead = _lead_sign(ya, yb)
+        intervals: list[tuple[float | None, float | None]] = [(None, None)] * len(roots)
+        supports = [math.nan] * len(roots)
+        if marked is not None:
+            rng = np.random.default_rng(seed)
+            boot_a = _bootstrap(marked, summary, a, spec, levels, n_boot, rng, axis == "concurrency")
+            boot_b = _bootstrap(marked, summary, b, spec, levels, n_boot, rng, axis == "concurrency")
+            found: list[list[float]] = [[] for _ in roots]
+            for r in range(n_boot):
+                ra, rb = boot_a[:, r], boot_b[:, r]
+                keep = np.isfinite(ra) & np.isfinite(rb)
+                if keep.sum() < 2:
+                    continue
+                replicate = _roots(u[keep], ra[keep], rb[keep])
+                for k, (root, sign_after) in enumerate(roots):
+                    same = [x for x, s in replicate if s == sign_after]
+                    if same:
+                        found[k].append(min(same, key=lambda x, root=root: abs(x - root)))  # type: ignore[misc]
+            for k, values in enumerate(found):
+                supports[k] = len(values) / n_boot
+                if values:
+                    lo, hi = np.percentile(values, [tail, 100 - tail])
+                    intervals[k] = (_from_axis(float(lo), axis), _from_axis(float(hi), axis))
+        sentences = _curve_sentence(spec, axis, a, b, roots, intervals, lead, span)
+        better_when = 1 if spec.higher_is_better else -1
+        if not roots:
+            winner, loser = (a, b) if lead * better_when >= 0 else (b, a)
+            results.append(Crossover(a, b, metric, axis, "none", None, None, None,
+                                     "a_leads" if winner == a else "b_leads", winner, loser, 0, math.nan,
+                                     span, sentences[0]))
+            continue
+        for (root, sign_after), (c_lo, c_hi), support, sentence in zip(roots, intervals, supports, sentences,
+                                                                        strict=True):
+            winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
+            results.append(Crossover(a, b, metric, axis, "crossing", _from_axis(root, axis), c_lo, c_hi,
+                                     "a_overtakes_b" if winner == a else "b_overtakes_a", winner, loser,
+                                     len(roots), support, span, sentence))
+    return results
+
+
+def _capacity_point(u: np.ndarray, attainment: np.ndarray, objective: float) -> tuple[float, str]:
+    """Highest u with PCHIP(attainment) >= objective on the grid, refined; censoring flag."""
+    meets = attainment >= objective
+    if meets.all():
+        return float(u[-1]), "above"
+    if not meets[0]:
+        return float(u[0]), "below"
+    curve = PchipInterpolator(u, attainment)
+    grid = np.linspace(u[0], u[-1], 64 * len(u))
+    ok = curve(grid) >= objective
+    last = int(np.nonzero(ok)[0].max()) if ok.any() else 0
+    if last >= len(grid) - 1:
+        return float(u[-1]), "above"
+    lo, hi = grid[last], grid[last + 1]
+    f_lo, f_hi = float(curve(lo)) - objective, float(curve(hi)) - objective
+    if f_lo * f_hi >= 0:
+        return float(lo), ""
+
+    def excess(v: float) -> float:
+        return float(curve(v)) - objective
+
+    return float(brentq(excess, lo, hi)), ""
+
+
+def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | None, objective: float, *,
+                               axis: str = "concurrency", slos_ms: Mapping[str, float] | None = None,
+                               plan: SweepPlan | None = None, n_boot: int = 200, confidence: float = 0.95,
+                               seed: int = 0) -> list[Capacity]:
+    """Per topology, the highest load whose joint SLO attainment still meets `objective`."""
+    out: list[Capacity] = []
+    marked = None
+    if requests is not None and n_boot > 0 and len(requests):
+        marked = requests if "good" in requests and "in_window" in requests else mark_requests(
+            requests, slos_ms or {}, plan)
+    tail = (1 - confidence) / 2 * 100
+    for topology in sorted(summary["topology"].unique()) if len(summary) else []:
+        rows = summary[summary["topology"] == topology].dropna(subset=["attainment"]).sort_values("level")
+        levels = rows["level"].to_numpy(float)
+        gpus = int(rows["gpus"].iloc[0]) if len(rows) else 1
+        pct = f"{objective:.0%}".replace(".0%", "%")
+        if len(levels) == 0:
+            out.append(Capacity(topology, axis, objective, None, None, None, "below", None,
+                                f"{topology}: no level with data"))
+            continue
+        u = _to_axis(levels, axis)
+        attainment = rows["attainment"].to_numpy(float)
+        if len(levels) == 1:
+            point, censored = (float(u[0]), "above") if attainment[0] >= objective else (float(u[0]), "below")
+        else:
+            point, censored = _capacity_point(u, attainment, objective)
+        ci: tuple[float | None, float | None] = (None, None)
+        if marked is not None and len(levels) >= 2:
+            rng = np.random.default_rng(seed)
+            boot = _bootstrap(marked, summary, topology, _ATTAINMENT, levels, n_boot, rng,
+                              axis == "concurrency")
+            points = [_capacity_point(u, boot[:, r], objective)[0] for r in range(n_boot)
+                      if np.isfinite(boot[:, r]).all()]
+            if points:
+                lo, hi = np.percentile(points, [tail, 100 - tail])
+                ci = (_from_axis(float(lo), axis), _from_axis(float(hi), axis))
+        x = _from_axis(point, axis)
+        interval = (f" (95% CI {format_load(ci[0], axis)}-{format_load(ci[1], axis)})"
+                    if ci[0] is not None and ci[1] is not None else "")
+        if censored == "below":
+            sentence = (f"{topology} misses the {pct} SLO objective already at {axis} "
+                        f"{format_load(x, axis)}, the lowest level tried")
+            out.append(Capacity(topology, axis, objective, None, ci[0], ci[1], censored, None, sentence))
+            continue
+        if censored == "above":
+            sentence = (f"{topology} meets the {pct} SLO objective at every level tried, up to {axis} "
+                        f"{format_load(x, axis)} ({format_load(x / gpus, axis)} per GPU)")
+        else:
+            sentence = (f"{topology} meets the {pct} SLO objective up to {axis} about "
+                        f"{format_load(x, axis)}{interval}, {format_load(x / gpus, axis)} per GPU")
+        out.append(Capacity(topology, axis, objective, x, ci[0], ci[1], censored, x / gpus, sentence))
+    return out
+
+
+def analyze(summary: pd.DataFrame, requests: pd.DataFrame | None, *, axis: str, objective: float,
+            slos_ms: Mapping[str, float], plan: SweepPlan | None = None,
+            metrics: Sequence[str] = DEFAULT_METRICS, n_boot: int = 200, seed: int = 0,
+            order: Sequence[str] | None = None) -> dict[str, Any]:
+    """Everything crossover.json holds: crossings per metric and pair (pairs in `order`, e.g. the
+    spec's topology order), and capacities."""
+    marked = mark_requests(requests, slos_ms, plan) if requests is not None and len(requests) else None
+    present = set(summary["topology"]) if len(summary) else set()
+    pairs = list(combinations([t for t in order if t in present], 2)) if order is not None else None
+    crossings = [c for metric in metrics for c in find_crossovers(
+        summary, marked, metric, axis=axis, slos_ms=slos_ms, plan=plan, pairs=pairs, n_boot=n_boot,
+        seed=seed)]
+    capacities = max_load_meeting_objective(summary, marked, objective, axis=axis, slos_ms=slos_ms, plan=plan,
+                                            n_boot=n_boot, seed=seed)
+    return {
+        "axis": axis, "objective": objective, "slos_ms": dict(slos_ms), "bootstrap": n_boot,
+        "crossovers": [c.to_json() for c in crossings],
+        "capacities": [c.to_json() for c in capacities],
+        "sentences": [c.sentence for c in crossings] + [c.sentence for c in capacities],
+    }

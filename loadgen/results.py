@@ -1,0 +1,169 @@
+"""The run folder: written level by level so a killed sweep resumes, and read back by `load_run`.
+
+    OUT/run.json                       plan, SLOs, topologies (GPUs, where traffic went)
+    OUT/levels/TOPOLOGY/LEVEL.parquet  one file per finished (topology, level): the requests table
+    OUT/levels/TOPOLOGY/LEVEL.csv      the same, when CSV was asked for
+    OUT/summary.parquet, summary.csv   per topology x level (rewritten after every level)
+    OUT/crossover.json                 crossings and capacities (rewritten after every level)
+
+Every file is written to a temporary name and renamed, so a crash never leaves half a file that a
+rerun would take for a finished level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from crossover.errors import UserError
+from crossover.loadgen.plan import SweepPlan, level_key
+
+RUN_FILE = "run.json"
+LEVELS_DIR = "levels"
+SUMMARY_FILE = "summary.parquet"
+SUMMARY_CSV = "summary.csv"
+CROSSOVER_FILE = "crossover.json"
+LIST_COLUMNS = ("itl", "chunk_times", "chunk_tokens")
+
+
+@dataclass(frozen=True)
+class TopologyInfo:
+    name: str
+    gpus: int
+    targets: tuple[str, ...]  # URLs traffic went to (entrypoint, or the balanced instances)
+    balance: str  # "entrypoint", "round_robin" or "least_outstanding"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    plan: SweepPlan
+    slos_ms: dict[str, float]
+    objective: float
+    topologies: dict[str, TopologyInfo]
+    model: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_json(), "slos_ms": self.slos_ms, "objective": self.objective,
+            "model": self.model,
+            "topologies": {name: {"gpus": t.gpus, "targets": list(t.targets), "balance": t.balance}
+                           for name, t in self.topologies.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunInfo:
+        return cls(
+            plan=SweepPlan.from_json(data["plan"]), slos_ms={k: float(v) for k, v in data["slos_ms"].items()},
+            objective=float(data["objective"]), model=str(data["model"]),
+            topologies={name: TopologyInfo(name, int(t["gpus"]), tuple(t["targets"]), str(t["balance"]))
+                        for name, t in data["topologies"].items()})
+
+    @property
+    def gpus(self) -> dict[str, int]:
+        return {name: t.gpus for name, t in self.topologies.items()}
+
+
+@dataclass
+class Run:
+    """A past (or running) sweep as DataFrames."""
+
+    out_dir: Path
+    info: RunInfo
+    requests: pd.DataFrame
+    summary: pd.DataFrame
+    crossover: dict[str, Any] = field(default_factory=dict)
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_json(path: Path, data: Any) -> None:
+    _atomic_write(path, lambda p: p.write_text(json.dumps(data, indent=2, default=str) + "\n"))
+
+
+def level_path(out_dir: Path, plan: SweepPlan, topology: str, level: float) -> Path:
+    return out_dir / LEVELS_DIR / topology / f"{level_key(plan, level)}.parquet"
+
+
+def level_done(out_dir: Path, plan: SweepPlan, topology: str, level: float) -> bool:
+    return level_path(out_dir, plan, topology, level).exists()
+
+
+def prepare(out_dir: Path, info: RunInfo) -> None:
+    """Start or resume a run in out_dir; refuse to mix two different plans in one folder."""
+    path = out_dir / RUN_FILE
+    if path.exists():
+        try:
+            previous = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: cannot read the previous run's plan ({exc})") from None
+        if previous.get("plan") != info.plan.to_json():
+            raise UserError(f"{out_dir}: holds a run with a different plan; use another --out to start "
+                            "a new one (or the same options to resume it)")
+        merged = {**previous.get("topologies", {}), **info.to_json()["topologies"]}
+        write_json(path, {**info.to_json(), "topologies": merged})
+        return
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {out_dir}: cannot create the folder ({exc.strerror})") from None
+    write_json(path, info.to_json())
+
+
+def write_level(out_dir: Path, plan: SweepPlan, topology: str, level: float, requests: pd.DataFrame,
+                csv: bool = False) -> None:
+    path = level_path(out_dir, plan, topology, level)
+    _atomic_write(path, lambda p: requests.to_parquet(p, index=False))
+    if csv:
+        flat = requests.copy()
+        for column in LIST_COLUMNS:
+            flat[column] = flat[column].map(lambda v: json.dumps(list(v)))
+        _atomic_write(path.with_suffix(".csv"), lambda p: flat.to_csv(p, index=False))
+
+
+def write_summary(out_dir: Path, summary: pd.DataFrame) -> None:
+    _atomic_write(out_dir / SUMMARY_FILE, lambda p: summary.to_parquet(p, index=False))
+    _atomic_write(out_dir / SUMMARY_CSV, lambda p: summary.to_csv(p, index=False))
+
+
+def read_requests(out_dir: Path) -> pd.DataFrame:
+    files = sorted((out_dir / LEVELS_DIR).glob("*/*.parquet"))
+    if not files:
+        return pd.DataFrame()
+    frames = [pd.read_parquet(f) for f in files]
+    requests = pd.concat(frames, ignore_index=True)
+    for column in LIST_COLUMNS:
+        if column in requests:
+            requests[column] = requests[column].map(list)
+    return requests.sort_values(["topology", "level", "index"], kind="stable").reset_index(drop=True)
+
+
+def load_run(out_dir: str | os.PathLike[str]) -> Run:
+    """Open a past run: its plan, every finished level's requests, the summary and crossover."""
+    folder = Path(out_dir)
+    path = folder / RUN_FILE
+    if not path.exists():
+        raise UserError(f"{folder}: not a sweep folder (no {RUN_FILE})")
+    try:
+        info = RunInfo.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: cannot read it ({exc})") from None
+    from crossover.loadgen.summary import summarize  # the summary is recomputed, never trusted stale
+
+    requests = read_requests(folder)
+    summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
+    crossover_path = folder / CROSSOVER_FILE
+    crossover = json.loads(crossover_path.read_text()) if crossover_path.exists() else {}
+    return Run(folder, info, requests, summary, crossover)

@@ -1,0 +1,121 @@
+"""From the requests table to one row per topology x level: goodput, attainment, percentiles,
+throughput in total and per GPU. Pure pandas, no I/O: the app and the tests feed it directly.
+
+Definitions (docs/sweep.md):
+- A request is good when it finished and every SLO given is met, value <= SLO, with TPOT as
+  `vllm bench serve` defines it (0 for one output token); the ITL SLO holds when every one of the
+  request's inter-token latencies meets it. Failed requests are never good.
+- Steady-state window of a level: from its first send + warmup_s to its last end - cooldown_s;
+  only requests sent and finished inside it count, and rates divide by its length.
+- Rates: open loop, counts over the window (as `vllm bench serve` divides by its duration);
+  closed loop at concurrency C, by Little's law: C x count / total time the counted requests were
+  in flight, which the drain at a level's end does not bias (`output_tps_window` keeps the
+  count / window figure for comparison).
+- Request goodput = good requests per second; token goodput = their output tokens per second;
+  attainment = good / counted requests (failed included), joint and per SLO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from crossover.loadgen.plan import Mode, SweepPlan
+
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+PERCENTILES = (50, 90, 99)
+_SOURCE_COLUMN = {"ttft": "ttft", "tpot": "tpot", "itl": "itl_max", "e2el": "e2e"}
+
+
+def mark_requests(requests: pd.DataFrame, slos_ms: Mapping[str, float],
+                  plan: SweepPlan | None = None) -> pd.DataFrame:
+    """The requests with `in_window`, `good_<slo>` per SLO and `good` (all SLOs) columns added."""
+    marked = requests.copy()
+    if marked.empty:
+        for column in ("in_window", "good", *(f"good_{s}" for s in slos_ms)):
+            marked[column] = pd.Series(dtype=bool)
+        return marked
+    warmup = plan.warmup_s if plan else 0.0
+    cooldown = plan.cooldown_s if plan else 0.0
+    groups = marked.groupby(["topology", "level"], sort=False)
+    start = groups["send_time"].transform("min") + warmup
+    end = groups["end_time"].transform("max") - cooldown
+    marked["window_start"] = start
+    marked["window_end"] = end
+    marked["in_window"] = (marked["send_time"] >= start) & (marked["end_time"] <= end)
+    good = marked["ok"].astype(bool)
+    for slo, threshold_ms in slos_ms.items():
+        met = marked["ok"].astype(bool) & (marked[_SOURCE_COLUMN[slo]] <= threshold_ms / 1000.0)
+        marked[f"good_{slo}"] = met
+        good &= met
+    marked["good"] = good
+    return marked
+
+
+def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
+    row: dict[str, float] = {}
+    finite = values[np.isfinite(values)] * 1000.0
+    row[f"{name}_mean_ms"] = float(finite.mean()) if finite.size else float("nan")
+    for q in PERCENTILES:
+        row[f"{name}_p{q}_ms"] = float(np.percentile(finite, q)) if finite.size else float("nan")
+    return row
+
+
+def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, level: float,
+               closed_loop: bool) -> dict[str, float]:
+    counted = group[group["in_window"]]
+    duration = float(group["window_end"].iloc[0] - group["window_start"].iloc[0])
+    window_rate = 1.0 / duration if duration > 0 else float("nan")
+    if closed_loop:
+        # Little's law: `level` requests are always in flight, so a rate is level x count / the
+        # time the counted requests spent in flight. Unlike count / window, the drain at the end
+        # of a level (fewer than `level` in flight while the slowest finish) does not bias it.
+        busy = float((counted["end_time"] - counted["send_time"]).sum())
+        rate = level / busy if busy > 0 else float("nan")
+    else:
+        rate = window_rate
+    finished = counted[counted["ok"]]
+    good = counted[counted["good"]]
+    n = len(counted)
+    output_tokens = float(finished["output_tokens"].sum())
+    row: dict[str, float] = {
+        "gpus": gpus, "requests_sent": len(group), "requests": n, "ok": len(finished),
+        "failed": n - len(finished), "duration_s": duration,
+        "send_rate": n * window_rate, "achieved_rate": len(finished) * rate,
+        "output_tps": output_tokens * rate,
+        "output_tps_window": output_tokens * window_rate,
+        "total_tps": (output_tokens + float(finished["input_tokens"].sum())) * rate,
+        "goodput": len(good) * rate, "token_goodput": float(good["output_tokens"].sum()) * rate,
+        "attainment": len(good) / n if n else float("nan"),
+    }
+    for slo in slos_ms:
+        row[f"attainment_{slo}"] = float(counted[f"good_{slo}"].sum()) / n if n else float("nan")
+    for name in ("output_tps", "total_tps", "goodput", "token_goodput"):
+        row[f"{name}_per_gpu"] = row[name] / gpus
+    row.update(_percentiles(finished["ttft"].to_numpy(float), "ttft"))
+    row.update(_percentiles(finished.loc[finished["output_tokens"] > 1, "tpot"].to_numpy(float), "tpot"))
+    itl = np.concatenate([np.asarray(v, float) for v in finished["itl"]]) if len(finished) else np.array([])
+    row.update(_percentiles(itl, "itl"))
+    row.update(_percentiles(finished["e2e"].to_numpy(float), "e2el"))
+    errors = counted.loc[~counted["ok"], "error"]
+    row["top_error"] = str(errors.value_counts().index[0]) if len(errors) else ""  # type: ignore[assignment]
+    return row
+
+
+def summarize(requests: pd.DataFrame, slos_ms: Mapping[str, float], gpus: Mapping[str, int],
+              plan: SweepPlan | None = None) -> pd.DataFrame:
+    """One row per (topology, level), sorted; columns documented in docs/sweep.md."""
+    if requests.empty:
+        return pd.DataFrame(columns=["topology", "level", "gpus", "requests", "goodput"])
+    marked = mark_requests(requests, slos_ms, plan)
+    closed_loop = plan is None or plan.mode is Mode.CLOSED
+    rows = []
+    for (topology, level), group in marked.groupby(["topology", "level"], sort=True):
+        row = {"topology": topology, "level": float(level)}  # type: ignore[arg-type]
+        row.update(_level_row(group, slos_ms, int(gpus.get(str(topology), 1)), float(level),  # type: ignore[arg-type]
+                              closed_loop))
+        row["offered_rate"] = float(level) if plan is not None and plan.mode is Mode.OPEN else float("nan")  # type: ignore[arg-type]
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,245 @@
+"""Drive the seeded requests at each load level against each topology, level by level.
+
+Order is level-major (every topology at level 1, then every topology at level 2...) so a sweep
+stopped half-way still compares topologies. Each finished (topology, level) is written at once;
+a rerun with the same out_dir skips it. `stop` (a threading.Event, or anything with is_set())
+ends the sweep within ~50 ms, discarding the unfinished level; `on_level` is called on the
+sweep's thread after every level with the summary and crossover so far (the app redraws there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import pandas as pd
+
+from crossover.errors import UserError
+from crossover.loadgen import results
+from crossover.loadgen.client import (
+    Balancer,
+    RequestRecord,
+    build_record,
+    completion_payload,
+    stream_completion,
+)
+from crossover.loadgen.crossover import analyze
+from crossover.loadgen.dataset import SyntheticRequest, arrival_offsets, requests
+from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.results import RunInfo, TopologyInfo
+from crossover.loadgen.summary import summarize
+from crossover.spec import Balance, FleetSpec, Topology
+
+
+class StopFlag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class LevelDone:
+    """Passed to on_level after each (topology, level): this level's rows and the run so far."""
+
+    topology: str
+    level: float
+    position: int  # 1-based among all (topology, level) jobs of the sweep
+    total: int
+    resumed: bool  # read from a previous run instead of measured now
+    requests: pd.DataFrame
+    summary: pd.DataFrame
+    crossover: dict[str, Any]
+
+
+@dataclass
+class SweepResult:
+    out_dir: Path
+    info: RunInfo
+    requests: pd.DataFrame
+    summary: pd.DataFrame
+    crossover: dict[str, Any]
+    stopped: bool = False
+    resumed_levels: int = 0
+    measured_levels: list[tuple[str, float]] = field(default_factory=list)
+
+
+RequestCallback = Callable[[str, float, int, "int | None"], None]
+
+
+def topology_info(topology: Topology) -> TopologyInfo:
+    if topology.entrypoint.url is not None:
+        return TopologyInfo(topology.name, topology.gpus, (topology.entrypoint.url,), "entrypoint")
+    balance = topology.entrypoint.balance or Balance.ROUND_ROBIN
+    return TopologyInfo(topology.name, topology.gpus, tuple(i.url for i in topology.instances), balance.value)
+
+
+def run_info(spec: FleetSpec, plan: SweepPlan, topologies: Sequence[str] | None) -> RunInfo:
+    names = list(topologies) if topologies else [t.name for t in spec.topologies]
+    if len(set(names)) != len(names):
+        raise UserError(f"topologies: duplicate names in {names}")
+    chosen = [spec.topology(name) for name in names]
+    return RunInfo(
+        plan=plan, slos_ms=dict(plan.slos_ms) if plan.slos_ms else spec.slos.thresholds_ms,
+        objective=plan.objective if plan.objective is not None else spec.slos.objective,
+        topologies={t.name: topology_info(t) for t in chosen}, model=spec.model.name)
+
+
+class _LevelRunner:
+    """One (topology, level): sends the requests and returns the records."""
+
+    def __init__(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
+                 on_request: RequestCallback | None) -> None:
+        policy = Balance.ROUND_ROBIN if info.balance == "entrypoint" else Balance(info.balance)
+        self.balancer = Balancer(list(info.targets), policy)
+        self.info, self.model, self.plan, self.level = info, model, plan, level
+        self.records: list[RequestRecord] = []
+        self.on_request = on_request
+        self.total = plan.requests_for(level)
+
+    async def _one(self, session: aiohttp.ClientSession, request: SyntheticRequest) -> None:
+        url = self.balancer.acquire()
+        try:
+            trace = await stream_completion(session, url, completion_payload(
+                self.model, request, self.plan.ignore_eos), self.plan.timeout_s)
+        finally:
+            self.balancer.release(url)
+        self.records.append(build_record(trace, request, self.info.name, self.level, url))
+        if self.on_request is not None:
+            self.on_request(self.info.name, self.level, len(self.records), self.total)
+
+    async def run(self) -> list[RequestRecord]:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                         auto_decompress=False) as session:
+            if self.plan.mode is Mode.CLOSED:
+                await self._closed(session)
+            else:
+                await self._open(session)
+        return self.records
+
+    async def _closed(self, session: aiohttp.ClientSession) -> None:
+        concurrency = int(self.level)
+        source = requests(self.plan, self.level)
+        deadline = (time.monotonic() + self.plan.ramp_s + self.plan.duration_s
+                    if self.plan.duration_s is not None and self.total is None else None)
+        issued = 0
+
+        async def worker(number: int) -> None:
+            nonlocal issued
+            if self.plan.ramp_s > 0:
+                await asyncio.sleep(self.plan.ramp_s * number / concurrency)
+            while True:
+                if self.total is not None and issued >= self.total:
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                issued += 1
+                await self._one(session, next(source))
+
+        await asyncio.gather(*(worker(n) for n in range(concurrency)))
+
+    async def _open(self, session: aiohttp.ClientSession) -> None:
+        assert self.total is not None
+        offsets = arrival_offsets(self.plan, self.level, self.total)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        tasks = []
+        for offset, request in zip(offsets.tolist(), requests(self.plan, self.level), strict=False):
+            delay = start + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(self._one(session, request)))
+        await asyncio.gather(*tasks)
+
+
+async def _until_stopped(stop: StopFlag) -> None:
+    while not stop.is_set():
+        await asyncio.sleep(0.05)
+
+
+async def _run_or_stop(job: Coroutine[Any, Any, list[RequestRecord]],
+                       stop: StopFlag | None) -> list[RequestRecord] | None:
+    """Run the level; None when stop was set first (the level's task is cancelled)."""
+    task = asyncio.ensure_future(job)
+    if stop is None:
+        return await task
+    watcher = asyncio.ensure_future(_until_stopped(stop))
+    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
+    frame = pd.DataFrame.from_records([vars(r) for r in records])
+    return frame.sort_values("index", kind="stable").reset_index(drop=True)
+
+
+async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
+                          topologies: Sequence[str] | None = None,
+                          on_level: Callable[[LevelDone], None] | None = None,
+                          stop: StopFlag | None = None, *, on_request: RequestCallback | None = None,
+                          csv: bool = False, n_boot: int = 200) -> SweepResult:
+    """The sweep on the running event loop; see run_sweep."""
+    folder = Path(out_dir)
+    info = run_info(spec, plan, topologies)
+    results.prepare(folder, info)
+    jobs = [(name, level) for level in plan.levels for name in info.topologies]
+    frames: list[pd.DataFrame] = []
+    outcome = SweepResult(folder, info, pd.DataFrame(), pd.DataFrame(), {})
+
+    def publish(name: str, level: float, position: int, frame: pd.DataFrame, resumed: bool) -> None:
+        frames.append(frame)
+        outcome.requests = pd.concat(frames, ignore_index=True)
+        outcome.summary = summarize(outcome.requests, info.slos_ms, info.gpus, plan)
+        outcome.crossover = analyze(outcome.summary, outcome.requests, axis=plan.axis,
+                                    objective=info.objective, slos_ms=info.slos_ms, plan=plan, n_boot=n_boot,
+                                    seed=plan.seed, order=list(info.topologies))
+        results.write_summary(folder, outcome.summary)
+        results.write_json(folder / results.CROSSOVER_FILE, outcome.crossover)
+        if on_level is not None:
+            on_level(LevelDone(name, level, position, len(jobs), resumed, frame, outcome.summary,
+                               outcome.crossover))
+
+    for position, (name, level) in enumerate(jobs, 1):
+        path = results.level_path(folder, plan, name, level)
+        if path.exists():
+            frame = pd.read_parquet(path)
+            for column in results.LIST_COLUMNS:
+                frame[column] = frame[column].map(list)
+            outcome.resumed_levels += 1
+            publish(name, level, position, frame, resumed=True)
+            continue
+        if stop is not None and stop.is_set():
+            outcome.stopped = True
+            break
+        runner = _LevelRunner(info.topologies[name], info.model, plan, level, on_request)
+        records = await _run_or_stop(runner.run(), stop)
+        if records is None:
+            outcome.stopped = True
+            break
+        frame = records_frame(records)
+        results.write_level(folder, plan, name, level, frame, csv=csv)
+        outcome.measured_levels.append((name, level))
+        publish(name, level, position, frame, resumed=False)
+    return outcome
+
+
+def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies: Sequence[str] | None = None,
+              on_level: Callable[[LevelDone], None] | None = None, stop: StopFlag | None = None, *,
+              on_request: RequestCallback | None = None, csv: bool = False, n_boot: int = 200) -> SweepResult:
+    """Run a sweep to completion (or until `stop` is set) in a fresh event loop on this thread.
+
+    Safe to call from a background thread (the Streamlit app does): results land in out_dir as
+    each level finishes, and on_level is called on this thread after each one.
+    """
+    return asyncio.run(run_sweep_async(spec, plan, out_dir, topologies, on_level, stop, on_request=on_request,
+                                       csv=csv, n_boot=n_boot))

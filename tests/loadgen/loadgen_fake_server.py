@@ -1,0 +1,155 @@
+"""A tiny OpenAI-style streaming server on loopback, in its own thread, for the load generator's
+tests: well-behaved streams, several tokens per event, garbage, HTTP errors, hangs and drops.
+
+It records, like the simulator's /admin/requests, when each event was written, so tests can
+compare the client's timing with the server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from crossover.netutil import free_port
+
+
+@dataclass
+class Behaviour:
+    ttft_s: float = 0.01
+    tpot_s: float = 0.002
+    tokens_per_event: int = 1
+    continuous_usage: bool = True  # usage in every event when the client asks for it
+    final_usage: bool = True
+    garbage: bool = False  # interleave comments, junk lines and broken JSON
+    status: int = 200
+    hang: bool = False  # never send anything after the headers
+    drop_after: int | None = None  # close the connection after this many events
+    no_done: bool = False
+    crlf: bool = False
+    error_event: bool = False
+    per_token_s: float = 0.0  # extra delay per concurrent stream (a crude saturation model)
+
+
+@dataclass
+class Recorded:
+    id: str
+    arrival: float
+    token_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+class FakeServer:
+    def __init__(self, behaviour: Behaviour | None = None) -> None:
+        self.behaviour = behaviour or Behaviour()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.recorded: list[Recorded] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._runner: web.AppRunner | None = None
+        self._counter = 0
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        b = self.behaviour
+        arrival = time.time()
+        body = await request.json()
+        self.bodies.append(body)
+        if b.status != 200:
+            return web.Response(status=b.status, text=json.dumps({"error": {"message": "overloaded"}}))
+        self._counter += 1
+        record = Recorded(id=f"cmpl-{self._counter}", arrival=arrival,
+                          prompt_tokens=len(str(body["prompt"]).split()))
+        self.recorded.append(record)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        end = b"\r\n\r\n" if b.crlf else b"\n\n"
+        continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
+        try:
+            if b.hang:
+                await asyncio.sleep(3600)
+            await asyncio.sleep(b.ttft_s)
+            total = int(body["max_tokens"])
+            sent = 0
+            events = 0
+            while sent < total:
+                k = min(b.tokens_per_event, total - sent)
+                sent += k
+                event: dict[str, Any] = {"id": record.id, "object": "text_completion",
+                                         "choices": [{"index": 0, "text": " w1" * k, "finish_reason": None}]}
+                if continuous and b.continuous_usage:
+                    event["usage"] = {"prompt_tokens": record.prompt_tokens, "completion_tokens": sent,
+                                      "total_tokens": record.prompt_tokens + sent}
+                if b.garbage:
+                    await response.write(b": keep-alive" + end + b"nonsense line" + end
+                                         + b"data: {broken json" + end + b"data: [1, 2]" + end)
+                await response.write(b"data: " + json.dumps(event).encode() + end)
+                record.token_times.append(time.time())
+                record.output_tokens = sent
+                events += 1
+                if b.drop_after is not None and events >= b.drop_after:
+                    assert request.transport is not None
+                    request.transport.close()
+                    return response
+                if sent < total:
+                    await asyncio.sleep(b.tpot_s * k + b.per_token_s * self.in_flight)
+            if b.error_event:
+                await response.write(b'data: {"error": {"message": "engine died"}}' + end)
+            if b.final_usage:
+                usage = {"id": record.id, "choices": [], "usage": {
+                    "prompt_tokens": record.prompt_tokens, "completion_tokens": sent,
+                    "total_tokens": record.prompt_tokens + sent}}
+                await response.write(b"data: " + json.dumps(usage).encode() + end)
+            if not b.no_done:
+                await response.write(b"data: [DONE]" + end)
+            await response.write_eof()
+        finally:
+            self.in_flight -= 1
+        return response
+
+    async def _admin_requests(self, request: web.Request) -> web.Response:
+        return web.json_response([vars(r) for r in self.recorded])
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/admin/requests", self._admin_requests)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=1024)
+        loop.run_until_complete(site.start())
+        self._ready.set()
+        loop.run_forever()
+        pending = asyncio.all_tasks(loop)  # hanging handlers: cancel them rather than wait
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(self._runner.cleanup())
+        loop.close()
+
+    def __enter__(self) -> FakeServer:
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake server did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._thread is not None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)

@@ -1,0 +1,136 @@
+"""One streamed request against a real loopback server that misbehaves in every way we know."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import aiohttp
+import pytest
+
+from crossover.loadgen.client import (
+    Balancer,
+    RequestRecord,
+    StreamTrace,
+    build_record,
+    completion_payload,
+    expand_itl,
+    stream_completion,
+)
+from crossover.loadgen.dataset import SyntheticRequest
+from crossover.spec import Balance
+from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
+
+REQUEST = SyntheticRequest(index=3, prompt="w1 w2 w3 w4", input_len=4, output_len=9)
+
+
+def _send(server: FakeServer, timeout_s: float = 10.0) -> RequestRecord:
+    async def go() -> StreamTrace:
+        async with aiohttp.ClientSession() as session:
+            payload = completion_payload("m", REQUEST, True)
+            return await stream_completion(session, server.url, payload, timeout_s)
+
+    trace = asyncio.run(go())
+    return build_record(trace, REQUEST, "t", 1.0, server.url)
+
+
+def test_well_behaved_stream_times_match_the_server() -> None:
+    with FakeServer(Behaviour(ttft_s=0.05, tpot_s=0.01)) as server:
+        record = _send(server)
+    assert record.ok, record.error
+    assert record.output_tokens == 9 and record.input_tokens == 4
+    assert record.completion_id == "cmpl-1"
+    assert len(record.itl) == 8
+    assert math.isclose(sum(record.itl), record.e2e - record.ttft, rel_tol=1e-9)
+    assert math.isclose(record.tpot, (record.e2e - record.ttft) / 8)
+    truth = server.recorded[0]
+    # the client sees each event when the server wrote it (the server stamps after its write
+    # returns, so the client may be a hair earlier), and not much later
+    assert record.ttft >= 0.05
+    for client, written in zip(record.chunk_times, truth.token_times, strict=True):
+        assert -0.005 < record.send_time + client - written < 0.05
+    assert server.bodies[0]["ignore_eos"] is True and server.bodies[0]["min_tokens"] == 9
+    assert server.bodies[0]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+def test_several_tokens_per_event_give_one_itl_per_token() -> None:
+    with FakeServer(Behaviour(tokens_per_event=4, tpot_s=0.01)) as server:
+        record = _send(server)
+    assert record.ok, record.error
+    assert record.chunk_tokens == [4, 4, 1]
+    assert record.output_tokens == 9
+    assert len(record.itl) == 8  # vllm bench serve would report 2
+    assert record.itl[:3] == [0.0, 0.0, 0.0]  # came with the first token
+    assert math.isclose(sum(record.itl), record.e2e - record.ttft, rel_tol=1e-9)
+
+
+def test_without_continuous_usage_the_final_usage_sets_the_count() -> None:
+    with FakeServer(Behaviour(tokens_per_event=3, continuous_usage=False)) as server:
+        record = _send(server)
+    assert record.ok, record.error
+    assert record.output_tokens == 9
+    assert sum(record.chunk_tokens) == 9
+    assert len(record.itl) == 8
+
+
+def test_garbage_between_events_is_survived_and_counted() -> None:
+    with FakeServer(Behaviour(garbage=True, crlf=True)) as server:
+        record = _send(server)
+    assert record.ok, record.error
+    assert record.output_tokens == 9
+    assert record.garbage >= 9 * 2  # junk line and broken JSON at least, per token
+
+
+@pytest.mark.parametrize(("behaviour", "error"), [
+    (Behaviour(status=503), "HTTP 503"),
+    (Behaviour(drop_after=3), ""),
+    (Behaviour(no_done=True), "stream ended before [DONE]"),
+    (Behaviour(error_event=True), "error event: engine died"),
+])
+def test_failures_are_failed_requests_with_a_reason(behaviour: Behaviour, error: str) -> None:
+    with FakeServer(behaviour) as server:
+        record = _send(server)
+    assert not record.ok
+    assert record.error and error in record.error
+    assert record.output_tokens == 0 and math.isnan(record.ttft)
+
+
+def test_a_hanging_server_times_out_and_the_client_returns() -> None:
+    with FakeServer(Behaviour(hang=True)) as server:
+        started = time.monotonic()
+        record = _send(server, timeout_s=0.5)
+        elapsed = time.monotonic() - started
+    assert not record.ok and record.error == "timeout after 0.5 s"
+    assert elapsed < 5
+
+
+def test_nothing_listening_is_a_failed_request() -> None:
+    from crossover.netutil import free_port
+
+    async def go() -> StreamTrace:
+        async with aiohttp.ClientSession() as session:
+            return await stream_completion(session, f"http://127.0.0.1:{free_port()}",
+                                           completion_payload("m", REQUEST, True), 2.0)
+
+    record = build_record(asyncio.run(go()), REQUEST, "t", 1.0, "x")
+    assert not record.ok and "Connect" in record.error
+
+
+def test_expand_itl() -> None:
+    assert expand_itl([0.1, 0.3, 0.4], [1, 2, 1]) == pytest.approx([0.1, 0.1, 0.1])
+    assert expand_itl([0.1], [3]) == [0.0, 0.0]
+    assert expand_itl([], []) == []
+
+
+def test_round_robin_and_least_outstanding() -> None:
+    rr = Balancer(["a", "b"], Balance.ROUND_ROBIN)
+    assert [rr.acquire() for _ in range(4)] == ["a", "b", "a", "b"]
+    lo = Balancer(["a", "b"], Balance.LEAST_OUTSTANDING)
+    first = lo.acquire()
+    second = lo.acquire()
+    assert {first, second} == {"a", "b"}
+    lo.release("a")  # b still busy: the next one must go to a, twice in a row if a frees again
+    assert lo.acquire() == "a"
+    lo.release("a")
+    assert lo.acquire() == "a"

@@ -1,0 +1,126 @@
+"""Crossings of PCHIP curves on the log2 concurrency axis, bootstrap intervals, and capacities."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from crossover.loadgen.crossover import find_crossovers, max_load_meeting_objective
+from crossover.loadgen.summary import summarize
+
+LEVELS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+
+
+def _summary(curves: dict[str, list[float]], column: str = "output_tps_per_gpu") -> pd.DataFrame:
+    rows = [{"topology": name, "level": level, column: value, "gpus": 4, "duration_s": 1.0}
+            for name, values in curves.items() for level, value in zip(LEVELS, values, strict=True)]
+    return pd.DataFrame(rows)
+
+
+def test_crossing_of_straight_lines_on_log2_axis() -> None:
+    u = np.log2(LEVELS)
+    summary = _summary({"tp4x1": list(200 + 100 * u), "tp2x2": list(170 + 150 * u)})
+    (result,) = find_crossovers(summary, None, "output_tps", pairs=[("tp4x1", "tp2x2")])
+    assert result.kind == "crossing" and result.crossings == 1
+    assert result.x == pytest.approx(2 ** 0.6, rel=1e-6)
+    assert (result.winner, result.loser, result.direction) == ("tp2x2", "tp4x1", "b_overtakes_a")
+    assert result.sentence.startswith(
+        "tp2x2 overtakes tp4x1 in output tokens/s per GPU at concurrency about 1.5")
+
+
+def test_latency_metric_winner_is_the_lower_curve() -> None:
+    summary = _summary({"a": [10, 20, 40, 80, 160, 320], "b": [15, 22, 30, 45, 60, 90]},
+                       column="tpot_p99_ms")
+    (result,) = find_crossovers(summary, None, "tpot_p99")
+    assert result.winner == "b" and 2 < result.x < 4
+
+
+def test_no_crossing_and_several_crossings_are_said_plainly() -> None:
+    summary = _summary({"a": [5, 6, 7, 8, 9, 10], "b": [1, 2, 3, 4, 5, 6]})
+    (none,) = find_crossovers(summary, None, "goodput".replace("goodput", "output_tps"))
+    assert none.kind == "none" and none.x is None and none.winner == "a"
+    assert "no crossing in range" in none.sentence and "concurrency 1-32" in none.sentence
+    wavy = _summary({"a": [5, 1, 5, 1, 5, 1], "b": [3, 3, 3, 3, 3, 3]})
+    results = find_crossovers(wavy, None, "output_tps")
+    assert len(results) == 5 and all(r.crossings == 5 for r in results)
+    assert "cross more than once" in results[0].sentence
+    assert [r.winner for r in results] == ["b", "a", "b", "a", "b"]
+
+
+def test_too_few_levels() -> None:
+    summary = _summary({"a": [1, 2, 3, 4, 5, 6], "b": [6, 5, 4, 3, 2, 1]}).iloc[[0, 6]]
+    (result,) = find_crossovers(summary, None, "output_tps")
+    assert result.kind == "insufficient"
+
+
+def _closed_loop_requests(name: str, latency: dict[float, float], rng: np.random.Generator,
+                          rounds: int = 6) -> list[dict]:
+    """Closed-loop requests: c lanes, each runs `rounds` requests back to back."""
+    rows = []
+    for level, mean in latency.items():
+        index = 0
+        for _lane in range(int(level)):
+            clock = 0.0
+            for _ in range(rounds):
+                e2e = mean * float(rng.uniform(0.7, 1.3))
+                rows.append({"topology": name, "level": level, "index": index, "instance": "u",
+                             "send_time": clock, "end_time": clock + e2e, "ok": True, "status": 200,
+                             "error": "", "ttft": e2e / 10, "e2e": e2e, "tpot": e2e * 0.9 / 9,
+                             "itl": [e2e * 0.9 / 9] * 9, "itl_max": e2e * 0.9 / 9, "chunk_times": [],
+                             "chunk_tokens": [], "input_tokens": 10, "output_tokens": 10,
+                             "planned_input": 10, "planned_output": 10, "completion_id": "", "garbage": 0})
+                clock += e2e
+                index += 1
+    return rows
+
+
+def test_bootstrap_interval_covers_the_true_crossing() -> None:
+    # throughput = c x 10 tokens / latency; a: latency grows fast with c, b: slow but starts higher.
+    # Equal where 0.5 (1 + c/8) = 0.8 (1 + c/40): c = 0.3 / 0.0425.
+    lat_a = {c: 0.5 * (1 + c / 8) for c in LEVELS}
+    lat_b = {c: 0.8 * (1 + c / 40) for c in LEVELS}
+    true_x = 0.3 / 0.0425
+    covered, widths = 0, []
+    for seed in range(10):  # fixed seeds: a coverage check, deterministic
+        rng = np.random.default_rng(seed)
+        rows = _closed_loop_requests("a", lat_a, rng) + _closed_loop_requests("b", lat_b, rng)
+        requests = pd.DataFrame(rows)
+        summary = summarize(requests, {"ttft": 1e6}, {"a": 2, "b": 2})
+        (result,) = find_crossovers(summary, requests, "output_tps", slos_ms={"ttft": 1e6}, n_boot=100,
+                                    seed=seed)
+        assert result.kind == "crossing" and result.winner == "b"
+        assert result.ci_low is not None and result.ci_high is not None and result.x is not None
+        assert result.ci_low <= result.x <= result.ci_high
+        assert result.support > 0.8 and "(95% CI" in result.sentence
+        covered += result.ci_low <= true_x <= result.ci_high
+        widths.append(result.ci_high / result.ci_low)
+    assert covered >= 8  # about 92% over 40 seeds when measured
+    assert float(np.median(widths)) < 2.5  # informative, not the whole range
+
+
+def test_capacity_interpolates_the_attainment_curve() -> None:
+    summary = _summary({"a": [1, 1, 1, 0.95, 0.5, 0.1], "b": [1, 1, 1, 1, 1, 1], "c": [0.5] * 6},
+                       column="attainment")
+    caps = {c.topology: c for c in max_load_meeting_objective(summary, None, 0.9)}
+    assert 8 < caps["a"].x < 16 and caps["a"].censored == ""
+    assert caps["a"].per_gpu == pytest.approx(caps["a"].x / 4)
+    assert "meets the 90% SLO objective up to concurrency about" in caps["a"].sentence
+    assert caps["b"].censored == "above" and caps["b"].x == 32
+    assert caps["c"].censored == "below" and caps["c"].x is None and "misses" in caps["c"].sentence
+
+
+def test_capacity_interval_from_requests() -> None:
+    rng = np.random.default_rng(5)
+    rows = _closed_loop_requests("a", {c: 0.1 * c for c in LEVELS}, rng)
+    requests = pd.DataFrame(rows)
+    slos = {"e2el": 1000.0}  # e2e ~ 0.1 c s: met up to about c = 10 (with the +-30% spread)
+    summary = summarize(requests, slos, {"a": 1})
+    (cap,) = max_load_meeting_objective(summary, requests, 0.9, slos_ms=slos, n_boot=100)
+    # true capacity: P(0.1 c U <= 1) = 0.9 with U ~ uniform(0.7, 1.3) -> c = 10 / 1.24
+    assert cap.censored == "" and 4 <= cap.x <= 16
+    assert cap.ci_low is not None and cap.ci_high is not None and cap.ci_low <= cap.x <= cap.ci_high
+    assert cap.ci_low <= 10 / 1.24 <= cap.ci_high
+    assert not math.isnan(cap.ci_high)

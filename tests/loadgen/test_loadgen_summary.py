@@ -1,0 +1,117 @@
+"""Summaries: goodput exactly as `vllm bench serve --goodput` counts it, failures never good,
+steady-state trimming, per-GPU figures."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.summary import mark_requests, summarize
+
+OPEN = SweepPlan(mode=Mode.OPEN, levels=(1.0,), requests_per_level=1)
+
+
+def _row(topology: str, level: float, index: int, send: float, ttft: float, e2e: float, tokens: int,
+         ok: bool = True, itl: list[float] | None = None) -> dict:
+    tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 else 0.0
+    itl = itl if itl is not None else ([tpot] * (tokens - 1) if ok else [])
+    nan = float("nan")
+    return {"topology": topology, "level": level, "index": index, "instance": "u", "send_time": send,
+            "end_time": send + e2e, "ok": ok, "status": 200 if ok else 503, "error": "" if ok else "HTTP 503",
+            "ttft": ttft if ok else nan, "e2e": e2e if ok else nan, "tpot": tpot if ok else nan, "itl": itl,
+            "itl_max": max(itl) if itl else (0.0 if ok else nan), "chunk_times": [], "chunk_tokens": [],
+            "input_tokens": 100, "output_tokens": tokens if ok else 0, "planned_input": 100,
+            "planned_output": tokens, "completion_id": "", "garbage": 0}
+
+
+def _vllm_bench_good(frame: pd.DataFrame, slos_ms: dict[str, float]) -> int:
+    """calculate_metrics() of vllm/benchmarks/serve.py, transcribed: successful requests only,
+    tpot 0 for one token, good when every SLO >= value."""
+    good = 0
+    for _, r in frame[frame["ok"]].iterrows():
+        n = r["output_tokens"]
+        tpot = (r["e2e"] - r["ttft"]) / (n - 1) if n > 1 else 0.0
+        values = {"ttft": r["ttft"], "tpot": tpot, "e2el": r["e2e"]}
+        if all(slos_ms[k] / 1000 >= values[k] for k in slos_ms):
+            good += 1
+    return good
+
+
+def test_goodput_counts_like_vllm_bench_serve() -> None:
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(400):
+        tokens = int(rng.integers(1, 6))
+        ttft = float(rng.uniform(0.01, 0.2))
+        e2e = ttft + float(rng.uniform(0.0, 0.3)) * (tokens - 1)
+        rows.append(_row("a", 1.0, i, i * 0.01, ttft, e2e, tokens, ok=bool(rng.random() > 0.1)))
+    rows.append(_row("a", 1.0, 999, 0.0, 0.1, 0.1, 1))  # one token: TPOT 0 always meets its SLO
+    frame = pd.DataFrame(rows)
+    slos = {"ttft": 120.0, "tpot": 150.0, "e2el": 600.0}
+    summary = summarize(frame, slos, {"a": 4}, OPEN)
+    row = summary.iloc[0]
+    good = _vllm_bench_good(frame, slos)
+    assert 50 < good < 350  # the SLOs split the sample; the check is not vacuous
+    assert row["goodput"] * row["duration_s"] == pytest.approx(good)
+    assert row["attainment"] == pytest.approx(good / len(frame))
+    assert row["goodput_per_gpu"] == pytest.approx(row["goodput"] / 4)
+    assert row["failed"] == (~frame["ok"]).sum()
+
+
+def test_failed_requests_are_never_good_and_count_in_attainment() -> None:
+    frame = pd.DataFrame([_row("a", 2.0, 0, 0.0, 0.01, 0.05, 5),
+                          _row("a", 2.0, 1, 0.0, 0.01, 0.05, 5, ok=False)])
+    marked = mark_requests(frame, {"ttft": 1000.0})
+    assert marked["good"].tolist() == [True, False]
+    row = summarize(frame, {"ttft": 1000.0}, {"a": 1}, OPEN).iloc[0]
+    assert row["attainment"] == 0.5 and row["attainment_ttft"] == 0.5
+    assert row["top_error"] == "HTTP 503"
+    assert row["output_tps"] == pytest.approx(5 / 0.05)
+
+
+def test_itl_slo_needs_every_gap_within_it() -> None:
+    frame = pd.DataFrame([_row("a", 1.0, 0, 0.0, 0.01, 0.31, 4, itl=[0.1, 0.1, 0.1]),
+                          _row("a", 1.0, 1, 0.31, 0.01, 0.31, 4, itl=[0.01, 0.01, 0.28])])
+    marked = mark_requests(frame, {"itl": 150.0})
+    assert marked["good"].tolist() == [True, False]
+
+
+def test_warmup_and_cooldown_trim_the_window() -> None:
+    rows = [_row("a", 1.0, i, float(i), 0.1, 0.5, 10) for i in range(10)]  # sends 0..9, ends 0.5..9.5
+    frame = pd.DataFrame(rows)
+    plan = SweepPlan(mode=Mode.OPEN, levels=(1,), requests_per_level=10, warmup_s=2.0, cooldown_s=2.0)
+    row = summarize(frame, {"ttft": 1000.0}, {"a": 1}, plan).iloc[0]
+    # window [2, 7.5]: sends 2..7 with ends <= 7.5 -> indices 2..7
+    assert row["requests"] == 6 and row["requests_sent"] == 10
+    assert row["duration_s"] == pytest.approx(5.5)
+    assert row["output_tps"] == pytest.approx(60 / 5.5)
+    assert row["offered_rate"] == 1.0
+
+
+def test_closed_loop_rates_follow_littles_law_despite_the_drain() -> None:
+    # concurrency 2: lane one runs four 1 s requests, lane two two 1 s and then one 3 s request
+    # (the drain: after t = 4 only one request is in flight). 7 requests x 10 tokens in 9 s busy.
+    rows = [_row("a", 2.0, i, float(i), 0.1, 1.0, 10) for i in range(4)]
+    rows += [_row("a", 2.0, 4, 0.0, 0.1, 1.0, 10), _row("a", 2.0, 5, 1.0, 0.1, 1.0, 10),
+             _row("a", 2.0, 6, 2.0, 0.1, 3.0, 10)]
+    row = summarize(pd.DataFrame(rows), {"e2el": 2000.0}, {"a": 1}).iloc[0]
+    assert row["output_tps"] == pytest.approx(2 * 70 / 9)
+    assert row["output_tps_window"] == pytest.approx(70 / 5)
+    assert row["goodput"] == pytest.approx(2 * 6 / 9)
+    assert math.isnan(row["offered_rate"])
+
+
+def test_percentiles_pool_itl_over_tokens() -> None:
+    frame = pd.DataFrame([_row("a", 1.0, 0, 0.0, 0.01, 1.0, 3, itl=[0.1, 0.1]),
+                          _row("a", 1.0, 1, 0.0, 0.02, 1.0, 2, itl=[0.9])])
+    row = summarize(frame, {"ttft": 1000.0}, {"a": 1}).iloc[0]
+    assert row["itl_p50_ms"] == pytest.approx(100.0)
+    assert row["ttft_mean_ms"] == pytest.approx(15.0)
+
+
+def test_empty_requests_give_an_empty_summary() -> None:
+    assert summarize(pd.DataFrame(), {"ttft": 1.0}, {}).empty
