@@ -1,0 +1,60 @@
+"""`crossover rules SPEC --out DIR [--format plain|operator]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from crossover.errors import UserError
+from crossover.rules.generate import Format, outputs
+from crossover.rules.model import DEFAULT_SELECTOR, RulesConfig, build_rules
+from crossover.spec import load_spec
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SPEC", help="fleet spec YAML file")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write the files into")
+    parser.add_argument("--format", choices=[f.value for f in Format], default=Format.PLAIN.value,
+                        help="plain: prometheus.yml + rules.yml + rules.test.yml; operator: PrometheusRule "
+                             "and PodMonitor resources (plus rules.yml and rules.test.yml for promtool)")
+    parser.add_argument("--selector", default=DEFAULT_SELECTOR,
+                        help=f"PromQL matchers that select the vLLM series (default {DEFAULT_SELECTOR})")
+    parser.add_argument("--window-scale", type=float, default=1.0, metavar="F",
+                        help="shrink the SLO period and every alert window by F (0 < F <= 1) for a test "
+                             "profile whose alerts fire within minutes, e.g. 0.0005")
+    parser.add_argument("--kv-transfer-p99-ms", type=float, default=500.0, metavar="MS",
+                        help="alert when the p99 NIXL KV-transfer time exceeds this (default 500)")
+    parser.add_argument("--refuse-off-boundary", action="store_true",
+                        help="refuse an SLO that is not a histogram bucket boundary instead of rounding it "
+                             "down to the stricter neighbour")
+    parser.add_argument("--runbook-base", default="docs/runbooks.md", metavar="URL",
+                        help="where runbook_url annotations point (an anchor per alert is appended)")
+    parser.add_argument("--exporter-target", metavar="HOST:PORT",
+                        help="also scrape the crossover exporter at HOST:PORT (plain format)")
+    parser.add_argument("--alertmanager", metavar="HOST:PORT",
+                        help="send alerts to this Alertmanager (plain format)")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    config = RulesConfig(selector=args.selector, window_scale=args.window_scale,
+                         kv_transfer_p99_ms=args.kv_transfer_p99_ms,
+                         refuse_off_boundary=args.refuse_off_boundary, runbook_base=args.runbook_base)
+    rules = build_rules(spec, config, args.spec)
+    for warning in rules.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        files = outputs(spec, rules, Format(args.format), args.spec, Path(args.spec).stem,
+                        args.exporter_target, args.alertmanager)
+        for name, text in files.items():
+            (out / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"--out: cannot write into {out}: {exc.strerror}") from None
+    print(f"wrote {', '.join(sorted(files))} into {out} ({len(rules.records)} recording rules, "
+          f"{len(rules.alerts)} alerts)")
+    return 0

@@ -1,0 +1,94 @@
+"""Write every file `crossover rules` produces for one spec, and the committed examples.
+
+`outputs(...)` returns {relative path: text} so tests compare without touching the disk;
+`python -m crossover.rules.generate` rewrites the committed examples for compose/specs/*.yaml.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+
+from crossover.rules.model import RulesConfig, RuleSet, build_rules
+from crossover.rules.promtest import build_promtest
+from crossover.rules.render import (
+    pod_monitor_yaml,
+    prometheus_rule_yaml,
+    rules_yaml,
+    scrape_config_yaml,
+)
+from crossover.spec import FleetSpec, load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_SPECS = REPO / "compose" / "specs"
+RULES_DIR = REPO / "rules" / "generated"
+PROMETHEUS_DIR = REPO / "compose" / "prometheus"
+
+RULES_FILE = "rules.yml"
+TEST_FILE = "rules.test.yml"
+SCRAPE_FILE = "prometheus.yml"
+PROMETHEUS_RULE_FILE = "prometheusrule.yaml"
+POD_MONITOR_FILE = "podmonitor.yaml"
+
+
+class Format(StrEnum):
+    PLAIN = "plain"
+    OPERATOR = "operator"
+
+
+# The compose stack's service names (compose/docker-compose.yml) for specs named compose-*.
+COMPOSE_EXPORTER = "exporter:9400"
+COMPOSE_ALERTMANAGER = "alertmanager:9093"
+
+
+def outputs(spec: FleetSpec, rules: RuleSet, fmt: Format, source: str, name: str,
+            exporter_target: str | None = None, alertmanager_target: str | None = None) -> dict[str, str]:
+    """File name -> content for one output folder."""
+    if fmt is Format.OPERATOR:
+        return {PROMETHEUS_RULE_FILE: prometheus_rule_yaml(rules, source, name),
+                POD_MONITOR_FILE: pod_monitor_yaml(spec, source, name),
+                TEST_FILE: build_promtest(rules, RULES_FILE, source),
+                RULES_FILE: rules_yaml(rules, source)}
+    return {SCRAPE_FILE: scrape_config_yaml(spec, source, [RULES_FILE], exporter_target, alertmanager_target),
+            RULES_FILE: rules_yaml(rules, source),
+            TEST_FILE: build_promtest(rules, RULES_FILE, source)}
+
+
+def example_outputs(repo: Path = REPO) -> dict[Path, str]:
+    """Every committed generated file for the example specs, keyed by absolute path."""
+    files: dict[Path, str] = {}
+    for spec_path in sorted((repo / "compose" / "specs").glob("*.yaml")):
+        stem = spec_path.stem
+        source = spec_path.relative_to(repo).as_posix()
+        spec = load_spec(spec_path)
+        rules = build_rules(spec, RulesConfig(), source)
+        for name, text in outputs(spec, rules, Format.OPERATOR, source, stem).items():
+            files[repo / "rules" / "generated" / stem / name] = text
+        # compose mounts compose/prometheus at /etc/prometheus: config and rules side by side.
+        in_compose = stem.startswith("compose-")
+        plain = outputs(spec, rules, Format.PLAIN, source, stem, COMPOSE_EXPORTER if in_compose else None,
+                        COMPOSE_ALERTMANAGER if in_compose else None)
+        for name in (SCRAPE_FILE, RULES_FILE):
+            files[repo / "compose" / "prometheus" / stem / name] = plain[name]
+    return files
+
+
+def write(files: dict[Path, str]) -> list[Path]:
+    changed = []
+    for path, text in files.items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+def main() -> int:
+    for path in write(example_outputs()):
+        print(f"wrote {path.relative_to(REPO)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

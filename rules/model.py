@@ -1,0 +1,572 @@
+"""Spec -> a small plain-data model of Prometheus recording rules and alerts.
+
+Everything that later becomes YAML (rules, the PrometheusRule resource, the promtool unit tests)
+and every recording-rule name a dashboard queries comes from `build_rules`, so rules, tests and
+dashboards cannot drift apart. No vLLM metric name is spelled here: they all come from the catalog.
+
+Naming follows Prometheus practice `level:metric:operations`:
+  topology:vllm_generation_tokens:rate1m               sum by topology of a counter's rate
+  topology:vllm_time_to_first_token_seconds:p99_1m     quantile of the topology-summed buckets
+  topology:vllm_goodput_tpot:ratio_rate5m              share of requests within the TPOT SLO
+  slo:sli_error:ratio_rate1h{slo="tpot"}               Sloth-style SLI error, for burn-rate alerts
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crossover import catalog
+from crossover.catalog import Metric
+from crossover.errors import UserError
+from crossover.spec import FleetSpec, Role, bucket_neighbours, format_duration, on_boundary
+
+# Labels every aggregated series keeps: the topology the scrape config attached, and the model.
+TOPOLOGY_BY = ("topology", "model_name")
+ROLE_BY = ("topology", "role", "model_name")
+JOB_NAME = "vllm"
+DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
+REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written for 30 days
+QUANTILES = (0.5, 0.99)
+# SLOs judged once per finished request; only these form the joint (all-SLOs-met) bounds.
+# ITL is observed once per engine iteration, a different population, so it stays a single SLO.
+REQUEST_SLOS = ("ttft", "tpot", "e2el")
+# Histograms whose quantiles and means are recorded per topology.
+LATENCY_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
+NIXL_HISTOGRAMS: tuple[Metric, ...] = (catalog.NIXL_XFER_TIME, catalog.NIXL_BYTES)
+RATE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS,
+                                     catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS)
+NIXL_COUNTERS: tuple[Metric, ...] = (catalog.NIXL_FAILED_TRANSFERS,)
+GAUGES_SUMMED: tuple[Metric, ...] = (catalog.NUM_REQUESTS_RUNNING, catalog.NUM_REQUESTS_WAITING)
+# Families whose absence on an up target means a vLLM rename (or a broken exporter of them).
+WATCHED_FAMILIES: tuple[Metric, ...] = (
+    catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS, catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS,
+    catalog.NUM_REQUESTS_RUNNING, catalog.NUM_REQUESTS_WAITING, catalog.KV_CACHE_USAGE,
+    catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY,
+)
+
+
+@dataclass(frozen=True)
+class BurnTier:
+    """One row of the multi-window multi-burn-rate table."""
+
+    severity: str
+    long_s: float
+    short_s: float
+    budget_share: float  # share of the period's error budget this tier pages on
+    for_s: float
+    factor: float  # burn rate: budget_share x period / long window
+
+    @property
+    def long(self) -> str:
+        return format_duration(self.long_s)
+
+    @property
+    def short(self) -> str:
+        return format_duration(self.short_s)
+
+
+# Google SRE workbook / Sloth / kubernetes-mixin, for a 30-day period: (severity, long, short, share, for).
+REFERENCE_TIERS: tuple[tuple[str, float, float, float, float], ...] = (
+    ("critical", 3600.0, 300.0, 0.02, 120.0),
+    ("critical", 6 * 3600.0, 1800.0, 0.05, 900.0),
+    ("warning", 86400.0, 2 * 3600.0, 0.10, 3600.0),
+    ("warning", 3 * 86400.0, 6 * 3600.0, 0.10, 3 * 3600.0),
+)
+
+
+@dataclass(frozen=True)
+class SloBucket:
+    """Which histogram bucket an SLO reads, and whether that is the SLO exactly."""
+
+    slo: str
+    threshold_ms: float
+    metric: Metric
+    le: float  # the bucket boundary in seconds
+    exact: bool
+
+    @property
+    def le_regex(self) -> str:
+        return le_regex(self.le)
+
+    @property
+    def le_matcher(self) -> str:
+        """`le=~"..."` with the regex escaped for a PromQL string literal."""
+        return 'le=~"' + self.le_regex.replace("\\", "\\\\") + '"'
+
+
+@dataclass(frozen=True)
+class RecordingRule:
+    record: str
+    expr: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    alert: str
+    expr: str
+    for_s: float
+    severity: str
+    summary: str
+    description: str
+    runbook_url: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def all_labels(self) -> dict[str, str]:
+        return {"severity": self.severity, **dict(self.labels)}
+
+
+@dataclass(frozen=True)
+class RuleGroup:
+    name: str
+    rules: tuple[RecordingRule | AlertRule, ...]
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    """Knobs of the generator; the defaults suit a real fleet."""
+
+    selector: str = DEFAULT_SELECTOR  # PromQL matchers every raw vLLM series is read with
+    window_scale: float = 1.0  # <1 shrinks the SLO period and all alert windows (test profile)
+    kv_transfer_p99_ms: float = 500.0
+    refuse_off_boundary: bool = False  # refuse an SLO off a bucket boundary instead of rounding
+    runbook_base: str = "docs/runbooks.md"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.window_scale <= 1:
+            raise UserError(f"--window-scale: must be in (0, 1], got {self.window_scale:g}")
+        if not (self.kv_transfer_p99_ms > 0 and math.isfinite(self.kv_transfer_p99_ms)):
+            raise UserError("--kv-transfer-p99-ms: must be a positive number, "
+                            f"got {self.kv_transfer_p99_ms:g}")
+        if not re.fullmatch(r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"\s*'
+                            r'(,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"\s*)*', self.selector):
+            raise UserError(f"--selector: {self.selector!r} is not a list of PromQL label matchers "
+                            '(e.g. job="vllm",namespace="prod")')
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The whole generated model for one spec."""
+
+    spec: FleetSpec
+    config: RulesConfig
+    groups: tuple[RuleGroup, ...]
+    slo_buckets: tuple[SloBucket, ...]
+    tiers: tuple[BurnTier, ...]
+    dashboard_windows: tuple[str, ...]  # the spec's scrape.windows: quantiles, throughput, goodput
+    sli_windows: tuple[str, ...]  # every window an SLI ratio is recorded for
+    period: str  # the (possibly scaled) SLO period
+    kv_window: str
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def records(self) -> tuple[RecordingRule, ...]:
+        return tuple(r for g in self.groups for r in g.rules if isinstance(r, RecordingRule))
+
+    @property
+    def alerts(self) -> tuple[AlertRule, ...]:
+        return tuple(r for g in self.groups for r in g.rules if isinstance(r, AlertRule))
+
+    @property
+    def record_names(self) -> frozenset[str]:
+        return frozenset(r.record for r in self.records)
+
+    @property
+    def error_budget(self) -> float:
+        return error_budget(self.spec)
+
+
+def error_budget(spec: FleetSpec) -> float:
+    """1 - objective, rounded so 0.99 gives 0.01 and not 0.010000000000000009 in the YAML."""
+    return round(1.0 - spec.slos.objective, 12)
+
+
+# ---- names shared with the dashboards --------------------------------------------------------
+
+def rate_name(metric: Metric, window: str, level: str = "topology") -> str:
+    return f"{level}:{metric.rule_stem}:rate{window}"
+
+
+def histogram_rate_name(metric: Metric, part: str, window: str) -> str:
+    """part is bucket, count or sum."""
+    return f"topology:{metric.rule_stem}_{part}:rate{window}"
+
+
+def quantile_name(metric: Metric, quantile: float, window: str) -> str:
+    return f"topology:{metric.rule_stem}:p{round(quantile * 100):d}_{window}"
+
+
+def mean_name(metric: Metric, window: str) -> str:
+    return f"topology:{metric.rule_stem}:mean_{window}"
+
+
+def per_gpu_name(metric: Metric, window: str) -> str:
+    return f"topology:{metric.rule_stem}_per_gpu:rate{window}"
+
+
+def gauge_sum_name(metric: Metric, level: str = "topology") -> str:
+    return f"{level}:{metric.rule_stem}:sum"
+
+
+def kv_usage_name(operation: str) -> str:
+    """operation is max or avg."""
+    return f"topology:{catalog.KV_CACHE_USAGE.rule_stem}:{operation}"
+
+
+def goodput_name(slo: str, window: str) -> str:
+    return f"topology:vllm_goodput_{slo}:ratio_rate{window}"
+
+
+def joint_goodput_name(bound: str, window: str) -> str:
+    """bound is lower or upper: max(0, sum(a_i)-(n-1)) <= joint <= min(a_i)."""
+    return f"topology:vllm_goodput:ratio_{bound}_rate{window}"
+
+
+def goodput_tokens_name(window: str, per_gpu: bool = False) -> str:
+    return f"topology:vllm_goodput_tokens{'_per_gpu' if per_gpu else ''}:rate{window}"
+
+
+def nixl_bandwidth_name(window: str) -> str:
+    return f"topology:{catalog.NIXL_BYTES.rule_stem}_per_xfer_second:ratio_rate{window}"
+
+
+GPUS_NAME = "topology:gpus:sum"
+SLI_ERROR_PREFIX = "slo:sli_error:ratio_rate"
+OBJECTIVE_NAME = "slo:objective:ratio"
+BUDGET_REMAINING_NAME = "slo:error_budget_remaining:ratio"
+
+
+def sli_error_name(window: str) -> str:
+    return f"{SLI_ERROR_PREFIX}{window}"
+
+
+# ---- le matching -----------------------------------------------------------------------------
+
+def le_spellings(value: float) -> tuple[str, ...]:
+    """Text forms an exposition may give a bucket boundary: prometheus_client writes repr ("1.0"),
+    Go clients and Prometheus 3's normalisation write Go's shortest 'g' form ("1", "1e+06"), others
+    the plain positional form. Every form listed parses back to exactly `value`."""
+    positional = np.format_float_positional(value, unique=True, trim="-")
+    scientific = np.format_float_scientific(value, unique=True, trim="-", exp_digits=2)
+    forms = {repr(value), positional, scientific}
+    if "." not in positional:
+        forms.add(positional + ".0")
+    return tuple(sorted(f for f in forms if _same_float(f, value)))
+
+
+def _same_float(text: str, value: float) -> bool:
+    try:
+        return float(text) == value
+    except ValueError:
+        return False
+
+
+def le_regex(value: float) -> str:
+    """A regex matching the bucket whatever spelling of its boundary the target or Prometheus uses."""
+    return "|".join(re.escape(form) for form in le_spellings(value))
+
+
+def slo_buckets(spec: FleetSpec, refuse_off_boundary: bool = False,
+                source: str = "spec") -> tuple[tuple[SloBucket, ...], tuple[str, ...]]:
+    """Pick each SLO's bucket: the boundary itself, or the stricter neighbour below it (with a
+    warning), never a looser one; refuse when asked to, or when no boundary lies below."""
+    chosen: list[SloBucket] = []
+    warnings: list[str] = []
+    for slo, threshold_ms in spec.slos.thresholds_ms.items():
+        metric = catalog.SLO_HISTOGRAMS[slo]
+        threshold_s = threshold_ms / 1000.0
+        if on_boundary(threshold_s, metric.buckets):
+            le = min(metric.buckets, key=lambda b: abs(b - threshold_s))
+            chosen.append(SloBucket(slo, threshold_ms, metric, le, exact=True))
+            continue
+        below, above = bucket_neighbours(threshold_s, metric.buckets)
+        near = " and ".join(f"{b * 1000:g} ms" for b in (below, above) if b is not None)
+        where = f"{source}: slos.{slo}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} " \
+                f"(neighbours {near})"
+        if refuse_off_boundary:
+            raise UserError(f"{where}; pick a boundary or drop --refuse-off-boundary to round down")
+        if below is None:
+            raise UserError(f"{where}; no stricter boundary exists below it, pick one of the buckets")
+        chosen.append(SloBucket(slo, threshold_ms, metric, below, exact=False))
+        warnings.append(f"{where}; the rules count a request as good only below {below * 1000:g} ms "
+                        "(the stricter neighbour), so goodput is a lower bound")
+    return tuple(chosen), tuple(warnings)
+
+
+# ---- windows ---------------------------------------------------------------------------------
+
+def _round_window(seconds: float, floor_s: float) -> float:
+    """Whole seconds, and at least four scrapes so rate() always sees two samples or more."""
+    return float(max(round(seconds), math.ceil(floor_s)))
+
+
+def burn_tiers(period_s: float, objective: float, scrape_interval_s: float) -> tuple[BurnTier, ...]:
+    """Scale the 30-day table to the period (as Pyrra does) and compute each factor from it."""
+    scale = period_s / REFERENCE_PERIOD_S
+    floor = 4 * scrape_interval_s
+    tiers = []
+    for severity, long_s, short_s, share, for_s in REFERENCE_TIERS:
+        long_w = _round_window(long_s * scale, floor)
+        short_w = _round_window(short_s * scale, floor)
+        factor = share * period_s / long_w
+        tiers.append(BurnTier(severity, long_w, short_w, share, float(round(for_s * scale)),
+                              round(factor, 6)))
+    return tuple(tiers)
+
+
+def unreachable_tiers(tiers: tuple[BurnTier, ...], objective: float, source: str) -> tuple[str, ...]:
+    """A warning for each tier whose threshold is 100% errors or more: it can never fire (a loose
+    objective such as 0.9 with the 14.4x page); the other tiers still guard the budget."""
+    return tuple(
+        f"{source}: slos.objective: {objective:g} over the {t.long}/{t.short} windows needs a burn "
+        f"threshold of {t.factor:g} x {1 - objective:.3g} = {t.factor * (1 - objective):.3g} (over 100% "
+        "errors): that alert tier can never fire" for t in tiers if t.factor * (1 - objective) >= 1)
+
+
+# ---- the builder -----------------------------------------------------------------------------
+
+def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str = "spec") -> RuleSet:
+    config = config or RulesConfig()
+    buckets, warnings = slo_buckets(spec, config.refuse_off_boundary, source)
+    period_s = float(round(spec.slos.period_seconds * config.window_scale))
+    interval_s = spec.scrape.interval_seconds
+    floor_s = 4 * interval_s
+    tiers = burn_tiers(period_s, spec.slos.objective, interval_s)
+    warnings = (*warnings, *unreachable_tiers(tiers, spec.slos.objective, source))
+    kv_window = format_duration(_round_window(300.0 * config.window_scale, floor_s))
+    dashboard_windows = tuple(spec.scrape.windows)
+    sli_seconds = {*spec.scrape.window_seconds, *(t.long_s for t in tiers), *(t.short_s for t in tiers),
+                   period_s}
+    sli_windows = tuple(format_duration(s) for s in sorted(sli_seconds))
+    builder = _Builder(spec, config, buckets, tiers, period_s, kv_window)
+    groups = (
+        RuleGroup("crossover-topology", builder.topology_rules(dashboard_windows)),
+        RuleGroup("crossover-goodput", builder.goodput_rules(dashboard_windows, sli_windows)),
+        RuleGroup("crossover-kv-transfer", builder.nixl_rules(tuple(dict.fromkeys((*dashboard_windows,
+                                                                                   kv_window))))),
+        RuleGroup("crossover-slo-alerts", builder.slo_alerts()),
+        RuleGroup("crossover-fleet-alerts", builder.fleet_alerts()),
+    )
+    return RuleSet(spec, config, groups, buckets, tiers, dashboard_windows, sli_windows,
+                   format_duration(period_s), kv_window, warnings)
+
+
+def _by(labels: tuple[str, ...]) -> str:
+    return ", ".join(labels)
+
+
+@dataclass(frozen=True)
+class _Builder:
+    spec: FleetSpec
+    config: RulesConfig
+    buckets: tuple[SloBucket, ...]
+    tiers: tuple[BurnTier, ...]
+    period_s: float
+    kv_window: str
+
+    def sel(self, name: str, extra: str = "") -> str:
+        matchers = ",".join(m for m in (self.config.selector.strip(), extra) if m)
+        return f"{name}{{{matchers}}}"
+
+    def runbook(self, alert: str) -> str:
+        return f"{self.config.runbook_base}#{alert.lower()}"
+
+    def summed_rate(self, series: str, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+        return f"sum by ({_by(by)}) (rate({series}[{window}]))"
+
+    def topology_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+        rules: list[RecordingRule] = [
+            RecordingRule(GPUS_NAME, f"vector({t.gpus})", (("topology", t.name),))
+            for t in self.spec.topologies
+        ]
+        for metric in GAUGES_SUMMED:
+            rules.append(RecordingRule(gauge_sum_name(metric), f"sum by ({_by(TOPOLOGY_BY)}) "
+                                       f"({self.sel(metric.promql_name)})"))
+            rules.append(RecordingRule(gauge_sum_name(metric, "topology_role"), f"sum by ({_by(ROLE_BY)}) "
+                                       f"({self.sel(metric.promql_name)})"))
+        kv = self.sel(catalog.KV_CACHE_USAGE.promql_name)
+        # Instances of one topology have equal KV pools, so the mean of their usage is the pool's usage.
+        rules.append(RecordingRule(kv_usage_name("max"), f"max by ({_by(TOPOLOGY_BY)}) ({kv})"))
+        rules.append(RecordingRule(kv_usage_name("avg"), f"avg by ({_by(TOPOLOGY_BY)}) ({kv})"))
+        for window in windows:
+            for metric in RATE_COUNTERS:
+                rules.append(RecordingRule(rate_name(metric, window),
+                                           self.summed_rate(self.sel(metric.promql_name), window)))
+            rules.append(RecordingRule(
+                per_gpu_name(catalog.GENERATION_TOKENS, window),
+                f"{rate_name(catalog.GENERATION_TOKENS, window)} / on (topology) group_left {GPUS_NAME}"))
+            for metric in LATENCY_HISTOGRAMS:
+                rules.extend(self.histogram_rules(metric, window))
+        return tuple(rules)
+
+    def histogram_rules(self, metric: Metric, window: str) -> list[RecordingRule]:
+        bucket = histogram_rate_name(metric, "bucket", window)
+        count = histogram_rate_name(metric, "count", window)
+        total = histogram_rate_name(metric, "sum", window)
+        rules = [
+            RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
+                                                   (*TOPOLOGY_BY, "le"))),
+            RecordingRule(count, self.summed_rate(self.sel(metric.name + "_count"), window)),
+            RecordingRule(total, self.summed_rate(self.sel(metric.name + "_sum"), window)),
+        ]
+        for quantile in QUANTILES:
+            rules.append(RecordingRule(quantile_name(metric, quantile, window),
+                                       f"histogram_quantile({quantile}, {bucket})"))
+        rules.append(RecordingRule(mean_name(metric, window), f"{total} / {count}"))
+        return rules
+
+    def goodput_ratio(self, bucket: SloBucket, window: str) -> str:
+        good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
+        every = self.sel(bucket.metric.name + "_count")
+        return f"{self.summed_rate(good, window)}\n/\n{self.summed_rate(every, window)}"
+
+    def goodput_rules(self, dashboard_windows: tuple[str, ...],
+                      sli_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+        rules: list[RecordingRule] = []
+        request_slos = [b for b in self.buckets if b.slo in REQUEST_SLOS]
+        for window in sli_windows:
+            for bucket in self.buckets:
+                name = goodput_name(bucket.slo, window)
+                rules.append(RecordingRule(name, self.goodput_ratio(bucket, window)))
+                rules.append(RecordingRule(sli_error_name(window), f"1 - {name}", (("slo", bucket.slo),)))
+        for window in dashboard_windows:
+            if request_slos:
+                names = [goodput_name(b.slo, window) for b in request_slos]
+                # Frechet bounds on "every SLO met" from the per-SLO shares.
+                lower = " + ".join(names)
+                rules.append(RecordingRule(joint_goodput_name("lower", window),
+                                           f"clamp_min({lower} - {len(names) - 1}, 0)"))
+                upper = " or ".join(f'label_replace({n}, "slo", "{b.slo}", "", "")'
+                                    for n, b in zip(names, request_slos, strict=True))
+                rules.append(RecordingRule(joint_goodput_name("upper", window),
+                                           f"min without (slo) ({upper})"))
+                rules.append(RecordingRule(
+                    goodput_tokens_name(window),
+                    f"{rate_name(catalog.GENERATION_TOKENS, window)}"
+                    f" * {joint_goodput_name('lower', window)}"))
+                rules.append(RecordingRule(
+                    goodput_tokens_name(window, per_gpu=True),
+                    f"{goodput_tokens_name(window)} / on (topology) group_left {GPUS_NAME}"))
+        for bucket in self.buckets:
+            labels = (("slo", bucket.slo),)
+            rules.append(RecordingRule(OBJECTIVE_NAME, f"vector({self.spec.slos.objective!r})", labels))
+        period = format_duration(self.period_s)
+        rules.append(RecordingRule(
+            BUDGET_REMAINING_NAME,
+            f"1 - {sli_error_name(period)} / {error_budget(self.spec)!r}"))
+        return tuple(rules)
+
+    def nixl_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+        rules: list[RecordingRule] = []
+        for window in windows:
+            for metric in NIXL_HISTOGRAMS:
+                rules.extend(self.histogram_rules(metric, window))
+            for metric in NIXL_COUNTERS:
+                rules.append(RecordingRule(rate_name(metric, window),
+                                           self.summed_rate(self.sel(metric.promql_name), window)))
+            rules.append(RecordingRule(
+                nixl_bandwidth_name(window),
+                f"{histogram_rate_name(catalog.NIXL_BYTES, 'sum', window)}\n/\n"
+                f"{histogram_rate_name(catalog.NIXL_XFER_TIME, 'sum', window)}"))
+        return tuple(rules)
+
+    def slo_alerts(self) -> tuple[AlertRule, ...]:
+        alerts: list[AlertRule] = []
+        budget = error_budget(self.spec)
+        for tier in self.tiers:
+            threshold = f"({tier.factor!r} * {budget!r})"
+            expr = (f"{sli_error_name(tier.long)} > {threshold}\n"
+                    f"and\n{sli_error_name(tier.short)} > {threshold}")
+            alerts.append(AlertRule(
+                "VllmGoodputBudgetBurn", expr, tier.for_s, tier.severity,
+                summary="Topology {{ $labels.topology }} burns its {{ $labels.slo }} error budget "
+                        f"{tier.factor:g}x too fast",
+                description=f"Over both {tier.long} and {tier.short}, more than {tier.factor:g} x "
+                            f"{budget * 100:g}% of {{{{ $labels.model_name }}}} requests on topology "
+                            "{{ $labels.topology }} missed the {{ $labels.slo }} SLO; at this rate "
+                            f"{tier.budget_share * 100:g}% of the {format_duration(self.period_s)} "
+                            f"error budget is gone within {tier.long}.",
+                runbook_url=self.runbook("VllmGoodputBudgetBurn"),
+                labels=(("long_window", tier.long),)))
+        alerts.append(AlertRule(
+            "VllmErrorBudgetExhausted", f"{BUDGET_REMAINING_NAME} <= 0", 0.0, "warning",
+            summary="Topology {{ $labels.topology }} has spent its {{ $labels.slo }} error budget",
+            description=f"Over the last {format_duration(self.period_s)} more than {budget * 100:g}% of "
+                        "requests on topology {{ $labels.topology }} missed the {{ $labels.slo }} SLO.",
+            runbook_url=self.runbook("VllmErrorBudgetExhausted")))
+        return tuple(alerts)
+
+    def fleet_alerts(self) -> tuple[AlertRule, ...]:
+        up = self.sel("up")
+        scaled = self.config.window_scale
+        alerts = [
+            AlertRule(
+                "VllmTargetDown", f"{up} == 0", float(round(60 * scaled)), "warning",
+                summary="vLLM instance {{ $labels.instance }} of topology {{ $labels.topology }} is down",
+                description="Prometheus cannot scrape {{ $labels.instance }} (topology "
+                            "{{ $labels.topology }}, role {{ $labels.role }}): the instance is down or its "
+                            "/metrics does not answer.",
+                runbook_url=self.runbook("VllmTargetDown")),
+            AlertRule(
+                "VllmTopologyDown", f"max by (topology) ({up}) == 0", float(round(60 * scaled)), "critical",
+                summary="Every instance of topology {{ $labels.topology }} is down",
+                description="No instance of topology {{ $labels.topology }} answers scrapes: it serves "
+                            "no traffic and its goodput cannot be measured.",
+                runbook_url=self.runbook("VllmTopologyDown")),
+        ]
+        absent = []
+        for metric in WATCHED_FAMILIES:
+            histogram = metric.type is catalog.MetricType.HISTOGRAM
+            series = metric.name + "_count" if histogram else metric.promql_name
+            absent.append(f'label_replace(({up} == 1) unless on (instance) {self.sel(series)}, '
+                          f'"metric", "{metric.name}", "", "")')
+        alerts.append(AlertRule(
+            "VllmMetricsAbsent", "\nor\n".join(absent), float(round(300 * scaled)), "warning",
+            summary="{{ $labels.instance }} is up but exposes no {{ $labels.metric }}",
+            description="The target answers scrapes but lacks {{ $labels.metric }}: vLLM probably renamed "
+                        "it (see crossover/catalog.py aliases); rules and dashboards built on it show "
+                        "no data.",
+            runbook_url=self.runbook("VllmMetricsAbsent")))
+        missing = []
+        for bucket in self.buckets:
+            count = self.sel(bucket.metric.name + "_count")
+            good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
+            missing.append(f'label_replace({count} unless on (instance) {good}, '
+                           f'"slo", "{bucket.slo}", "", "")')
+        alerts.append(AlertRule(
+            "VllmSloBucketMissing", "\nor\n".join(missing), float(round(300 * scaled)), "warning",
+            summary="{{ $labels.instance }} has no histogram bucket at the {{ $labels.slo }} SLO",
+            description="The target exposes the histogram but no bucket whose boundary is the SLO threshold "
+                        "(custom --custom-histogram-buckets?): goodput for {{ $labels.slo }} cannot be "
+                        "computed there. Regenerate the rules for the target's buckets.",
+            runbook_url=self.runbook("VllmSloBucketMissing")))
+        if any(t.disaggregated for t in self.spec.topologies):
+            threshold_s = self.config.kv_transfer_p99_ms / 1000.0
+            alerts.append(AlertRule(
+                "VllmKvTransferSlow",
+                f"{quantile_name(catalog.NIXL_XFER_TIME, 0.99, self.kv_window)} > {threshold_s!r}",
+                float(round(300 * scaled)), "warning",
+                summary="KV transfers of topology {{ $labels.topology }} are slow (p99 over "
+                        f"{self.config.kv_transfer_p99_ms:g} ms)",
+                description=f"The p99 NIXL KV-transfer time over {self.kv_window} exceeds "
+                            f"{self.config.kv_transfer_p99_ms:g} ms; decode instances wait on the prefill "
+                            "side and TTFT grows.",
+                runbook_url=self.runbook("VllmKvTransferSlow")))
+            alerts.append(AlertRule(
+                "VllmKvTransferFailures",
+                f"{rate_name(catalog.NIXL_FAILED_TRANSFERS, self.kv_window)} > 0",
+                float(round(60 * scaled)), "critical",
+                summary="KV transfers of topology {{ $labels.topology }} are failing",
+                description=f"NIXL reports failed KV-cache transfers over the last {self.kv_window}; the "
+                            "affected requests are recomputed or aborted.",
+                runbook_url=self.runbook("VllmKvTransferFailures")))
+        return tuple(alerts)
+
+
+def disaggregated_topologies(spec: FleetSpec) -> tuple[str, ...]:
+    return tuple(t.name for t in spec.topologies if any(i.role is not Role.COLOCATED for i in t.instances))

@@ -1,0 +1,296 @@
+"""A promtool unit-test file generated with the rules (`promtool test rules rules.test.yml`).
+
+Input series are shaped like the simulator's and a real vLLM server's /metrics (same families,
+labels, cumulative buckets, `le` spelled as prometheus_client writes it), plus the labels the scrape
+config attaches. The first topology meets every SLO; the second misses each SLO for half of its
+requests and spells `le` as Prometheus 3 and Go clients do ("1" not "1.0"), so the same matchers are
+proven on both spellings. Expected values are computed here with Prometheus's own arithmetic.
+
+A second test plays an outage: one target down, one serving the pre-0.11 KV-usage name and custom
+TTFT buckets, so TargetDown, TopologyDown, MetricsAbsent and SloBucketMissing must fire.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from crossover import catalog
+from crossover.catalog import Metric, MetricType
+from crossover.rules import model as m
+from crossover.rules.model import AlertRule, RuleSet
+from crossover.rules.render import dump, expand_annotation, header
+from crossover.spec import Instance, Role, Topology, format_duration
+
+GOOD_SHARE = (1.0, 0.5)  # per topology index (cycled): share of requests within every SLO
+REQUESTS_PER_S = 1.0  # per instance
+GENERATION_TOKENS_PER_S = 100.0
+PROMPT_TOKENS_PER_S = 200.0
+KV_USAGE = 0.5
+RUNNING = 8.0
+WAITING = 2.0
+XFER_SECONDS = 0.0625  # exact in binary, so sums stay exact
+XFER_BYTES = float(2**21)
+MODEL_BUCKET_INDEX = 4  # where observations of histograms without an SLO land
+
+
+def _go_spelling(value: float) -> str:
+    """How Prometheus 3 / Go clients write a bucket boundary ("1", "0.05", "+Inf")."""
+    if math.isinf(value):
+        return "+Inf"
+    return format(value, ".15g") if not value.is_integer() else str(int(value))
+
+
+def _python_spelling(value: float) -> str:
+    """How prometheus_client (vLLM) writes it ("1.0", "0.05", "+Inf")."""
+    return "+Inf" if math.isinf(value) else repr(value)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Per-second observation counts per finite bucket plus +Inf for one instance."""
+
+    bounds: tuple[float, ...]  # finite, then inf
+    per_second: tuple[float, ...]  # non-cumulative per bound
+    sum_per_second: float
+
+
+def _latency_shape(metric: Metric, good_share: float, rules: RuleSet) -> _Shape:
+    bounds = (*metric.buckets, math.inf)
+    per_second = [0.0] * len(bounds)
+    slo = next((b for b in rules.slo_buckets if b.metric is metric), None)
+    index = bounds.index(slo.le) if slo else MODEL_BUCKET_INDEX
+    per_second[index] += REQUESTS_PER_S * good_share
+    per_second[min(index + 1, len(bounds) - 1)] += REQUESTS_PER_S * (1 - good_share)
+    total = sum(c * (b if math.isfinite(b) else bounds[-2]) for c, b in zip(per_second, bounds, strict=True))
+    return _Shape(bounds, tuple(per_second), total)
+
+
+def _fixed_shape(metric: Metric, value: float, per_s: float) -> _Shape:
+    bounds = (*metric.buckets, math.inf)
+    index = next(i for i, b in enumerate(bounds) if value <= b)
+    per_second = [0.0] * len(bounds)
+    per_second[index] = per_s
+    return _Shape(bounds, tuple(per_second), value * per_s)
+
+
+def histogram_quantile(q: float, bounds: tuple[float, ...], cumulative: list[float]) -> float:
+    """Prometheus 2.x bucketQuantile, operation for operation, so floats match exactly."""
+    observations = cumulative[-1]
+    rank = q * observations
+    b = next(i for i in range(len(cumulative) - 1) if cumulative[i] >= rank) \
+        if any(cumulative[i] >= rank for i in range(len(cumulative) - 1)) else len(cumulative) - 1
+    if b == len(bounds) - 1:
+        return bounds[-2]
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    bucket_start = 0.0
+    bucket_end = bounds[b]
+    count = cumulative[b]
+    if b > 0:
+        bucket_start = bounds[b - 1]
+        count -= cumulative[b - 1]
+        rank -= cumulative[b - 1]
+    return bucket_start + (bucket_end - bucket_start) * (rank / count)
+
+
+def _instance_labels(topology: Topology, instance: Instance, index: int) -> dict[str, str]:
+    return {"job": m.JOB_NAME, "instance": f"127.0.0.1:{9100 + index}", "topology": topology.name,
+            "role": instance.role.value, "gpus": str(topology.tensor_parallel_size), "replica": instance.name}
+
+
+def _series_name(name: str, labels: dict[str, str]) -> str:
+    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return f"{name}{{{inner}}}"
+
+
+class _Input:
+    def __init__(self, interval_s: float, samples: int) -> None:
+        self.interval_s = interval_s
+        self.samples = samples
+        self.series: list[dict[str, str]] = []
+
+    def counter(self, name: str, labels: dict[str, str], per_s: float) -> None:
+        step = per_s * self.interval_s
+        self.series.append({"series": _series_name(name, labels), "values": f"0+{step!r}x{self.samples}"})
+
+    def gauge(self, name: str, labels: dict[str, str], value: float) -> None:
+        self.series.append({"series": _series_name(name, labels), "values": f"{value!r}+0x{self.samples}"})
+
+    def histogram(self, metric: Metric, labels: dict[str, str], shape: _Shape, spell: Any) -> None:
+        running = 0.0
+        for bound, per_s in zip(shape.bounds, shape.per_second, strict=True):
+            running += per_s
+            self.counter(metric.name + "_bucket", {**labels, "le": spell(bound)}, running)
+        self.counter(metric.name + "_count", labels, running)
+        self.counter(metric.name + "_sum", labels, shape.sum_per_second)
+
+
+def _sample_interval(rules: RuleSet) -> float:
+    """Two samples or more in the shortest window; at most a minute."""
+    shortest = min(m_parse(w) for w in rules.sli_windows)
+    return float(max(1, min(60, math.floor(shortest / 2))))
+
+
+def m_parse(window: str) -> float:
+    from crossover.spec import parse_duration
+    return parse_duration(window)
+
+
+def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
+    spec = rules.spec
+    interval = _sample_interval(rules)
+    longest_for = max((a.for_s for a in rules.alerts), default=0.0)
+    # Rule evaluation steps dominate promtool's time: take about 20 of them over the longest `for`.
+    step = max(interval, min(300.0, math.floor(longest_for / 20 / interval) * interval))
+    eval_s = math.ceil((longest_for + max(10 * interval, 300) + 2 * step) / step) * step
+    samples = int(eval_s / interval) + 1
+    data = _Input(interval, samples)
+    window = rules.dashboard_windows[0]
+    window_s = m_parse(window)
+    if window_s < 2 * interval:
+        raise ValueError(f"window {window} too short for sample interval {interval}")
+    promql_tests: list[dict[str, Any]] = []
+    expected_alerts: dict[str, list[dict[str, Any]]] = {a.alert: [] for a in rules.alerts}
+    index = 0
+    for t_index, topology in enumerate(spec.topologies):
+        good = GOOD_SHARE[t_index % len(GOOD_SHARE)]
+        spell = _python_spelling if t_index % 2 == 0 else _go_spelling
+        model = {"model_name": spec.model.name}
+        n = len(topology.instances)
+        ttft_p99 = 0.0
+        for instance in topology.instances:
+            labels = _instance_labels(topology, instance, index)
+            index += 1
+            engine = {**labels, **model, "engine": "0"}
+            data.gauge("up", labels, 1.0)
+            data.counter(catalog.GENERATION_TOKENS.promql_name, engine, GENERATION_TOKENS_PER_S)
+            data.counter(catalog.PROMPT_TOKENS.promql_name, engine, PROMPT_TOKENS_PER_S)
+            data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "length"},
+                         REQUESTS_PER_S)
+            data.counter(catalog.NUM_PREEMPTIONS.promql_name, engine, 0.0)
+            data.gauge(catalog.NUM_REQUESTS_RUNNING.promql_name, engine, RUNNING)
+            data.gauge(catalog.NUM_REQUESTS_WAITING.promql_name, engine, WAITING)
+            data.gauge(catalog.KV_CACHE_USAGE.promql_name, engine, KV_USAGE)
+            for metric in m.LATENCY_HISTOGRAMS:
+                data.histogram(metric, engine, _latency_shape(metric, good, rules), spell)
+            if instance.role is Role.DECODE:
+                data.histogram(catalog.NIXL_XFER_TIME, engine,
+                               _fixed_shape(catalog.NIXL_XFER_TIME, XFER_SECONDS, REQUESTS_PER_S), spell)
+                data.histogram(catalog.NIXL_BYTES, engine,
+                               _fixed_shape(catalog.NIXL_BYTES, XFER_BYTES, REQUESTS_PER_S), spell)
+                data.counter(catalog.NIXL_FAILED_TRANSFERS.promql_name, engine, 0.0)
+        ttft_shape = _latency_shape(catalog.TTFT, good, rules)
+        cumulative = [0.0]
+        for per_s in ttft_shape.per_second:
+            cumulative.append(cumulative[-1] + per_s * n)
+        ttft_p99 = histogram_quantile(0.99, ttft_shape.bounds, cumulative[1:])
+        key = {"topology": topology.name, **model}
+        request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
+        lower = max(0.0, good * len(request_slos) - (len(request_slos) - 1))
+        gen_rate = GENERATION_TOKENS_PER_S * n
+        expectations: list[tuple[str, dict[str, str], float]] = [
+            (m.GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
+            (m.rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
+            (m.per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / topology.gpus),
+            (m.gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), key, RUNNING * n),
+            (m.kv_usage_name("max"), key, KV_USAGE),
+            (m.quantile_name(catalog.TTFT, 0.99, window), key, ttft_p99),
+        ]
+        for bucket in rules.slo_buckets:
+            expectations.append((m.goodput_name(bucket.slo, window), key, good))
+        if request_slos:
+            expectations.append((m.joint_goodput_name("lower", window), key, lower))
+            expectations.append((m.joint_goodput_name("upper", window), key, good))
+            expectations.append((m.goodput_tokens_name(window), key, gen_rate * lower))
+        if topology.disaggregated:
+            expectations.append((m.nixl_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
+        for name, labels, value in expectations:
+            selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            promql_tests.append({"expr": f"{name}{{{selector}}}", "eval_time": format_duration(eval_s),
+                                 "exp_samples": [{"labels": _series_name(name, labels), "value": value}]})
+        if good < 1.0:
+            _expect_burn(rules, expected_alerts, key, good)
+    tests = [{
+        "name": "goodput per topology: one meets every SLO, one misses half of its requests",
+        "interval": format_duration(interval),
+        "input_series": data.series,
+        "promql_expr_test": promql_tests,
+        "alert_rule_test": [{"eval_time": format_duration(eval_s), "alertname": name, "exp_alerts": alerts}
+                            for name, alerts in expected_alerts.items()],
+    }, _outage_test(rules)]
+    document = {"rule_files": [rule_file], "evaluation_interval": format_duration(step), "tests": tests}
+    return dump(document, header(source, "crossover rules"))
+
+
+def _alert(rule: AlertRule, labels: dict[str, str]) -> dict[str, Any]:
+    all_labels = {**labels, **rule.all_labels}
+    templating = {**all_labels}
+    return {"exp_labels": all_labels,
+            "exp_annotations": {"summary": expand_annotation(rule.summary, templating),
+                                "description": expand_annotation(rule.description, templating),
+                                "runbook_url": rule.runbook_url}}
+
+
+def _expect_burn(rules: RuleSet, expected: dict[str, list[dict[str, Any]]], key: dict[str, str],
+                 good: float) -> None:
+    error = 1 - good
+    for rule in rules.alerts:
+        if rule.alert == "VllmGoodputBudgetBurn":
+            tier = next(t for t in rules.tiers if ("long_window", t.long) in rule.labels)
+            if error > tier.factor * rules.error_budget:
+                for bucket in rules.slo_buckets:
+                    expected[rule.alert].append(_alert(rule, {**key, "slo": bucket.slo}))
+        elif rule.alert == "VllmErrorBudgetExhausted" and error >= rules.error_budget:
+            for bucket in rules.slo_buckets:
+                expected[rule.alert].append(_alert(rule, {**key, "slo": bucket.slo}))
+
+
+def _outage_test(rules: RuleSet) -> dict[str, Any]:
+    """Topology 1's first instance is down; topology 2's first instance serves the legacy KV name
+    and TTFT buckets without the SLO boundary."""
+    spec = rules.spec
+    interval = 60.0
+    eval_s = max((a.for_s for a in rules.alerts if a.alert != "VllmGoodputBudgetBurn"), default=0) + 300
+    samples = int(eval_s / interval) + 1
+    data = _Input(interval, samples)
+    expected: dict[str, list[dict[str, Any]]] = {name: [] for name in (
+        "VllmTargetDown", "VllmTopologyDown", "VllmMetricsAbsent", "VllmSloBucketMissing")}
+    by_name = {a.alert: a for a in rules.alerts}
+    down_topology = spec.topologies[0]
+    down = _instance_labels(down_topology, down_topology.instances[0], 0)
+    data.gauge("up", down, 0.0)
+    expected["VllmTargetDown"].append(_alert(by_name["VllmTargetDown"], down))
+    expected["VllmTopologyDown"].append(_alert(by_name["VllmTopologyDown"], {"topology": down_topology.name}))
+    if len(spec.topologies) > 1:
+        renamed_topology = spec.topologies[1]
+        labels = _instance_labels(renamed_topology, renamed_topology.instances[0], 1)
+        engine = {**labels, "model_name": spec.model.name, "engine": "0"}
+        data.gauge("up", labels, 1.0)
+        for metric in m.WATCHED_FAMILIES:
+            if metric is catalog.KV_CACHE_USAGE:
+                data.gauge(metric.aliases[0], engine, KV_USAGE)  # the pre-0.11 name
+            elif metric.type is MetricType.HISTOGRAM:
+                shifted = metric.buckets
+                ttft = next((b for b in rules.slo_buckets if b.metric is metric), None)
+                if ttft is not None and ttft.slo == rules.slo_buckets[0].slo:
+                    shifted = tuple(b for b in metric.buckets if b != ttft.le)  # custom buckets
+                    expected["VllmSloBucketMissing"].append(
+                        _alert(by_name["VllmSloBucketMissing"],
+                               {**engine, "slo": ttft.slo}))
+                shape = _Shape((*shifted, math.inf), tuple([0.0] * len(shifted) + [REQUESTS_PER_S]), 1.0)
+                data.histogram(metric, engine, shape, _python_spelling)
+            elif metric.type is MetricType.COUNTER:
+                data.counter(metric.promql_name, engine, 1.0)
+            else:
+                data.gauge(metric.promql_name, engine, 1.0)
+        expected["VllmMetricsAbsent"].append(
+            _alert(by_name["VllmMetricsAbsent"], {**labels, "metric": catalog.KV_CACHE_USAGE.name}))
+    return {
+        "name": "outage: a target down, a renamed metric, custom buckets without the SLO boundary",
+        "interval": format_duration(interval),
+        "input_series": data.series,
+        "alert_rule_test": [{"eval_time": format_duration(eval_s), "alertname": name, "exp_alerts": alerts}
+                            for name, alerts in expected.items()],
+    }

@@ -1,0 +1,224 @@
+"""The rules model: SLO buckets, burn tiers, le matching, naming, CLI errors (no external binaries)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crossover import catalog
+from crossover.cli import main
+from crossover.errors import UserError
+from crossover.rules import model as m
+from crossover.rules.generate import Format, outputs
+from crossover.rules.model import RecordingRule, RulesConfig, build_rules, le_spellings, slo_buckets
+from crossover.spec import load_spec, parse_spec
+from tests.helpers import SPECS
+
+SEED = SPECS / "seed-70b-h100.yaml"
+PD = SPECS / "pd-8k-prompts.yaml"
+
+
+def _spec_data(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def test_burn_tiers_for_30_days_are_the_workbook_table() -> None:
+    rules = build_rules(load_spec(SEED))
+    table = [(t.long, t.short, t.factor, t.severity) for t in rules.tiers]
+    assert table == [("1h", "5m", 14.4, "critical"), ("6h", "30m", 6.0, "critical"),
+                     ("1d", "2h", 3.0, "warning"), ("3d", "6h", 1.0, "warning")]
+
+
+def test_burn_factors_follow_the_period_and_objective() -> None:
+    data = _spec_data(SEED)
+    data["slos"]["period"] = "7d"
+    data["slos"]["objective"] = 0.995
+    rules = build_rules(parse_spec(data))
+    # Windows scale with the period (7/30), so the factor stays share x period / long window.
+    first = rules.tiers[0]
+    assert first.long_s == round(3600 * 7 / 30)
+    assert first.factor == pytest.approx(0.02 * 7 * 86400 / first.long_s, rel=1e-6)
+    burn = next(a for a in rules.alerts if a.alert == "VllmGoodputBudgetBurn")
+    assert f"({first.factor!r} * 0.005)" in burn.expr
+
+
+def test_window_scale_gives_a_test_profile_that_fires_within_minutes() -> None:
+    rules = build_rules(load_spec(SEED), RulesConfig(window_scale=1 / 1440))  # 30d -> 30m
+    assert rules.period == "30m"
+    assert max(t.long_s for t in rules.tiers) <= 300
+    assert max(a.for_s for a in rules.alerts) <= 60
+    # Never below four scrapes, so rate() always has two samples.
+    assert min(t.short_s for t in rules.tiers) >= 4 * 5
+
+
+def test_unreachable_burn_threshold_is_a_warning() -> None:
+    data = _spec_data(SEED)
+    data["slos"]["objective"] = 0.9  # 14.4 x 10% is over 100% errors; 6 x 10% is not
+    rules = build_rules(parse_spec(data))
+    assert sum("can never fire" in w for w in rules.warnings) == 1
+    assert len(rules.tiers) == 4
+
+
+def test_le_spellings_cover_prometheus_2_and_3_and_parse_back() -> None:
+    assert {"1.0", "1"} <= set(le_spellings(1.0))
+    assert "0.05" in le_spellings(0.05)
+    assert {"8589934592.0", "8589934592"} <= set(le_spellings(float(2**33)))
+    for value in (0.001, 0.05, 1.0, 2.5, 2560.0, float(2**33)):
+        regex = re.compile(m.le_regex(value))
+        assert all(float(s) == value and regex.fullmatch(s) for s in le_spellings(value))
+        # The anchored regex must not match a neighbouring bucket.
+        assert not regex.fullmatch(repr(value * 10))
+        assert not regex.fullmatch(repr(value) + "1")
+
+
+def test_on_boundary_slo_reads_that_bucket() -> None:
+    buckets, warnings = slo_buckets(load_spec(SEED))
+    assert warnings == ()
+    assert {(b.slo, b.le, b.exact) for b in buckets} == {("ttft", 2.5, True), ("tpot", 0.05, True)}
+
+
+def test_off_boundary_slo_rounds_to_the_stricter_neighbour_with_a_warning() -> None:
+    buckets, warnings = slo_buckets(load_spec(PD), source="pd")
+    ttft = next(b for b in buckets if b.slo == "ttft")
+    assert (ttft.le, ttft.exact) == (1.0, False)  # 2000 ms lies between 1 s and 2.5 s: 1 s is stricter
+    assert len(warnings) == 2 and "stricter neighbour" in warnings[0] and "2000 ms" in warnings[0]
+
+
+def test_off_boundary_slo_is_refused_when_asked() -> None:
+    with pytest.raises(UserError, match="not a bucket boundary"):
+        slo_buckets(load_spec(PD), refuse_off_boundary=True)
+
+
+def test_slo_below_the_first_bucket_is_refused() -> None:
+    data = _spec_data(SEED)
+    data["slos"]["ttft_ms"] = 0.5  # below the first TTFT bucket (1 ms)
+    with pytest.raises(UserError, match="no stricter boundary"):
+        slo_buckets(parse_spec(data))
+
+
+def test_names_follow_level_metric_operations() -> None:
+    rules = build_rules(load_spec(PD))
+    names = rules.record_names
+    assert "topology:vllm_generation_tokens:rate1m" in names
+    assert "topology:vllm_time_to_first_token_seconds:p99_1m" in names
+    assert "topology:vllm_goodput_tpot:ratio_rate5m" in names
+    assert "topology:vllm_goodput:ratio_lower_rate5m" in names
+    for name in names:
+        assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", name), name
+        assert "_total" not in name
+
+
+def test_ratios_sum_numerator_and_denominator_before_dividing() -> None:
+    rules = build_rules(load_spec(PD))
+    for rule in rules.records:
+        if ":ratio_rate" in rule.record and rule.record.startswith("topology:vllm_goodput_"):
+            numerator, denominator = rule.expr.split("\n/\n")
+            assert numerator.startswith("sum by (topology, model_name) (rate(")
+            assert denominator.startswith("sum by (topology, model_name) (rate(")
+        assert "avg_over_time" not in rule.expr
+
+
+def test_windows_cover_the_spec_and_the_alerts() -> None:
+    rules = build_rules(load_spec(PD))
+    assert {"1m", "5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d"} == set(rules.sli_windows)
+    errors = {r.record for r in rules.records if r.record.startswith(m.SLI_ERROR_PREFIX)}
+    for tier in rules.tiers:
+        assert m.sli_error_name(tier.long) in errors and m.sli_error_name(tier.short) in errors
+
+
+def test_every_alert_has_severity_annotations_and_a_runbook_section() -> None:
+    runbooks = (Path(__file__).resolve().parents[2] / "docs" / "runbooks.md").read_text()
+    for spec_path in (SEED, PD):
+        for alert in build_rules(load_spec(spec_path)).alerts:
+            assert alert.severity in ("critical", "warning")
+            assert alert.summary and alert.description
+            anchor = alert.runbook_url.split("#", 1)[1]
+            assert f"## {alert.alert}" in runbooks and anchor == alert.alert.lower()
+
+
+def test_kv_transfer_alerts_only_for_disaggregated_fleets() -> None:
+    assert "VllmKvTransferSlow" not in {a.alert for a in build_rules(load_spec(SEED)).alerts}
+    pd_alerts = {a.alert for a in build_rules(load_spec(PD)).alerts}
+    assert {"VllmKvTransferSlow", "VllmKvTransferFailures"} <= pd_alerts
+
+
+def test_selector_is_applied_to_every_raw_series() -> None:
+    rules = build_rules(load_spec(SEED), RulesConfig(selector='namespace="prod",job="vllm"'))
+    raw = [r for r in rules.records if "rate(" in r.expr]
+    assert raw and all('namespace="prod",job="vllm"' in r.expr for r in raw)
+
+
+@pytest.mark.parametrize("selector", ["job=vllm", "", 'job="a" or 1', '{job="x"}'])
+def test_bad_selector_is_one_line_error(selector: str) -> None:
+    with pytest.raises(UserError, match="--selector"):
+        RulesConfig(selector=selector)
+
+
+def test_operator_resource_carries_the_same_groups_as_the_rule_file() -> None:
+    spec = load_spec(PD)
+    rules = build_rules(spec)
+    files = outputs(spec, rules, Format.OPERATOR, "pd", "pd")
+    resource = yaml.safe_load(files["prometheusrule.yaml"])
+    plain = yaml.safe_load(files["rules.yml"])
+    assert resource["kind"] == "PrometheusRule" and resource["apiVersion"] == "monitoring.coreos.com/v1"
+    assert resource["spec"]["groups"] == plain["groups"]
+    monitor = yaml.safe_load(files["podmonitor.yaml"])
+    targets = {r["targetLabel"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+    assert {"topology", "role", "gpus", "job"} <= targets
+
+
+def test_scrape_config_attaches_topology_role_and_gpus() -> None:
+    spec = load_spec(PD)
+    files = outputs(spec, build_rules(spec), Format.PLAIN, "pd", "pd")
+    config = yaml.safe_load(files["prometheus.yml"])
+    groups = config["scrape_configs"][0]["static_configs"]
+    labels = {g["targets"][0]: g["labels"] for g in groups}
+    assert labels["127.0.0.1:8311"] == {"topology": "pd1p1d", "role": "decode", "gpus": "1",
+                                        "replica": "decode-0"}
+    assert config["rule_files"] == ["rules.yml"]
+
+
+def test_no_rule_names_a_metric_outside_the_catalog() -> None:
+    known = {n for metric in catalog.CATALOG.metrics for n in metric.sample_names} | {"up"}
+    for spec_path in (SEED, PD):
+        rules = build_rules(load_spec(spec_path))
+        for rule in (*rules.records, *rules.alerts):
+            for name in re.findall(r"\b(vllm:[a-z0-9_]+)\{", rule.expr):
+                assert name in known, (rule, name)
+            assert not isinstance(rule, RecordingRule) or rule.record not in known
+
+
+def test_cli_refuses_off_boundary_with_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["rules", str(PD), "--out", str(tmp_path), "--refuse-off-boundary"])
+    err = capsys.readouterr().err
+    assert code == 2 and "not a bucket boundary" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_warns_on_stderr_when_rounding(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["rules", str(PD), "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("warning:") == 2 and "stricter neighbour" in captured.err
+    assert {p.name for p in tmp_path.iterdir()} == {"prometheus.yml", "rules.yml", "rules.test.yml"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--window-scale", "2"], "--window-scale"),
+    (["--window-scale", "0"], "--window-scale"),
+    (["--kv-transfer-p99-ms", "-1"], "--kv-transfer-p99-ms"),
+    (["--selector", "nope"], "--selector"),
+])
+def test_cli_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                       tmp_path: Path) -> None:
+    assert main(["rules", str(SEED), "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_out_is_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    assert main(["rules", str(SEED), "--out", str(target)]) == 2
+    assert "not a folder" in capsys.readouterr().err

@@ -1,0 +1,79 @@
+"""The generated rules, configs and unit tests pass promtool; the committed examples are current."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crossover.rules.generate import Format, example_outputs, outputs
+from crossover.rules.model import build_rules
+from crossover.spec import load_spec, parse_spec
+from tests.helpers import REPO, SPECS, require_binary
+
+pytestmark = pytest.mark.prometheus
+EXAMPLES = sorted(p.stem for p in SPECS.glob("*.yaml"))
+
+
+def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([require_binary("promtool"), *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def test_committed_examples_match_regeneration() -> None:
+    stale = []
+    for path, text in example_outputs().items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            stale.append(str(path.relative_to(REPO)))
+    assert not stale, f"regenerate with `python -m crossover.rules.generate`: {stale}"
+
+
+@pytest.mark.parametrize("stem", EXAMPLES)
+def test_promtool_checks_committed_rules_and_config(stem: str) -> None:
+    for rule_file in (REPO / "rules" / "generated" / stem / "rules.yml",
+                      REPO / "compose" / "prometheus" / stem / "rules.yml"):
+        result = _promtool("check", "rules", str(rule_file))
+        assert result.returncode == 0, result.stdout + result.stderr
+    config = REPO / "compose" / "prometheus" / stem / "prometheus.yml"
+    result = _promtool("check", "config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("stem", EXAMPLES)
+def test_promtool_unit_tests_pass(stem: str) -> None:
+    folder = REPO / "rules" / "generated" / stem
+    result = _promtool("test", "rules", "rules.test.yml", cwd=folder)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    tests = yaml.safe_load((folder / "rules.test.yml").read_text())["tests"]
+    fired = {a["alertname"] for t in tests for a in t["alert_rule_test"] if a["exp_alerts"]}
+    quiet = {a["alertname"] for t in tests for a in t["alert_rule_test"] if not a["exp_alerts"]}
+    assert {"VllmGoodputBudgetBurn", "VllmErrorBudgetExhausted", "VllmTargetDown",
+            "VllmMetricsAbsent"} <= fired
+    assert {"VllmTargetDown", "VllmMetricsAbsent"} <= quiet
+
+
+def test_promtool_unit_test_fails_when_the_rules_are_wrong(tmp_path: Path) -> None:
+    """The generated unit test is not vacuous: rules for a laxer objective must fail it."""
+    data = yaml.safe_load((SPECS / "cpu-real-vllm.yaml").read_text())
+    spec = parse_spec(data)
+    honest = outputs(spec, build_rules(spec), Format.PLAIN, "x", "x")
+    data["slos"]["objective"] = 0.6  # budget 40%: the 50%-bad topology burns far slower
+    lax = outputs(parse_spec(data), build_rules(parse_spec(data)), Format.PLAIN, "x", "x")
+    (tmp_path / "rules.yml").write_text(lax["rules.yml"])
+    (tmp_path / "rules.test.yml").write_text(honest["rules.test.yml"])
+    result = _promtool("test", "rules", "rules.test.yml", cwd=tmp_path)
+    assert result.returncode != 0 and "VllmGoodputBudgetBurn" in result.stdout + result.stderr
+
+
+def test_cli_output_passes_promtool(tmp_path: Path) -> None:
+    from crossover.cli import main
+
+    assert main(["rules", str(SPECS / "seed-70b-h100.yaml"), "--out", str(tmp_path), "--window-scale",
+                 "0.001", "--selector", 'job="vllm",env!="dev"']) == 0
+    assert _promtool("check", "config", str(tmp_path / "prometheus.yml")).returncode == 0
+    result = _promtool("test", "rules", "rules.test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    spec = load_spec(SPECS / "seed-70b-h100.yaml")
+    assert build_rules(spec).period == "30d"
