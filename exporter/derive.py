@@ -1,0 +1,301 @@
+"""Per-window derivations for a group of targets (one instance, one P/D role, or a whole topology).
+
+Pure functions on plain data: `derive(windows, ...)` takes each target's `SeriesWindow` and returns
+a `Derived`. Groups are summed the way PromQL's `sum by (le) (increase(...))` sums them: counters
+and buckets first, then quantiles and ratios from the sums (never averaged ratios).
+
+Conventions: a family that no target of the group exposes gives None (an absent series, never a
+zero); a family that is exposed but saw no observations in the window gives NaN for quantiles,
+means and ratios (what Prometheus answers) and 0 for rates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from crossover import catalog
+from crossover.exporter.parse import SeriesKey
+from crossover.exporter.quantile import bucket_fraction, histogram_quantile, joint_bounds
+from crossover.exporter.window import SeriesWindow
+
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
+
+# Latency families by the short name used in labels and JSON (the SLO names of the spec).
+LATENCY_FAMILIES: dict[str, catalog.Metric] = {
+    "ttft": catalog.TTFT,
+    "tpot": catalog.TPOT,
+    "itl": catalog.ITL,
+    "e2el": catalog.E2E_LATENCY,
+}
+# SLOs judged once per request; ITL is judged per engine iteration (per token), so its share is
+# a share of tokens and cannot enter a per-request joint bound (`vllm bench serve --goodput` also
+# takes only ttft, tpot and e2el).
+PER_REQUEST_SLOS: tuple[str, ...] = ("ttft", "tpot", "e2el")
+
+
+def quantile_label(q: float) -> str:
+    """The `quantile` label value and JSON key for a quantile: 0.5 -> "0.5", 0.99 -> "0.99"."""
+    return f"{q:g}"
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Quantiles (seconds, histogram_quantile) and mean (sum/count) over the window."""
+
+    quantiles: dict[str, float]  # quantile_label(q) -> seconds
+    mean: float
+    observations: float
+
+
+@dataclass(frozen=True)
+class SloAttainment:
+    """Share of observations within one SLO: increase(bucket{le=threshold}) / increase(count)."""
+
+    threshold_seconds: float
+    ratio: float
+    exact: bool  # False when the threshold is not a bucket boundary (interpolated)
+
+
+@dataclass(frozen=True)
+class KvTransfer:
+    """NIXL KV-cache transfers (P/D), from the catalog's NIXL families."""
+
+    time: Latency | None
+    transfers_per_second: float | None
+    bytes_per_second: float | None
+    bytes_per_transfer_second: float | None  # bytes moved per second of transfer time
+    failures_per_second: float | None
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Everything derived for one group over one window. None: no target exposes the family."""
+
+    window_seconds: float
+    targets: int  # targets with a window (at least two scrapes in it)
+    gpus: int
+    latency: dict[str, Latency] = field(default_factory=dict)  # "ttft", "tpot", "itl", "e2el"
+    prompt_tokens_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    requests_per_second: float | None = None
+    requests_per_second_by_reason: dict[str, float] = field(default_factory=dict)
+    kv_cache_usage_max: float | None = None
+    kv_cache_usage_mean: float | None = None
+    running: float | None = None  # mean over the window, summed over targets
+    waiting: float | None = None
+    preemptions_per_second: float | None = None
+    goodput: dict[str, SloAttainment] = field(default_factory=dict)  # SLO name -> attainment
+    joint_slos: tuple[str, ...] = ()
+    joint_goodput_lower: float | None = None
+    joint_goodput_upper: float | None = None
+    goodput_tokens_per_second_lower: float | None = None
+    goodput_tokens_per_second_upper: float | None = None
+    kv_transfer: KvTransfer | None = None
+
+    def per_gpu(self, value: float | None) -> float | None:
+        return None if value is None else value / self.gpus
+
+    @property
+    def prompt_tokens_per_second_per_gpu(self) -> float | None:
+        return self.per_gpu(self.prompt_tokens_per_second)
+
+    @property
+    def generation_tokens_per_second_per_gpu(self) -> float | None:
+        return self.per_gpu(self.generation_tokens_per_second)
+
+    @property
+    def requests_per_second_per_gpu(self) -> float | None:
+        return self.per_gpu(self.requests_per_second)
+
+    @property
+    def goodput_tokens_per_second_per_gpu_lower(self) -> float | None:
+        return self.per_gpu(self.goodput_tokens_per_second_lower)
+
+    @property
+    def goodput_tokens_per_second_per_gpu_upper(self) -> float | None:
+        return self.per_gpu(self.goodput_tokens_per_second_upper)
+
+
+# --- reading series keys ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _KeyInfo:
+    family: str
+    suffix: str
+    le: float | None
+    reason: str | None
+
+
+@lru_cache(maxsize=65536)
+def _key_info(key: SeriesKey) -> _KeyInfo | None:
+    found = catalog.CATALOG.family_of_sample(key[0])
+    if found is None:
+        return None
+    metric, suffix = found
+    le: float | None = None
+    reason: str | None = None
+    for name, value in key[1]:
+        if name == "le" and suffix == "_bucket":
+            try:
+                le = float(value)
+            except ValueError:
+                return None
+        elif name == "finished_reason":
+            reason = value
+    if suffix == "_bucket" and le is None:
+        return None
+    return _KeyInfo(metric.name, suffix, le, reason)
+
+
+@dataclass
+class _Histogram:
+    buckets: dict[float, float] = field(default_factory=dict)
+    total: float = 0.0
+    count: float = 0.0
+    has_count: bool = False
+
+    def bucket_list(self) -> list[tuple[float, float]]:
+        return list(self.buckets.items())
+
+
+@dataclass
+class _Sums:
+    """A group's counters summed, rates summed per target, gauges combined."""
+
+    histograms: dict[str, _Histogram] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)  # counter family -> per-second, summed
+    reason_rates: dict[str, float] = field(default_factory=dict)
+    hist_rates: dict[str, float] = field(default_factory=dict)  # family + suffix -> per-second
+    gauge_mean_sum: dict[str, float] = field(default_factory=dict)  # sum over targets of means
+    gauge_max: dict[str, float] = field(default_factory=dict)
+    gauge_target_means: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _accumulate(windows: Iterable[SeriesWindow]) -> _Sums:
+    sums = _Sums()
+    for window in windows:
+        duration = window.duration
+        for key, increase in window.increase.items():
+            info = _key_info(key)
+            if info is None:
+                continue
+            if info.suffix in ("_bucket", "_sum", "_count"):
+                histogram = sums.histograms.setdefault(info.family, _Histogram())
+                if info.suffix == "_bucket":
+                    assert info.le is not None
+                    histogram.buckets[info.le] = histogram.buckets.get(info.le, 0.0) + increase
+                elif info.suffix == "_sum":
+                    histogram.total += increase
+                else:
+                    histogram.count += increase
+                    histogram.has_count = True
+                if info.suffix != "_bucket" and duration > 0:
+                    name = info.family + info.suffix
+                    sums.hist_rates[name] = sums.hist_rates.get(name, 0.0) + increase / duration
+                continue
+            rate = increase / duration if duration > 0 else math.nan
+            sums.rates[info.family] = sums.rates.get(info.family, 0.0) + rate
+            if info.reason is not None:
+                sums.reason_rates[info.reason] = sums.reason_rates.get(info.reason, 0.0) + rate
+        per_target: dict[str, list[float]] = {}
+        for key, mean in window.gauge_mean.items():
+            info = _key_info(key)
+            if info is None:
+                continue
+            per_target.setdefault(info.family, []).append(mean)
+            highest = window.gauge_max[key]
+            sums.gauge_max[info.family] = max(sums.gauge_max.get(info.family, -math.inf), highest)
+        for family, means in per_target.items():
+            sums.gauge_mean_sum[family] = sums.gauge_mean_sum.get(family, 0.0) + math.fsum(means)
+            sums.gauge_target_means.setdefault(family, []).append(math.fsum(means) / len(means))
+    return sums
+
+
+def _latency(histogram: _Histogram | None) -> Latency | None:
+    if histogram is None or not histogram.buckets:
+        return None
+    buckets = histogram.bucket_list()
+    quantiles = {quantile_label(q): histogram_quantile(q, buckets) for q in QUANTILES}
+    count = histogram.count if histogram.has_count else max(histogram.buckets.values())
+    mean = histogram.total / count if count > 0 else math.nan
+    return Latency(quantiles, mean, count)
+
+
+def derive(windows: Sequence[SeriesWindow | None], *, gpus: int, slos_seconds: Mapping[str, float],
+           window_seconds: float) -> Derived:
+    """Derive one group's figures over one window from its targets' windows (None: no window)."""
+    present = [w for w in windows if w is not None]
+    if not present:
+        return Derived(window_seconds=window_seconds, targets=0, gpus=gpus)
+    sums = _accumulate(present)
+    latency: dict[str, Latency] = {}
+    for short, metric in LATENCY_FAMILIES.items():
+        summary = _latency(sums.histograms.get(metric.name))
+        if summary is not None:
+            latency[short] = summary
+
+    goodput: dict[str, SloAttainment] = {}
+    for slo, threshold in slos_seconds.items():
+        slo_metric = catalog.SLO_HISTOGRAMS.get(slo)
+        histogram = sums.histograms.get(slo_metric.name) if slo_metric is not None else None
+        if histogram is None or not histogram.buckets:
+            continue
+        fraction = bucket_fraction(threshold, histogram.bucket_list(),
+                                   histogram.count if histogram.has_count else None)
+        goodput[slo] = SloAttainment(threshold, fraction.value, fraction.exact)
+
+    joint_slos = tuple(s for s in PER_REQUEST_SLOS if s in slos_seconds)
+    joint_lower = joint_upper = None
+    if joint_slos and all(s in goodput for s in joint_slos):
+        joint_lower, joint_upper = joint_bounds(goodput[s].ratio for s in joint_slos)
+
+    generation = sums.rates.get(catalog.GENERATION_TOKENS.name)
+    goodput_lower = goodput_upper = None
+    if generation is not None and joint_lower is not None and joint_upper is not None:
+        goodput_lower = generation * joint_lower
+        goodput_upper = generation * joint_upper
+
+    requests = sums.rates.get(catalog.REQUEST_SUCCESS.name)
+    kv_means = sums.gauge_target_means.get(catalog.KV_CACHE_USAGE.name)
+    return Derived(
+        window_seconds=window_seconds,
+        targets=len(present),
+        gpus=gpus,
+        latency=latency,
+        prompt_tokens_per_second=sums.rates.get(catalog.PROMPT_TOKENS.name),
+        generation_tokens_per_second=generation,
+        requests_per_second=requests,
+        requests_per_second_by_reason=dict(sorted(sums.reason_rates.items())),
+        kv_cache_usage_max=sums.gauge_max.get(catalog.KV_CACHE_USAGE.name),
+        kv_cache_usage_mean=math.fsum(kv_means) / len(kv_means) if kv_means else None,
+        running=sums.gauge_mean_sum.get(catalog.NUM_REQUESTS_RUNNING.name),
+        waiting=sums.gauge_mean_sum.get(catalog.NUM_REQUESTS_WAITING.name),
+        preemptions_per_second=sums.rates.get(catalog.NUM_PREEMPTIONS.name),
+        goodput=goodput,
+        joint_slos=joint_slos,
+        joint_goodput_lower=joint_lower,
+        joint_goodput_upper=joint_upper,
+        goodput_tokens_per_second_lower=goodput_lower,
+        goodput_tokens_per_second_upper=goodput_upper,
+        kv_transfer=_kv_transfer(sums),
+    )
+
+
+def _kv_transfer(sums: _Sums) -> KvTransfer | None:
+    xfer = sums.histograms.get(catalog.NIXL_XFER_TIME.name)
+    moved = sums.histograms.get(catalog.NIXL_BYTES.name)
+    failures = sums.rates.get(catalog.NIXL_FAILED_TRANSFERS.name)
+    if xfer is None and moved is None and failures is None:
+        return None
+    bandwidth: float | None = None
+    if xfer is not None and moved is not None:
+        bandwidth = moved.total / xfer.total if xfer.total > 0 else math.nan
+    return KvTransfer(
+        time=_latency(xfer),
+        transfers_per_second=sums.hist_rates.get(catalog.NIXL_XFER_TIME.name + "_count"),
+        bytes_per_second=sums.hist_rates.get(catalog.NIXL_BYTES.name + "_sum"),
+        bytes_per_transfer_second=bandwidth,
+        failures_per_second=failures,
+    )

@@ -1,0 +1,151 @@
+"""A short per-target history of scrapes and the per-window view that derivation reads.
+
+A window of W seconds ending at `end` holds the scrapes with `end - W <= timestamp <= end` (a closed
+range, as Prometheus 2's range selectors). Counter increases follow Prometheus's reset semantics:
+over consecutive samples of one series, a drop means the counter restarted, and the new value
+counts in full. Unlike PromQL's increase() nothing is extrapolated to the window's edges: the
+increase is exactly what happened between the first and the last scrape in the window, and rates
+divide by the time between those two scrapes. Quantiles and bucket ratios are unaffected by that
+choice (extrapolation would scale numerator and denominator alike).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from crossover import catalog
+from crossover.exporter.parse import SeriesKey
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One successful scrape of one target: the wanted series and their values, in payload order.
+
+    Scrapes of a target whose series did not change share one `keys` tuple, which lets a window
+    stack their values into one array."""
+
+    timestamp: float
+    keys: tuple[SeriesKey, ...]
+    values: np.ndarray  # float64, aligned with keys
+
+    @staticmethod
+    def of(timestamp: float, series: Mapping[SeriesKey, float],
+           previous: Scrape | None = None) -> Scrape:
+        keys = tuple(series)
+        if previous is not None and previous.keys == keys:
+            keys = previous.keys
+        values = np.fromiter(series.values(), dtype=np.float64, count=len(keys))
+        return Scrape(timestamp, keys, values)
+
+
+@lru_cache(maxsize=4096)
+def is_cumulative(sample_name: str) -> bool:
+    """Whether a (current) sample name is a counter or a histogram series: both only grow."""
+    found = catalog.CATALOG.family_of_sample(sample_name)
+    return found is not None and found[0].type is not catalog.MetricType.GAUGE
+
+
+@dataclass(frozen=True)
+class SeriesWindow:
+    """What one target's series did over one window.
+
+    `increase` holds counters and histogram series (seen in at least two scrapes of the window);
+    the gauge maps hold gauges' last, highest and mean values over the window's scrapes."""
+
+    start: float  # timestamp of the first scrape in the window
+    end: float  # timestamp of the last scrape in the window
+    scrapes: int
+    increase: dict[SeriesKey, float] = field(default_factory=dict)
+    gauge_last: dict[SeriesKey, float] = field(default_factory=dict)
+    gauge_max: dict[SeriesKey, float] = field(default_factory=dict)
+    gauge_mean: dict[SeriesKey, float] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def counter_increase(values: Sequence[float]) -> float:
+    """Prometheus's increase without extrapolation: the sum of rises, a drop counting the new value."""
+    total = 0.0
+    for previous, current in itertools.pairwise(values):
+        total += current - previous if current >= previous else current
+    return total
+
+
+def window_of(scrapes: Sequence[Scrape], end: float, seconds: float) -> SeriesWindow | None:
+    """The window of `seconds` ending at `end`; None with fewer than two scrapes in it."""
+    chosen = [s for s in scrapes if end - seconds - 1e-9 <= s.timestamp <= end + 1e-9]
+    if len(chosen) < 2:
+        return None
+    keys = chosen[0].keys
+    if all(s.keys is keys or s.keys == keys for s in chosen):
+        return _stacked_window(chosen, keys)
+    return _mixed_window(chosen)
+
+
+def _stacked_window(chosen: Sequence[Scrape], keys: tuple[SeriesKey, ...]) -> SeriesWindow:
+    matrix = np.vstack([s.values for s in chosen])
+    steps = np.diff(matrix, axis=0)
+    steps = np.where(steps < 0, matrix[1:], steps)  # a drop: the counter restarted from zero
+    increases = steps.sum(axis=0)
+    highest = matrix.max(axis=0)
+    means = matrix.mean(axis=0)
+    last = matrix[-1]
+    window = SeriesWindow(chosen[0].timestamp, chosen[-1].timestamp, len(chosen))
+    for index, key in enumerate(keys):
+        if is_cumulative(key[0]):
+            window.increase[key] = float(increases[index])
+        else:
+            window.gauge_last[key] = float(last[index])
+            window.gauge_max[key] = float(highest[index])
+            window.gauge_mean[key] = float(means[index])
+    return window
+
+
+def _mixed_window(chosen: Sequence[Scrape]) -> SeriesWindow:
+    """Series came or went inside the window: each series uses the scrapes it appears in."""
+    history: dict[SeriesKey, list[float]] = {}
+    for scrape in chosen:
+        for key, value in zip(scrape.keys, scrape.values.tolist(), strict=True):
+            history.setdefault(key, []).append(value)
+    window = SeriesWindow(chosen[0].timestamp, chosen[-1].timestamp, len(chosen))
+    for key, values in history.items():
+        if is_cumulative(key[0]):
+            if len(values) >= 2:
+                window.increase[key] = counter_increase(values)
+        else:
+            window.gauge_last[key] = values[-1]
+            window.gauge_max[key] = max(values)
+            window.gauge_mean[key] = math.fsum(values) / len(values)
+    return window
+
+
+class History:
+    """The recent scrapes of one target, long enough for the longest window."""
+
+    def __init__(self, keep_seconds: float) -> None:
+        self.keep_seconds = keep_seconds
+        self.scrapes: deque[Scrape] = deque()
+
+    def add(self, timestamp: float, series: Mapping[SeriesKey, float]) -> Scrape:
+        previous = self.scrapes[-1] if self.scrapes else None
+        scrape = Scrape.of(timestamp, series, previous)
+        self.scrapes.append(scrape)
+        self.prune(timestamp)
+        return scrape
+
+    def prune(self, now: float) -> None:
+        """Forget scrapes no window ending now can hold."""
+        while self.scrapes and self.scrapes[0].timestamp < now - self.keep_seconds - 1e-6:
+            self.scrapes.popleft()
+
+    def window(self, end: float, seconds: float) -> SeriesWindow | None:
+        return window_of(self.scrapes, end, seconds)

@@ -1,0 +1,212 @@
+"""Windows (Prometheus counter-reset semantics) and derivations on hand-made and real vLLM data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from crossover import catalog
+from crossover.exporter.derive import derive
+from crossover.exporter.parse import Parser, SeriesKey
+from crossover.exporter.quantile import histogram_quantile
+from crossover.exporter.window import History, SeriesWindow, counter_increase, window_of
+from tests.helpers import FIXTURES
+
+ENGINE = (("engine", "0"), ("model_name", "m"))
+INF = math.inf
+
+
+def test_counter_increase_counts_a_reset_as_a_restart_from_zero():
+    assert counter_increase([10, 15, 3, 7]) == 5 + 3 + 4
+    assert counter_increase([5, 5]) == 0
+    assert counter_increase([7]) == 0
+
+
+def test_window_selects_scrapes_in_the_closed_range_and_resets():
+    history = History(keep_seconds=60)
+    key = (catalog.GENERATION_TOKENS.name + "_total", ENGINE)
+    gauge = (catalog.NUM_REQUESTS_RUNNING.name, ENGINE)
+    for t, tokens, running in [(0, 100, 1), (5, 120, 3), (10, 4, 5), (15, 14, 7)]:
+        history.add(float(t), {key: float(tokens), gauge: float(running)})
+    whole = history.window(15.0, 15.0)
+    assert whole is not None and whole.scrapes == 4 and whole.duration == 15
+    assert whole.increase[key] == 20 + 4 + 10
+    assert whole.gauge_max[gauge] == 7 and whole.gauge_mean[gauge] == 4 and whole.gauge_last[gauge] == 7
+    short = history.window(15.0, 5.0)
+    assert short is not None and short.increase[key] == 10 and short.scrapes == 2
+    assert history.window(15.0, 1.0) is None  # one scrape is no window
+
+
+def test_history_forgets_what_no_window_can_hold():
+    history = History(keep_seconds=10)
+    key = (catalog.GENERATION_TOKENS.name + "_total", ENGINE)
+    for t in range(0, 60, 5):
+        history.add(float(t), {key: float(t)})
+    assert [s.timestamp for s in history.scrapes] == [45.0, 50.0, 55.0]
+
+
+def test_series_that_come_and_go_use_the_scrapes_they_appear_in():
+    stop = (catalog.REQUEST_SUCCESS.name + "_total", (*ENGINE, ("finished_reason", "stop")))
+    length = (catalog.REQUEST_SUCCESS.name + "_total", (*ENGINE, ("finished_reason", "length")))
+    history = History(keep_seconds=60)
+    history.add(0.0, {stop: 1.0})
+    history.add(5.0, {stop: 2.0, length: 4.0})
+    history.add(10.0, {stop: 6.0, length: 5.0})
+    window = history.window(10.0, 10.0)
+    assert window is not None
+    assert window.increase == {stop: 5.0, length: 1.0}
+
+
+def _histogram(name: str, cumulative: dict[float, float], total: float) -> dict:
+    series: dict[SeriesKey, float] = {}
+    for bound, count in cumulative.items():
+        le = "+Inf" if bound == INF else repr(bound)
+        series[(name + "_bucket", (("engine", "0"), ("le", le), ("model_name", "m")))] = count
+    series[(name + "_count", ENGINE)] = cumulative[INF]
+    series[(name + "_sum", ENGINE)] = total
+    return series
+
+
+def _window(series: dict, duration: float = 10.0) -> SeriesWindow:
+    """A window whose increases are the given values (as if counters started at zero)."""
+    history = History(keep_seconds=duration)
+    history.add(0.0, {key: 0.0 for key in series})
+    history.add(duration, series)
+    window = history.window(duration, duration)
+    assert window is not None
+    return window
+
+
+def _instance(ttft: dict[float, float], tpot: dict[float, float], tokens: float, gauges: float = 1.0):
+    series = {}
+    series.update(_histogram(catalog.TTFT.name, ttft, total=ttft[INF] * 0.2))
+    series.update(_histogram(catalog.TPOT.name, tpot, total=tpot[INF] * 0.03))
+    series[(catalog.GENERATION_TOKENS.name + "_total", ENGINE)] = tokens
+    series[(catalog.PROMPT_TOKENS.name + "_total", ENGINE)] = tokens * 2
+    series[(catalog.REQUEST_SUCCESS.name + "_total", (*ENGINE, ("finished_reason", "stop")))] = ttft[INF]
+    series[(catalog.NUM_PREEMPTIONS.name + "_total", ENGINE)] = 0.0
+    return _window(series), gauges
+
+
+TTFT_A = {0.1: 4.0, 0.5: 8.0, 2.5: 10.0, INF: 10.0}
+TTFT_B = {0.1: 0.0, 0.5: 2.0, 2.5: 9.0, INF: 10.0}
+TPOT_A = {0.025: 5.0, 0.05: 9.0, 0.1: 10.0, INF: 10.0}
+TPOT_B = {0.025: 1.0, 0.05: 6.0, 0.1: 10.0, INF: 10.0}
+
+
+def test_group_sums_buckets_before_taking_quantiles_and_ratios():
+    (a, _), (b, _) = _instance(TTFT_A, TPOT_A, 1000), _instance(TTFT_B, TPOT_B, 500)
+    derived = derive([a, b], gpus=4, slos_seconds={"ttft": 0.5, "tpot": 0.05}, window_seconds=60)
+    summed = [(0.1, 4.0), (0.5, 10.0), (2.5, 19.0), (INF, 20.0)]
+    assert derived.latency["ttft"].quantiles["0.99"] == histogram_quantile(0.99, summed)
+    assert derived.latency["ttft"].quantiles["0.5"] == histogram_quantile(0.5, summed)
+    assert derived.latency["ttft"].mean == pytest.approx(0.2)
+    assert derived.latency["ttft"].observations == 20
+    assert derived.goodput["ttft"].ratio == pytest.approx(10 / 20) and derived.goodput["ttft"].exact
+    assert derived.goodput["tpot"].ratio == pytest.approx(15 / 20) and derived.goodput["tpot"].exact
+    assert derived.joint_slos == ("ttft", "tpot")
+    assert derived.joint_goodput_lower == pytest.approx(0.25)
+    assert derived.joint_goodput_upper == pytest.approx(0.5)
+    assert derived.generation_tokens_per_second == pytest.approx(150.0)
+    assert derived.generation_tokens_per_second_per_gpu == pytest.approx(37.5)
+    assert derived.prompt_tokens_per_second == pytest.approx(300.0)
+    assert derived.requests_per_second == pytest.approx(2.0)
+    assert derived.requests_per_second_by_reason == {"stop": pytest.approx(2.0)}
+    assert derived.goodput_tokens_per_second_lower == pytest.approx(150 * 0.25)
+    assert derived.goodput_tokens_per_second_upper == pytest.approx(150 * 0.5)
+    assert derived.preemptions_per_second == 0.0
+    assert derived.targets == 2
+
+
+def test_threshold_off_a_boundary_is_interpolated_and_marked():
+    (a, _) = _instance(TTFT_A, TPOT_A, 1000)
+    derived = derive([a], gpus=1, slos_seconds={"ttft": 2.0, "itl": 0.05}, window_seconds=60)
+    assert not derived.goodput["ttft"].exact
+    assert derived.goodput["ttft"].ratio == pytest.approx((8 + 2 * (1.5 / 2.0)) / 10)
+    assert "itl" not in derived.goodput  # no ITL histogram exposed: absent, not zero
+    assert "itl" not in derived.latency
+    assert derived.joint_slos == ("ttft",)
+
+
+def test_absent_families_are_none_never_zero():
+    (a, _) = _instance(TTFT_A, TPOT_A, 1000)
+    derived = derive([a], gpus=1, slos_seconds={"ttft": 0.5}, window_seconds=60)
+    assert derived.kv_cache_usage_max is None and derived.running is None and derived.waiting is None
+    assert derived.kv_transfer is None
+    empty = derive([None, None], gpus=2, slos_seconds={"ttft": 0.5}, window_seconds=60)
+    assert empty.targets == 0 and empty.latency == {} and empty.generation_tokens_per_second is None
+    assert empty.joint_goodput_lower is None
+
+
+def test_no_observations_give_nan_quantiles_and_ratios_and_zero_rates():
+    zero = {0.1: 0.0, 0.5: 0.0, INF: 0.0}
+    (a, _) = _instance(zero, zero, 0)
+    derived = derive([a], gpus=1, slos_seconds={"ttft": 0.5, "tpot": 0.1}, window_seconds=60)
+    assert math.isnan(derived.latency["ttft"].quantiles["0.5"])
+    assert math.isnan(derived.latency["ttft"].mean)
+    assert math.isnan(derived.goodput["ttft"].ratio)
+    assert math.isnan(derived.joint_goodput_lower)
+    assert derived.generation_tokens_per_second == 0.0
+
+
+def test_gauges_mean_and_max_over_the_window_and_targets():
+    kv = (catalog.KV_CACHE_USAGE.name, ENGINE)
+    running = (catalog.NUM_REQUESTS_RUNNING.name, ENGINE)
+    histories = []
+    for samples in ([(0.1, 2), (0.3, 4)], [(0.5, 1), (0.9, 1)]):
+        history = History(keep_seconds=10)
+        for t, (usage, run) in zip((0.0, 10.0), samples, strict=True):
+            history.add(t, {kv: usage, running: float(run)})
+        histories.append(history.window(10.0, 10.0))
+    derived = derive(histories, gpus=2, slos_seconds={"ttft": 0.5}, window_seconds=10)
+    assert derived.kv_cache_usage_max == 0.9
+    assert derived.kv_cache_usage_mean == pytest.approx((0.2 + 0.7) / 2)
+    assert derived.running == pytest.approx(3 + 1)
+
+
+def test_kv_transfer_from_the_nixl_families():
+    series = _histogram(catalog.NIXL_XFER_TIME.name, {0.01: 2.0, 0.1: 10.0, INF: 10.0}, total=0.4)
+    series.update(_histogram(catalog.NIXL_BYTES.name, {2.0**21: 4.0, 2.0**23: 10.0, INF: 10.0}, total=4e7))
+    series[(catalog.NIXL_FAILED_TRANSFERS.name + "_total", ENGINE)] = 1.0
+    derived = derive([_window(series)], gpus=1, slos_seconds={"ttft": 0.5}, window_seconds=10)
+    kv = derived.kv_transfer
+    assert kv is not None and kv.time is not None
+    assert kv.time.quantiles["0.5"] == histogram_quantile(0.5, [(0.01, 2), (0.1, 10), (INF, 10)])
+    assert kv.time.mean == pytest.approx(0.04)
+    assert kv.transfers_per_second == pytest.approx(1.0)
+    assert kv.bytes_per_second == pytest.approx(4e6)
+    assert kv.bytes_per_transfer_second == pytest.approx(1e8)
+    assert kv.failures_per_second == pytest.approx(0.1)
+
+
+def _real_window() -> SeriesWindow:
+    parser = Parser()
+    history = History(keep_seconds=60)
+    for t, name in enumerate(("idle", "under-load", "after-requests")):
+        history.add(t * 5.0, parser.series((FIXTURES / f"vllm-0.32.0-{name}.prom").read_text()))
+    window = window_of(list(history.scrapes), 10.0, 60.0)
+    assert window is not None
+    return window
+
+
+def test_real_vllm_payloads_give_every_colocated_series_finite():
+    derived = derive([_real_window()], gpus=2, slos_seconds={"ttft": 0.5, "tpot": 0.05, "itl": 0.05},
+                     window_seconds=60)
+    for short in ("ttft", "tpot", "itl", "e2el"):
+        latency = derived.latency[short]
+        assert latency.observations > 0
+        assert all(math.isfinite(v) and v > 0 for v in latency.quantiles.values()), short
+        assert math.isfinite(latency.mean)
+    scalars = [derived.prompt_tokens_per_second, derived.generation_tokens_per_second,
+               derived.requests_per_second, derived.kv_cache_usage_max, derived.kv_cache_usage_mean,
+               derived.running, derived.waiting, derived.preemptions_per_second,
+               derived.joint_goodput_lower, derived.joint_goodput_upper,
+               derived.goodput_tokens_per_second_lower, derived.goodput_tokens_per_second_upper,
+               derived.generation_tokens_per_second_per_gpu]
+    assert all(v is not None and math.isfinite(v) for v in scalars), scalars
+    assert derived.generation_tokens_per_second > 0
+    assert set(derived.goodput) == {"ttft", "tpot", "itl"}
+    assert all(0 <= g.ratio <= 1 for g in derived.goodput.values())
+    assert derived.requests_per_second_by_reason["length"] > 0
+    assert derived.kv_transfer is None  # a colocated server exposes no NIXL families
