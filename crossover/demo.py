@@ -64,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"sweep concurrency levels (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--requests", type=int, default=None,
                         help="requests per level (default: the sweep's, 4 rounds of the concurrency)")
+    parser.add_argument("--rounds", type=float, default=None,
+                        help="closed loop: rounds x concurrency requests per level (the sweep's default)")
     parser.add_argument("--input-len", default=None, help="prompt tokens (the sweep's forms and default)")
     parser.add_argument("--output-len", default=None, help="output tokens (the sweep's forms and default)")
     parser.add_argument("--no-app", action="store_true", help="do not start the Streamlit app")
@@ -145,10 +147,23 @@ def write_spec(spec: FleetSpec, path: Path) -> Path:
     return path
 
 
+def check_levels(text: str) -> None:
+    """Refuse bad levels before anything starts (the sweep would, but only after the fleet is up)."""
+    try:
+        levels = [float(item) for item in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or not all(0 < level < float("inf") for level in levels):
+        raise UserError(f"--concurrency: cannot read {text!r} (want positive numbers separated by commas, "
+                        "e.g. 1,4,16,64)")
+
+
 def sweep_command(args: argparse.Namespace, spec_path: Path, out: Path, headless: bool) -> list[str]:
     command = crossover_command("sweep", str(spec_path), "--concurrency", args.concurrency, "--out", str(out))
     if args.requests is not None:
         command += ["--requests", str(args.requests)]
+    if args.rounds is not None:
+        command += ["--rounds", f"{args.rounds:g}"]
     if args.input_len is not None:
         command += ["--input-len", args.input_len]
     if args.output_len is not None:
@@ -351,6 +366,9 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(spec_file)
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests: must be at least 1, got {args.requests}")
+    if args.rounds is not None and not args.rounds > 0:
+        raise UserError(f"--rounds: must be positive, got {args.rounds:g}")
+    check_levels(args.concurrency)
     simulated = decide_simulation(spec, args.simulate)
     if simulated:
         spec = spec_on_free_ports(spec)

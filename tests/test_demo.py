@@ -1,0 +1,179 @@
+"""`crossover demo`: the headless sweep agrees with the simulator's ground truth, the interactive stack
+comes up wired together (Prometheus scrapes the fleet with the generated rules and alerts reach the
+webhook through Alertmanager), and Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from crossover.netutil import spec_on_free_ports
+from crossover.sim.truth import ground_truth_crossover
+from crossover.spec import load_spec
+from tests.helpers import SPECS, require_binary
+
+SEED = SPECS / "seed-70b-h100.yaml"
+LEVELS = (2, 4, 8, 16)  # around the seed's crossover (~6 at 128/64 tokens), each level a few seconds
+INPUT_LEN, OUTPUT_LEN = 128, 64
+
+
+def demo(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "crossover", "demo", *args], capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def assert_nothing_left(out: Path) -> None:
+    pids = json.loads((out / "logs" / "pids.json").read_text())
+    assert pids, "the demo recorded no children"
+    left = {name: pid for name, pid in pids.items() if group_alive(pid)}
+    assert not left, f"process groups still alive after the demo exited: {left}"
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except OSError as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_headless_demo_finds_the_simulators_crossover(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    # 8 rounds per level: enough requests that a scheduling hiccup of a busy 2-core machine does not
+    # move the crossing by a level (4 rounds did, under load), and still about a minute in all.
+    result = demo("--headless", "--concurrency", ",".join(map(str, LEVELS)), "--rounds", "8",
+                  "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--out", str(out),
+                  timeout=140)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # The per-level table and the crossover sentence are on stdout.
+    assert "sweep summary" in result.stdout
+    assert re.search(r"tp2x2 overtakes tp4x1 in goodput at concurrency about [\d.]+", result.stdout), \
+        result.stdout[-2000:]
+    assert_nothing_left(out)
+
+    crossings = json.loads((out / "sweep" / "crossover.json").read_text())["crossovers"]
+    measured = next(c for c in crossings if c["metric"] == "output_tps" and c["kind"] == "crossing")
+    truth = ground_truth_crossover(load_spec(SEED), "tp4x1", "tp2x2", INPUT_LEN, OUTPUT_LEN, LEVELS)
+    assert truth is not None and 4 < truth < 8  # the model's crossing sits between two levels
+    assert measured["winner"] == "tp2x2" and measured["direction"] == "b_overtakes_a"
+    assert measured["x"] == pytest.approx(truth, rel=0.35), (measured, truth)
+
+
+def test_missing_spec_is_one_line(tmp_path: Path) -> None:
+    result = demo("--headless", "--spec", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "nope.yaml" in result.stderr
+
+
+def test_bad_spec_is_one_line() -> None:
+    result = demo("--headless", "--spec", str(SPECS.parent.parent / "tests" / "fixtures" / "bad-specs"
+                                               / "bad-port.yaml"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0
+
+
+def test_no_sim_without_servers_says_what_to_do(tmp_path: Path) -> None:
+    spec = tmp_path / "real.yaml"
+    spec.write_text(yaml.safe_dump(spec_on_free_ports(load_spec(SEED)).model_dump(mode="json")))
+    result = demo("--headless", "--no-sim", "--spec", str(spec), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "--no-sim: no answer at /health" in result.stderr and "tp4-0" in result.stderr
+
+
+@pytest.mark.parametrize("flags", [("--requests", "0"), ("--rounds", "-1"), ("--concurrency", "0,x")])
+def test_bad_sweep_flags_are_one_line(tmp_path: Path, flags: tuple[str, str]) -> None:
+    result = demo("--headless", *flags, "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and flags[0] in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_interactive_stack_is_wired_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    require_binary("prometheus")
+    require_binary("prometheus-alertmanager")
+    out = tmp_path / "run"
+    log = (tmp_path / "demo.log").open("w+")
+    process = subprocess.Popen([sys.executable, "-m", "crossover", "demo", "--no-app", "--no-sweep",
+                                "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        text = ""
+        while "press Ctrl-C" not in text and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            text = Path(log.name).read_text()
+        assert process.poll() is None and "press Ctrl-C" in text, text
+        urls = dict(re.findall(r"^  (\w[\w-]*)\s+(http://127\.0\.0\.1:\d+)", text, re.M))
+        prometheus, alertmanager = urls["prometheus"], urls["alertmanager"]
+        spec = load_spec(out / "spec.yaml")
+        instances = {i.name for t in spec.topologies for i in t.instances}
+
+        # Prometheus scrapes every simulated instance and has loaded the generated rules.
+        def targets_up() -> bool:
+            active = get_json(prometheus + "/api/v1/targets")["data"]["activeTargets"]
+            up = {t["labels"].get("replica") for t in active if t["health"] == "up"}
+            return instances <= up
+        wait_for(targets_up, 40, "Prometheus to scrape every instance")
+        groups = get_json(prometheus + "/api/v1/rules")["data"]["groups"]
+        assert sum(len(g["rules"]) for g in groups) > 0, "no generated rules loaded"
+        assert any(r["type"] == "alerting" for g in groups for r in g["rules"])
+        managers = get_json(prometheus + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+        assert [m["url"] for m in managers] == [alertmanager + "/api/v2/alerts"]
+
+        # Alertmanager routes a page to the example webhook, which writes it to alerts.jsonl.
+        alert = [{"labels": {"alertname": "DemoCheck", "severity": "page", "topology": "tp4x1"},
+                  "annotations": {"summary": "wiring check"}}]
+        request = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(alert).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        urllib.request.urlopen(request, timeout=5).close()
+        alerts_file = out / "alerts.jsonl"
+        line = wait_for(lambda: alerts_file.exists() and alerts_file.read_text().strip(), 30,
+                        "the alert to reach the webhook")
+        assert json.loads(line.splitlines()[0])["alertname"] == "DemoCheck"
+
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=40) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+    assert "stopped" in Path(log.name).read_text()
+    assert_nothing_left(out)
