@@ -1,0 +1,127 @@
+"""A real Prometheus on loopback, started and stopped by the caller: for live tests and checks.
+
+`running_prometheus(config_dir)` starts the `prometheus` binary on a free loopback port with a
+temporary storage folder and stops it on exit; `PrometheusServer.query(expr)` runs an instant query.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crossover.errors import UserError
+from crossover.netutil import free_port
+
+
+@dataclass(frozen=True)
+class Sample:
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass
+class PrometheusServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def _get(self, path: str, params: dict[str, str], timeout: float = 10.0) -> Any:
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=timeout) as response:
+            body = json.loads(response.read())
+        if body.get("status") != "success":
+            raise RuntimeError(f"Prometheus {path}: {body}")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[Sample]:
+        """Instant query (now, or at a Unix time); a vector as samples (NaN kept: it is data too)."""
+        params = {"query": expr} | ({"time": repr(at)} if at is not None else {})
+        data = self._get("/api/v1/query", params)
+        if data["resultType"] == "scalar":
+            return [Sample({}, float(data["result"][1]))]
+        return [Sample(r["metric"], float(r["value"][1])) for r in data["result"]]
+
+    def query_range_vector(self, expr: str,
+                           at: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        """A range-vector selector (`name{...}[1m]`) at a Unix time: each series' raw samples."""
+        data = self._get("/api/v1/query", {"query": expr, "time": repr(at)})
+        return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+
+    def targets_up(self) -> dict[str, str]:
+        data = self._get("/api/v1/targets", {"state": "active"})
+        return {t["scrapeUrl"]: t["health"] for t in data["activeTargets"]}
+
+    def rule_health(self) -> dict[str, str]:
+        """Recording/alerting rule name -> health ("ok", "err", "unknown"), with the error text."""
+        data = self._get("/api/v1/rules", {})
+        out: dict[str, str] = {}
+        for group in data["groups"]:
+            for rule in group["rules"]:
+                error = f": {rule['lastError']}" if rule.get("lastError") else ""
+                out[rule["name"]] = rule["health"] + error
+        return out
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(self._get("/api/v1/alerts", {})["alerts"])
+
+    def wait_until(self, check: Any, timeout: float, what: str, poll: float = 0.5) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if check():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Prometheus at {self.url}: {what} not reached within {timeout:g}s")
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Prometheus exited ({self.process.returncode}): "
+                                   f"{self.log.read_text()[-2000:]}")
+            time.sleep(poll)
+
+
+def prometheus_binary() -> str:
+    path = shutil.which("prometheus")
+    if path is None:
+        raise UserError("prometheus is not installed (apt-get install prometheus)")
+    return path
+
+
+@contextmanager
+def running_prometheus(config: Path, start_timeout: float = 30.0) -> Iterator[PrometheusServer]:
+    """Start Prometheus with `config` on 127.0.0.1:<free port>; always stopped on exit."""
+    with tempfile.TemporaryDirectory(prefix="crossover-prom-") as storage:
+        port = free_port()
+        log = Path(storage) / "prometheus.log"
+        with log.open("wb") as log_file:
+            process = subprocess.Popen(
+                [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={storage}/data",
+                 f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn"],
+                stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        server = PrometheusServer(f"http://127.0.0.1:{port}", process, log)
+        try:
+            server.wait_until(lambda: _ready(server.url), start_timeout, "/-/ready")
+            yield server
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/-/ready", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False

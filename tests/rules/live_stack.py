@@ -1,0 +1,115 @@
+"""One live stack per test process: the simulated fleet of a spec, a real Prometheus scraping it
+with the generated scrape config and rules, and a burst of streamed traffic to every topology.
+
+Shared by tests/rules and tests/dashboards (started once, stopped when the process exits), so the
+two suites pay for one fleet and one Prometheus. Loopback only, bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from crossover.netutil import spec_on_free_ports
+from crossover.rules.generate import Format, outputs
+from crossover.rules.model import RulesConfig, RuleSet, build_rules
+from crossover.rules.prom import PrometheusServer, running_prometheus
+from crossover.spec import FleetSpec, load_spec
+from tests.helpers import SPECS, require, require_binary
+
+TRAFFIC_SECONDS = 14.0
+CONCURRENCY = 3  # streams per topology
+MAX_TOKENS = 24
+PROMPT = " ".join(["token"] * 600)
+
+
+@dataclass
+class LiveStack:
+    spec: FleetSpec
+    rules: RuleSet
+    prometheus: PrometheusServer
+    folder: Path
+    requests_done: dict[str, int]
+    traffic_ended: float
+
+    def fresh_traffic(self, max_age_s: float = 20.0) -> None:
+        """Serve another burst when the last one is too old for the 1m windows to see it well."""
+        if time.monotonic() - self.traffic_ended > max_age_s:
+            for name, count in asyncio.run(_drive(self.spec, TRAFFIC_SECONDS)).items():
+                self.requests_done[name] += count
+            self.traffic_ended = time.monotonic()
+
+
+_STACKS: dict[str, LiveStack] = {}
+_EXIT = contextlib.ExitStack()
+atexit.register(_EXIT.close)
+
+
+def _fast_scrape(spec: FleetSpec) -> FleetSpec:
+    """Scrape every second so a short burst of traffic gives rules several evaluations."""
+    data = spec.model_dump(mode="json")
+    data["scrape"].update({"interval": "1s", "timeout": "1s"})
+    return FleetSpec.model_validate(data)
+
+
+async def _drive(spec: FleetSpec, seconds: float) -> dict[str, int]:
+    done: dict[str, int] = {t.name: 0 for t in spec.topologies}
+    deadline = time.monotonic() + seconds
+    timeout = aiohttp.ClientTimeout(total=30)
+
+    async def worker(session: aiohttp.ClientSession, topology: str, urls: list[str], offset: int) -> None:
+        turn = offset
+        while time.monotonic() < deadline:
+            url = urls[turn % len(urls)]
+            turn += 1
+            body = {"model": spec.model.name, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True,
+                    "ignore_eos": True}
+            async with session.post(url + "/v1/completions", json=body) as response:
+                async for _ in response.content:
+                    pass
+                if response.status == 200:
+                    done[topology] += 1
+
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        workers = []
+        for topology in spec.topologies:
+            entry = topology.entrypoint.url
+            urls = [entry] if entry else [i.url for i in topology.instances]
+            workers += [worker(session, topology.name, urls, k) for k in range(CONCURRENCY)]
+        await asyncio.gather(*workers)
+    return done
+
+
+def live_stack(spec_file: str, config: RulesConfig | None = None) -> LiveStack:
+    """The stack for compose/specs/<spec_file>, started on first use with traffic already served."""
+    if spec_file in _STACKS:
+        return _STACKS[spec_file]
+    require_binary("prometheus")
+    try:
+        from crossover.sim.fleet import running_fleet
+    except ImportError:  # pragma: no cover - the simulator is another helper's area
+        require(False, "the simulator (crossover.sim.fleet) is not available")
+        raise
+    spec = _fast_scrape(spec_on_free_ports(load_spec(SPECS / spec_file)))
+    rules = build_rules(spec, config or RulesConfig(), spec_file)
+    folder = Path(_EXIT.enter_context(tempfile.TemporaryDirectory(prefix="crossover-live-")))
+    for name, text in outputs(spec, rules, Format.PLAIN, spec_file, Path(spec_file).stem).items():
+        (folder / name).write_text(text)
+    _EXIT.enter_context(running_fleet(spec))
+    prometheus = _EXIT.enter_context(running_prometheus(folder / "prometheus.yml"))
+
+    targets = sum(len(t.instances) for t in spec.topologies)
+    prometheus.wait_until(lambda: list(prometheus.targets_up().values()).count("up") == targets, 30,
+                          f"all {targets} targets up")
+    done = asyncio.run(_drive(spec, TRAFFIC_SECONDS))
+    stack = LiveStack(spec, rules, prometheus, folder, done, time.monotonic())
+    _STACKS[spec_file] = stack
+    return stack
+

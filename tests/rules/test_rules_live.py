@@ -1,0 +1,181 @@
+"""Live: a real Prometheus scrapes the simulated P/D fleet with the generated config and rules.
+
+After a burst of traffic every recording rule has data, no fleet alert fires, and the recorded
+values equal an independent derivation in Python from the raw samples Prometheus stored for the
+same window at the same evaluation time: each series' rate as Prometheus 2.x computes it
+(extrapolatedRate), summed per topology, then divided or interpolated (never averaged ratios).
+Tolerance 1e-9 relative: only the order of float additions differs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import pytest
+
+from crossover import catalog
+from crossover.rules import model as m
+from crossover.spec import parse_duration
+from tests.rules.live_stack import LiveStack, live_stack
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+SPEC = "pd-8k-prompts.yaml"
+REL = 1e-9
+NEVER_WITH_HEALTHY_FLEET = ("VllmTargetDown", "VllmTopologyDown", "VllmMetricsAbsent", "VllmSloBucketMissing",
+                            "VllmKvTransferFailures")
+
+
+@pytest.fixture(scope="module")
+def stack() -> LiveStack:
+    stack = live_stack(SPEC)
+    stack.fresh_traffic()
+    rate = m.rate_name(catalog.GENERATION_TOKENS, "1m")
+    topologies = {t.name for t in stack.spec.topologies}
+    stack.prometheus.wait_until(
+        lambda: {s.labels["topology"] for s in stack.prometheus.query(f"{rate} > 0")} == topologies,
+        30, f"{rate} > 0 for every topology")
+    return stack
+
+
+def test_traffic_reached_every_topology(stack: LiveStack) -> None:
+    assert all(count >= 5 for count in stack.requests_done.values()), stack.requests_done
+
+
+def test_every_rule_evaluates_without_error(stack: LiveStack) -> None:
+    health = stack.prometheus.rule_health()
+    bad = {name: state for name, state in health.items() if not state.startswith("ok")}
+    assert not bad, bad
+    assert set(health) >= stack.rules.record_names
+
+
+def test_every_recording_rule_has_data(stack: LiveStack) -> None:
+    empty = [name for name in sorted(stack.rules.record_names) if not stack.prometheus.query(name)]
+    assert not empty, f"recording rules without data after traffic: {empty}"
+
+
+def test_per_topology_series_for_every_topology(stack: LiveStack) -> None:
+    for name in (m.rate_name(catalog.GENERATION_TOKENS, "1m"), m.goodput_name("tpot", "1m"),
+                 m.quantile_name(catalog.ITL, 0.99, "1m"), m.kv_usage_name("max")):
+        got = {s.labels["topology"] for s in stack.prometheus.query(name)}
+        assert got == {t.name for t in stack.spec.topologies}, name
+    nixl = {s.labels["topology"] for s in stack.prometheus.query(m.nixl_bandwidth_name("1m"))}
+    assert nixl == {"pd1p1d"}
+
+
+def test_no_fleet_alert_with_a_healthy_fleet(stack: LiveStack) -> None:
+    noisy = [a for a in stack.prometheus.alerts() if a["labels"]["alertname"] in NEVER_WITH_HEALTHY_FLEET]
+    assert not noisy, noisy
+
+
+# ---- the independent derivation --------------------------------------------------------------
+
+def prometheus_rate(values: list[tuple[float, float]], at: float, window_s: float) -> float | None:
+    """Prometheus 2.x extrapolatedRate for a counter, on (unix seconds, value) samples."""
+    if len(values) < 2:
+        return None
+    points = [(round(t * 1000), v) for t, v in values]
+    range_end = round(at * 1000)
+    range_start = range_end - round(window_s * 1000)
+    result = points[-1][1] - points[0][1]
+    last = 0.0
+    for _, value in points:
+        if value < last:
+            result += last
+        last = value
+    to_start = (points[0][0] - range_start) / 1000
+    to_end = (range_end - points[-1][0]) / 1000
+    sampled = (points[-1][0] - points[0][0]) / 1000
+    average = sampled / (len(points) - 1)
+    if result > 0 and points[0][1] >= 0:
+        to_start = min(to_start, sampled * (points[0][1] / result))
+    threshold = average * 1.1
+    interval = sampled
+    interval += to_start if to_start < threshold else average / 2
+    interval += to_end if to_end < threshold else average / 2
+    return result * (interval / sampled) / window_s
+
+
+def _rates(stack: LiveStack, series: str, at: float, window: str,
+           by: tuple[str, ...] = ("topology",)) -> dict[tuple[str, ...], float]:
+    """sum by (by) (rate(series[window])) computed here from the raw samples."""
+    out: dict[tuple[str, ...], float] = defaultdict(float)
+    for labels, values in stack.prometheus.query_range_vector(f"{series}[{window}]", at):
+        rate = prometheus_rate(values, at, parse_duration(window))
+        if rate is not None:
+            out[tuple(labels.get(k, "") for k in by)] += rate
+    return dict(out)
+
+
+def _quantile(q: float, buckets: dict[float, float]) -> float:
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    rank = q * total
+    for index, bound in enumerate(bounds):
+        if buckets[bound] >= rank:
+            if math.isinf(bound):
+                return bounds[-2]
+            low = bounds[index - 1] if index else 0.0
+            below = buckets[low] if index else 0.0
+            return low + (bound - low) * (rank - below) / (buckets[bound] - below)
+    return math.nan
+
+
+def _recorded(stack: LiveStack, name: str) -> tuple[float, dict[str, float]]:
+    """The latest evaluation time of a recording rule and its value per topology."""
+    samples = stack.prometheus.query(f"timestamp({name})")
+    at = max(s.value for s in samples)
+    return at, {s.labels["topology"]: s.value for s in stack.prometheus.query(name, at)}
+
+
+def _close(got: float, want: float, rel: float) -> bool:
+    return math.isclose(got, want, rel_tol=rel, abs_tol=1e-9)
+
+
+def test_rates_and_goodput_match_the_python_derivation(stack: LiveStack) -> None:
+    sel = stack.rules.config.selector
+    window = "1m"
+    name = m.rate_name(catalog.GENERATION_TOKENS, window)
+    at, recorded = _recorded(stack, name)
+    derived = _rates(stack, f"{catalog.GENERATION_TOKENS.promql_name}{{{sel}}}", at, window)
+    for topology, value in recorded.items():
+        assert value > 0 and _close(value, derived[(topology,)], REL), (topology, value, derived)
+    for bucket in stack.rules.slo_buckets:
+        at, recorded = _recorded(stack, m.goodput_name(bucket.slo, window))
+        good = _rates(stack, f"{bucket.metric.name}_bucket{{{sel},{bucket.le_matcher}}}", at, window)
+        every = _rates(stack, f"{bucket.metric.name}_count{{{sel}}}", at, window)
+        for topology, value in recorded.items():
+            want = good[(topology,)] / every[(topology,)]
+            assert _close(value, want, REL), (bucket.slo, topology, value, want)
+
+
+def test_joint_bounds_follow_from_the_per_slo_shares(stack: LiveStack) -> None:
+    window = "1m"
+    at, lower = _recorded(stack, m.joint_goodput_name("lower", window))
+    upper = {s.labels["topology"]: s.value
+             for s in stack.prometheus.query(m.joint_goodput_name("upper", window), at)}
+    shares: dict[str, list[float]] = defaultdict(list)
+    for bucket in stack.rules.slo_buckets:
+        if bucket.slo in m.REQUEST_SLOS:
+            for s in stack.prometheus.query(m.goodput_name(bucket.slo, window), at):
+                shares[s.labels["topology"]].append(s.value)
+    for topology, values in shares.items():
+        assert _close(lower[topology], max(0.0, sum(values) - (len(values) - 1)), 1e-9)
+        assert _close(upper[topology], min(values), 1e-9)
+        assert lower[topology] <= upper[topology]
+
+
+def test_quantiles_and_kv_bandwidth_match_the_python_derivation(stack: LiveStack) -> None:
+    sel = stack.rules.config.selector
+    window = "1m"
+    for metric in (catalog.TTFT, catalog.ITL):
+        at, recorded = _recorded(stack, m.quantile_name(metric, 0.99, window))
+        rates = _rates(stack, f"{metric.name}_bucket{{{sel}}}", at, window, ("topology", "le"))
+        for topology, value in recorded.items():
+            buckets = {float(le): r for (t, le), r in rates.items() if t == topology}
+            want = _quantile(0.99, buckets)
+            assert _close(value, want, REL), (metric.name, topology, value, want)
+    at, recorded = _recorded(stack, m.nixl_bandwidth_name(window))
+    moved = _rates(stack, f"{catalog.NIXL_BYTES.name}_sum{{{sel}}}", at, window)
+    busy = _rates(stack, f"{catalog.NIXL_XFER_TIME.name}_sum{{{sel}}}", at, window)
+    assert recorded and all(_close(v, moved[(t,)] / busy[(t,)], REL) for t, v in recorded.items())
