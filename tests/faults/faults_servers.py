@@ -1,0 +1,75 @@
+"""Small loopback servers for the fault tests: an aiohttp application on a free 127.0.0.1 port,
+run on its own thread's event loop for the length of a `with` block (stopped on failure too).
+
+The simulator covers most faults; these serve what it does not: SSE garbage, a 50 MB /metrics,
+a 10,000-label-set burst, 5xx on /metrics and a target that demands a bearer token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from crossover.netutil import free_port
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class LoopbackApp:
+    """A running application: its base URL and the requests it saw (method, path, headers)."""
+
+    url: str
+    port: int
+    seen: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+
+
+@contextmanager
+def serving(routes: dict[tuple[str, str], Handler], start_timeout: float = 10.0) -> Iterator[LoopbackApp]:
+    """Serve {(method, path): handler} on 127.0.0.1:<free port> until the block ends."""
+    port = free_port()
+    served = LoopbackApp(f"http://127.0.0.1:{port}", port)
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        served.seen.append((request.method, request.path, dict(request.headers)))
+        return await handler(request)
+
+    app = web.Application(middlewares=[record], client_max_size=8 * 1024 * 1024)
+    for (method, path), handler in routes.items():
+        app.router.add_route(method, path, handler)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+    thread = threading.Thread(target=loop.run_forever, name=f"faults-app-{port}", daemon=True)
+    thread.start()
+
+    async def start() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
+
+    try:
+        asyncio.run_coroutine_threadsafe(start(), loop).result(start_timeout)
+        yield served
+    finally:
+        try:
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(start_timeout)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(start_timeout)
+            loop.close()
+
+
+def exposition(families: dict[str, list[tuple[dict[str, str], float]]], kind: str = "gauge") -> bytes:
+    """Prometheus text format for {metric name: [(labels, value)]} (names as given)."""
+    lines: list[str] = []
+    for name, samples in families.items():
+        lines.append(f"# HELP {name} test metric\n# TYPE {name} {kind}\n")
+        for labels, value in samples:
+            inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            lines.append(f"{name}{{{inner}}} {value!r}\n")
+    return "".join(lines).encode()
