@@ -1,0 +1,53 @@
+"""`crossover dashboards SPEC --out DIR`: Grafana dashboard JSON built with grafanalib."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from crossover.dashboards.generate import dashboard_files, dashboard_provisioning, datasource_provisioning
+from crossover.dashboards.lint import exporter_names, known_names, lint
+from crossover.errors import UserError
+from crossover.rules.model import DEFAULT_SELECTOR, RulesConfig, build_rules
+from crossover.spec import load_spec
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SPEC", help="fleet spec YAML file")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write the dashboards into")
+    parser.add_argument("--selector", default=DEFAULT_SELECTOR,
+                        help="PromQL matchers of the vLLM series; must match `crossover rules --selector`")
+    parser.add_argument("--provisioning", action="store_true",
+                        help="also write Grafana provisioning files (datasource with a fixed uid, provider)")
+    parser.add_argument("--prometheus-url", default="http://prometheus:9090",
+                        help="datasource URL in the provisioning file")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    rules = build_rules(spec, RulesConfig(selector=args.selector), args.spec)
+    for warning in rules.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    stem = Path(args.spec).stem
+    files = dashboard_files(rules, stem)
+    known = known_names(rules, exporter_names())
+    for name, text in files.items():
+        problems = lint(json.loads(text), known)
+        if problems:  # a generator bug, not a user mistake: say so plainly
+            raise RuntimeError(f"generated dashboard {name} fails the lint: {problems[0]}")
+    if args.provisioning:
+        files["provisioning/datasources/crossover.yml"] = datasource_provisioning(args.prometheus_url)
+        files["provisioning/dashboards/crossover.yml"] = dashboard_provisioning(str(Path(args.out).resolve()))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} exists and is not a folder")
+    try:
+        for name, text in files.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"--out: cannot write into {out}: {exc.strerror}") from None
+    print(f"wrote {', '.join(sorted(files))} into {out}")
+    return 0

@@ -1,0 +1,300 @@
+"""Spec + rules model -> plain-data dashboards (rows of panels of queries).
+
+Every query reads a recording rule named by crossover.rules.model, so a rename there renames the
+panels too and the two cannot drift; the few raw-series queries read catalog names under rate().
+Rendering to Grafana JSON (grafanalib) lives in render.py; the lint in lint.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from crossover import catalog
+from crossover.rules import model as m
+from crossover.rules.model import RuleSet
+
+DATASOURCE_UID = "crossover-prometheus"  # the provisioned datasource's fixed uid
+WINDOW = "${window}"
+TOPOLOGY_FILTER = 'topology=~"${topology}"'
+MODEL_FILTER = 'model_name=~"${model}"'
+FILTERS = f"{TOPOLOGY_FILTER},{MODEL_FILTER}"
+RATE_INTERVAL = "$__rate_interval"
+SLO_TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class Line:
+    """A horizontal threshold line drawn on a panel (an SLO, a burn-rate alert threshold)."""
+
+    value: float
+    color: str = "red"
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    description: str
+    unit: str
+    queries: tuple[Query, ...]
+    kind: str = "timeseries"  # or "stat"
+    lines: tuple[Line, ...] = ()
+    min: float | None = None
+    max: float | None = None
+    width: int = 12
+    height: int = 8
+    # Which topologies must show a series in the live test: all of them, or the disaggregated ones.
+    scope: str = "all"  # "all", "pd" or "any"
+
+
+@dataclass(frozen=True)
+class Row:
+    title: str
+    panels: tuple[Panel, ...]
+
+
+@dataclass(frozen=True)
+class DashboardModel:
+    uid: str
+    title: str
+    description: str
+    rows: tuple[Row, ...]
+    windows: tuple[str, ...]
+    tags: tuple[str, ...] = field(default=("vllm", "crossover"))
+
+    @property
+    def panels(self) -> tuple[Panel, ...]:
+        return tuple(p for r in self.rows for p in r.panels)
+
+
+def _sel(name: str) -> str:
+    return f"{name}{{{FILTERS}}}"
+
+
+def _per_topology(name: str, legend: str = "{{topology}}") -> Query:
+    return Query(_sel(name), legend)
+
+
+def _latency_panel(rules: RuleSet, metric: catalog.Metric, slo: str, title: str, what: str) -> Panel:
+    threshold = next((b for b in rules.slo_buckets if b.slo == slo), None)
+    lines = (Line(threshold.le),) if threshold else ()
+    note = ""
+    if threshold:
+        spec_ms = threshold.threshold_ms
+        how = "" if threshold.exact else f", the stricter neighbour of the spec's {spec_ms:g} ms"
+        note = (f" The red line is the {SLO_TITLES[slo]} SLO as the rules count it "
+                f"({threshold.le * 1000:g} ms bucket{how}).")
+    return Panel(
+        title=title,
+        description=f"{what} per topology, p50 and p99 from the topology-summed histogram buckets "
+                    f"(histogram_quantile over sum by (le) of the rate over $window).{note}",
+        unit="s",
+        queries=(_per_topology(m.quantile_name(metric, 0.5, WINDOW), "{{topology}} p50"),
+                 _per_topology(m.quantile_name(metric, 0.99, WINDOW), "{{topology}} p99")),
+        lines=lines, min=0)
+
+
+def _uid(stem: str, kind: str) -> str:
+    return f"xo-{stem}-{kind}"[:40]
+
+
+def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
+    spec = rules.spec
+    objective = spec.slos.objective
+    slo_queries = tuple(_per_topology(m.goodput_name(b.slo, WINDOW), f"{{{{topology}}}} {b.slo}")
+                        for b in rules.slo_buckets)
+    request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
+    goodput_rows: list[Panel] = [Panel(
+        title="Goodput ratio per SLO",
+        description="Share of requests (ITL: of engine iterations) within each SLO, per topology: "
+                    "rate of the SLO bucket over the rate of the count, both summed per topology before "
+                    f"dividing. The red line is the objective ({objective:g}).",
+        unit="percentunit", queries=slo_queries, lines=(Line(objective),), min=0, max=1)]
+    if request_slos:
+        goodput_rows.insert(0, Panel(
+            title="Goodput ratio (every SLO met)",
+            description="Share of requests meeting every per-request SLO at once. Server-side histograms "
+                        "only bound it: lower = max(0, sum of shares - (n-1)), upper = min of shares. "
+                        f"The red line is the objective ({objective:g}).",
+            unit="percentunit",
+            queries=(_per_topology(m.joint_goodput_name("lower", WINDOW), "{{topology}} lower bound"),
+                     _per_topology(m.joint_goodput_name("upper", WINDOW), "{{topology}} upper bound")),
+            lines=(Line(objective),), min=0, max=1))
+        goodput_rows += [
+            Panel(title="Goodput tokens/s",
+                  description="Output tokens/s of the topology times its lower-bound goodput ratio: tokens "
+                              "certainly served within every SLO (a conservative figure).",
+                  unit="short", queries=(_per_topology(m.goodput_tokens_name(WINDOW)),), min=0),
+            Panel(title="Goodput tokens/s per GPU",
+                  description="Goodput tokens/s divided by the topology's GPUs (from the spec): the figure "
+                              "that decides the crossover between topologies of equal GPU count.",
+                  unit="short", queries=(_per_topology(m.goodput_tokens_name(WINDOW, per_gpu=True)),), min=0),
+        ]
+    throughput = (
+        Panel(title="Output tokens/s",
+              description="Generated tokens per second, summed over the topology's instances.",
+              unit="short", queries=(_per_topology(m.rate_name(catalog.GENERATION_TOKENS, WINDOW)),), min=0),
+        Panel(title="Output tokens/s per GPU",
+              description="Generated tokens per second divided by the topology's GPU count.",
+              unit="short", queries=(_per_topology(m.per_gpu_name(catalog.GENERATION_TOKENS, WINDOW)),),
+              min=0),
+        Panel(title="Finished requests/s",
+              description="Requests finished per second (every finished_reason), per topology.",
+              unit="reqps", queries=(_per_topology(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW)),), min=0),
+        Panel(title="Output tokens/s per instance",
+              description="Generated tokens per second of each instance, from the raw counter over "
+                          "$__rate_interval: shows an unbalanced or idle replica inside a topology.",
+              unit="short",
+              queries=(Query(f"sum by (topology, replica) (rate({catalog.GENERATION_TOKENS.promql_name}"
+                             f"{{{rules.config.selector},{FILTERS}}}[{RATE_INTERVAL}]))",
+                             "{{topology}} {{replica}}"),), min=0),
+    )
+    latency = (
+        _latency_panel(rules, catalog.TTFT, "ttft", "Time to first token", "Time to first token"),
+        _latency_panel(rules, catalog.TPOT, "tpot", "Time per output token (per request)",
+                       "Per-request time per output token (decode time / (tokens - 1))"),
+        _latency_panel(rules, catalog.ITL, "itl", "Inter-token latency",
+                       "Inter-token latency (per engine step)"),
+        _latency_panel(rules, catalog.E2E_LATENCY, "e2el", "End-to-end request latency",
+                       "End-to-end request latency"),
+    )
+    up = f"up{{{rules.config.selector},{TOPOLOGY_FILTER}}}"
+    load = (
+        Panel(title="Running and waiting requests",
+              description="Requests in the running batch and in the waiting queue, summed per topology.",
+              unit="short",
+              queries=(_per_topology(m.gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), "{{topology}} running"),
+                       _per_topology(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING), "{{topology}} waiting")),
+              min=0),
+        Panel(title="KV-cache usage",
+              description="KV-cache usage of the fullest instance of each topology (1 = full; preemptions "
+                          "follow). Instances of a topology have equal pools.",
+              unit="percentunit", queries=(_per_topology(m.kv_usage_name("max")),), min=0, max=1),
+        Panel(title="Preemptions/s",
+              description="Requests preempted per second (KV cache exhausted), per topology.",
+              unit="short", queries=(_per_topology(m.rate_name(catalog.NUM_PREEMPTIONS, WINDOW)),), min=0),
+        Panel(title="Targets up",
+              description="Instances of each topology that Prometheus scrapes successfully, out of those "
+                          "in the spec.",
+              unit="short", queries=(Query(f"sum by (topology) ({up})", "{{topology}}"),), min=0),
+    )
+    return DashboardModel(
+        uid=_uid(stem, "overlay"),
+        title=f"vLLM crossover: topology overlay ({stem})",
+        description="Every topology of the fleet spec on the same panels, so the crossover between one big "
+                    "tensor-parallel replica, several small ones and P/D disaggregation shows at a glance.",
+        rows=(Row("Goodput", tuple(goodput_rows)), Row("Throughput", throughput), Row("Latency", latency),
+              Row("Load", load)),
+        windows=rules.dashboard_windows)
+
+
+def _alert_windows(rules: RuleSet) -> tuple[str, ...]:
+    """The burn-rate windows, shortest first."""
+    seconds = {t.long_s: t.long for t in rules.tiers} | {t.short_s: t.short for t in rules.tiers}
+    return tuple(seconds[s] for s in sorted(seconds))
+
+
+def slo_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
+    budget = rules.error_budget
+    sli = tuple(
+        Panel(title=f"{SLO_TITLES[b.slo]} SLI per window",
+              description=f"Share of {'engine iterations' if b.slo == 'itl' else 'requests'} within the "
+                          f"{SLO_TITLES[b.slo]} SLO ({b.le * 1000:g} ms) over each alerting window, per "
+                          f"topology. The red line is the objective ({rules.spec.slos.objective:g}).",
+              unit="percentunit",
+              queries=tuple(Query(f'1 - {m.sli_error_name(w)}{{slo="{b.slo}",{FILTERS}}}',
+                                  f"{{{{topology}}}} {w}") for w in _alert_windows(rules)),
+              lines=(Line(rules.spec.slos.objective),), min=0, max=1)
+        for b in rules.slo_buckets)
+    burn = tuple(
+        Panel(title=f"Burn rate {t.long}/{t.short} ({t.severity})",
+              description=f"Error ratio over {t.long} and {t.short} divided by the error budget "
+                          f"({budget:g}), per topology and SLO. The alert fires when both exceed the red "
+                          f"line ({t.factor:g}x: {t.budget_share * 100:g}% of the budget in {t.long}).",
+              unit="short",
+              queries=(Query(f"{m.sli_error_name(t.long)}{{{FILTERS}}} / {budget!r}",
+                             f"{{{{topology}}}} {{{{slo}}}} {t.long}"),
+                       Query(f"{m.sli_error_name(t.short)}{{{FILTERS}}} / {budget!r}",
+                             f"{{{{topology}}}} {{{{slo}}}} {t.short}")),
+              lines=(Line(t.factor),), min=0)
+        for t in rules.tiers)
+    budget_panels = (
+        Panel(title="Error budget remaining",
+              description=f"1 - (error ratio over the {rules.period} period) / (1 - objective), per topology "
+                          "and SLO. Below 0 the budget is spent.",
+              unit="percentunit",
+              queries=(Query(f"{m.BUDGET_REMAINING_NAME}{{{FILTERS}}}", "{{topology}} {{slo}}"),),
+              lines=(Line(0.0),)),
+        Panel(title="Firing crossover alerts",
+              description="Alerts of the generated rules firing now (0 when none); their start and end are "
+                          "also drawn as annotations on every panel.",
+              unit="short", kind="stat", scope="any",
+              queries=(Query('count(ALERTS{alertstate="firing",alertname=~"Vllm.+",' + TOPOLOGY_FILTER
+                             + "}) or vector(0)", "firing"),)),
+    )
+    return DashboardModel(
+        uid=_uid(stem, "slo"),
+        title=f"vLLM crossover: goodput SLO ({stem})",
+        description="Goodput SLIs per alerting window, burn rates against the multi-window alert thresholds, "
+                    "and the error budget left over the SLO period.",
+        rows=(Row("SLI per window", sli), Row("Burn rates", burn), Row("Error budget", budget_panels)),
+        windows=rules.dashboard_windows)
+
+
+def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
+    if not m.disaggregated_topologies(rules.spec):
+        return None
+    xfer = catalog.NIXL_XFER_TIME
+    kv = (
+        Panel(title="KV-transfer time", scope="pd",
+              description="NIXL KV-cache transfer duration p50 and p99 per P/D topology (observed on the "
+                          "decode instances; pooled over TP ranks).",
+              unit="s", queries=(_per_topology(m.quantile_name(xfer, 0.5, WINDOW), "{{topology}} p50"),
+                                 _per_topology(m.quantile_name(xfer, 0.99, WINDOW), "{{topology}} p99")),
+              lines=(Line(rules.config.kv_transfer_p99_ms / 1000.0),), min=0),
+        Panel(title="KV bytes/s", scope="pd",
+              description="Bytes of KV cache moved per second from prefill to decode instances.",
+              unit="Bps", queries=(_per_topology(m.histogram_rate_name(catalog.NIXL_BYTES, "sum", WINDOW)),),
+              min=0),
+        Panel(title="Per-transfer bandwidth", scope="pd",
+              description="Bytes moved divided by the time transfers took (sum of bytes over sum of transfer "
+                          "seconds): the link speed a transfer sees.",
+              unit="Bps", queries=(_per_topology(m.nixl_bandwidth_name(WINDOW)),), min=0),
+        Panel(title="KV transfers and failures/s", scope="pd",
+              description="NIXL transfers per second and failed transfers per second.",
+              unit="ops",
+              queries=(_per_topology(m.histogram_rate_name(xfer, "count", WINDOW), "{{topology}} transfers"),
+                       _per_topology(m.rate_name(catalog.NIXL_FAILED_TRANSFERS, WINDOW),
+                                     "{{topology}} failed")),
+              min=0),
+    )
+    itl_slo = next((b for b in rules.slo_buckets if b.slo == "itl"), None)
+    decode = (
+        Panel(title="Decode ITL p99: P/D next to colocated",
+              description="p99 inter-token latency of every topology: with 8K-token prompts, prefill chunks "
+                          "stall colocated decode steps; a P/D decode instance never runs a prefill.",
+              unit="s", queries=(_per_topology(m.quantile_name(catalog.ITL, 0.99, WINDOW)),),
+              lines=(Line(itl_slo.le),) if itl_slo else (), min=0),
+        Panel(title="Queue depth: prefill vs decode",
+              description="Waiting requests per role (prefill, decode, colocated) of each topology.",
+              unit="short",
+              queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, "topology_role")),
+                             "{{topology}} {{role}}"),), min=0),
+    )
+    return DashboardModel(
+        uid=_uid(stem, "pd"),
+        title=f"vLLM crossover: P/D disaggregation ({stem})",
+        description="KV-cache transfers between prefill and decode instances and what they buy: decode "
+                    "inter-token latency beside the colocated topology's.",
+        rows=(Row("KV transfer (NIXL)", kv), Row("Decode", decode)),
+        windows=rules.dashboard_windows)
+
+
+def dashboards(rules: RuleSet, stem: str) -> tuple[DashboardModel, ...]:
+    pd = pd_dashboard(rules, stem)
+    return (overlay_dashboard(rules, stem), slo_dashboard(rules, stem), *((pd,) if pd else ()))
