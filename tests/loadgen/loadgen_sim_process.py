@@ -36,8 +36,8 @@ def sim_process(spec: FleetSpec, folder: Path, time_scale: float = 1.0,
     spec_path = folder / "sim-spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     log = (folder / "sim.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "crossover", "sim", str(spec_path), "--time-scale",
-                                str(time_scale)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    command = [sys.executable, "-m", "crossover", "sim", str(spec_path), "--time-scale", str(time_scale)]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         urls = [i.url for t in spec.topologies for i in t.instances]
         deadline = time.monotonic() + start_timeout
