@@ -46,11 +46,10 @@ def known_names(rules: RuleSet, extra: Iterable[str] = ()) -> frozenset[str]:
 def exporter_names() -> frozenset[str]:
     """The exporter's crossover_* series, once crossover.exporter.names exists."""
     try:
-        from crossover.exporter import names  # type: ignore[attr-defined]
+        from crossover.exporter import names
     except ImportError:
         return frozenset()
-    found = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
-    return frozenset(found)
+    return frozenset(getattr(names, "EXPORTED_NAMES", frozenset()))
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:

@@ -64,7 +64,7 @@ def _first_panel(dashboard: dict) -> dict:
         expr=f'rate({catalog.NUM_PREEMPTIONS.promql_name}{{job="vllm"}}[5m])'), "$__rate_interval"),
     (lambda p: p["gridPos"].update(y=0), "overlap"),
 ])
-def test_the_lint_catches(break_it, expected: str) -> None:  # type: ignore[no-untyped-def]
+def test_the_lint_catches(break_it, expected: str) -> None:
     dashboard = copy.deepcopy(_overlay())
     break_it(_first_panel(dashboard))
     problems = lint(dashboard, _known("pd-8k-prompts"))
