@@ -297,3 +297,21 @@ def test_dockerfile_installs_every_package_folder() -> None:
         if service.get("image", "").startswith(CROSSOVER_IMAGE):
             assert service["build"]["dockerfile"] == "compose/Dockerfile"
             assert Path(service["build"]["context"]) == REPO
+
+
+def test_grafana_is_provisioned_with_the_generated_dashboards() -> None:
+    grafana = active("sim")["grafana"]
+    provisioning = container_to_repo(grafana, "/etc/grafana/provisioning")
+    files = sorted((provisioning / "datasources").glob("*.yml"))
+    datasources = [yaml.safe_load(p.read_text()) for p in files]
+    urls = [d["url"] for f in datasources for d in f["datasources"]]
+    assert urls == ["http://prometheus:9090"]  # the alias every profile's Prometheus answers to
+    providers = [p for f in sorted((provisioning / "dashboards").glob("*.yml"))
+                 for p in yaml.safe_load(f.read_text())["providers"]]
+    assert providers, "no dashboard provider"
+    for provider in providers:
+        folder = container_to_repo(grafana, provider["options"]["path"])
+        for profile in ("sim", "gpu-tp", "gpu-pd"):
+            container_path, _ = profile_spec(profile)
+            dashboards = list((folder / Path(container_path).stem).glob("*.json"))
+            assert dashboards, f"no dashboards for {container_path} under {folder}"
