@@ -15,11 +15,14 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TypeVar
 
 from crossover import catalog
 from crossover.exporter.parse import SeriesKey
 from crossover.exporter.quantile import bucket_fraction, histogram_quantile, joint_bounds
 from crossover.exporter.window import SeriesWindow
+
+K = TypeVar("K")
 
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 
@@ -161,56 +164,91 @@ class _Histogram:
 
 
 @dataclass
-class _Sums:
-    """A group's counters summed, rates summed per target, gauges combined."""
+class WindowSums:
+    """One target's (or a merged group's) window, reduced to what derivation needs: summed
+    histogram increases, per-second rates (each target's increase over its own window length),
+    and gauge statistics. Summarise each target once, then merge for every group it belongs to."""
 
+    targets: int = 0
     histograms: dict[str, _Histogram] = field(default_factory=dict)
-    rates: dict[str, float] = field(default_factory=dict)  # counter family -> per-second, summed
-    reason_rates: dict[str, float] = field(default_factory=dict)
-    hist_rates: dict[str, float] = field(default_factory=dict)  # family + suffix -> per-second
-    gauge_mean_sum: dict[str, float] = field(default_factory=dict)  # sum over targets of means
+    rates: dict[str, float] = field(default_factory=dict)  # counter family -> per second
+    reason_rates: dict[str, float] = field(default_factory=dict)  # finished_reason -> per second
+    hist_rates: dict[str, float] = field(default_factory=dict)  # family + "_sum"/"_count" -> per second
+    gauge_mean_sum: dict[str, float] = field(default_factory=dict)  # sum over targets of window means
     gauge_max: dict[str, float] = field(default_factory=dict)
     gauge_target_means: dict[str, list[float]] = field(default_factory=dict)
 
 
-def _accumulate(windows: Iterable[SeriesWindow]) -> _Sums:
-    sums = _Sums()
-    for window in windows:
-        duration = window.duration
-        for key, increase in window.increase.items():
-            info = _key_info(key)
-            if info is None:
+def summarize(window: SeriesWindow) -> WindowSums:
+    """Reduce one target's window (all its engines and label sets summed)."""
+    sums = WindowSums(targets=1)
+    duration = window.duration
+    for key, increase in window.increase.items():
+        info = _key_info(key)
+        if info is None:
+            continue
+        if info.suffix in ("_bucket", "_sum", "_count"):
+            histogram = sums.histograms.get(info.family)
+            if histogram is None:
+                histogram = sums.histograms[info.family] = _Histogram()
+            if info.suffix == "_bucket":
+                assert info.le is not None
+                histogram.buckets[info.le] = histogram.buckets.get(info.le, 0.0) + increase
                 continue
-            if info.suffix in ("_bucket", "_sum", "_count"):
-                histogram = sums.histograms.setdefault(info.family, _Histogram())
-                if info.suffix == "_bucket":
-                    assert info.le is not None
-                    histogram.buckets[info.le] = histogram.buckets.get(info.le, 0.0) + increase
-                elif info.suffix == "_sum":
-                    histogram.total += increase
-                else:
-                    histogram.count += increase
-                    histogram.has_count = True
-                if info.suffix != "_bucket" and duration > 0:
-                    name = info.family + info.suffix
-                    sums.hist_rates[name] = sums.hist_rates.get(name, 0.0) + increase / duration
-                continue
-            rate = increase / duration if duration > 0 else math.nan
-            sums.rates[info.family] = sums.rates.get(info.family, 0.0) + rate
-            if info.reason is not None:
-                sums.reason_rates[info.reason] = sums.reason_rates.get(info.reason, 0.0) + rate
-        per_target: dict[str, list[float]] = {}
-        for key, mean in window.gauge_mean.items():
-            info = _key_info(key)
-            if info is None:
-                continue
-            per_target.setdefault(info.family, []).append(mean)
-            highest = window.gauge_max[key]
-            sums.gauge_max[info.family] = max(sums.gauge_max.get(info.family, -math.inf), highest)
-        for family, means in per_target.items():
-            sums.gauge_mean_sum[family] = sums.gauge_mean_sum.get(family, 0.0) + math.fsum(means)
-            sums.gauge_target_means.setdefault(family, []).append(math.fsum(means) / len(means))
+            if info.suffix == "_sum":
+                histogram.total += increase
+            else:
+                histogram.count += increase
+                histogram.has_count = True
+            if duration > 0:
+                name = info.family + info.suffix
+                sums.hist_rates[name] = sums.hist_rates.get(name, 0.0) + increase / duration
+            continue
+        rate = increase / duration if duration > 0 else math.nan
+        sums.rates[info.family] = sums.rates.get(info.family, 0.0) + rate
+        if info.reason is not None:
+            sums.reason_rates[info.reason] = sums.reason_rates.get(info.reason, 0.0) + rate
+    per_family: dict[str, list[float]] = {}
+    for key, mean in window.gauge_mean.items():
+        info = _key_info(key)
+        if info is None:
+            continue
+        per_family.setdefault(info.family, []).append(mean)
+        highest = window.gauge_max[key]
+        sums.gauge_max[info.family] = max(sums.gauge_max.get(info.family, -math.inf), highest)
+    for family, means in per_family.items():
+        sums.gauge_mean_sum[family] = math.fsum(means)
+        sums.gauge_target_means[family] = [math.fsum(means) / len(means)]
     return sums
+
+
+def _add(into: dict[K, float], other: Mapping[K, float]) -> None:
+    for key, value in other.items():
+        into[key] = into.get(key, 0.0) + value
+
+
+def merge(parts: Iterable[WindowSums]) -> WindowSums:
+    """Sum several targets' WindowSums (counters and buckets add; maxima take the max)."""
+    out = WindowSums()
+    for part in parts:
+        out.targets += part.targets
+        for family, histogram in part.histograms.items():
+            mine = out.histograms.get(family)
+            if mine is None:
+                mine = out.histograms[family] = _Histogram()
+            _add(mine.buckets, histogram.buckets)
+            mine.total += histogram.total
+            mine.count += histogram.count
+            mine.has_count = mine.has_count or histogram.has_count
+        _add(out.rates, part.rates)
+        _add(out.reason_rates, part.reason_rates)
+        _add(out.hist_rates, part.hist_rates)
+        _add(out.gauge_mean_sum, part.gauge_mean_sum)
+        for family, highest in part.gauge_max.items():
+            out.gauge_max[family] = max(out.gauge_max.get(family, -math.inf), highest)
+        for family, means in part.gauge_target_means.items():
+            out.gauge_target_means.setdefault(family, []).extend(means)
+    return out
 
 
 def _latency(histogram: _Histogram | None) -> Latency | None:
@@ -226,10 +264,15 @@ def _latency(histogram: _Histogram | None) -> Latency | None:
 def derive(windows: Sequence[SeriesWindow | None], *, gpus: int, slos_seconds: Mapping[str, float],
            window_seconds: float) -> Derived:
     """Derive one group's figures over one window from its targets' windows (None: no window)."""
-    present = [w for w in windows if w is not None]
-    if not present:
+    return derive_sums(merge(summarize(w) for w in windows if w is not None), gpus=gpus,
+                       slos_seconds=slos_seconds, window_seconds=window_seconds)
+
+
+def derive_sums(sums: WindowSums, *, gpus: int, slos_seconds: Mapping[str, float],
+                window_seconds: float) -> Derived:
+    """Derive a group's figures from its merged WindowSums."""
+    if sums.targets == 0:
         return Derived(window_seconds=window_seconds, targets=0, gpus=gpus)
-    sums = _accumulate(present)
     latency: dict[str, Latency] = {}
     for short, metric in LATENCY_FAMILIES.items():
         summary = _latency(sums.histograms.get(metric.name))
@@ -261,7 +304,7 @@ def derive(windows: Sequence[SeriesWindow | None], *, gpus: int, slos_seconds: M
     kv_means = sums.gauge_target_means.get(catalog.KV_CACHE_USAGE.name)
     return Derived(
         window_seconds=window_seconds,
-        targets=len(present),
+        targets=sums.targets,
         gpus=gpus,
         latency=latency,
         prompt_tokens_per_second=sums.rates.get(catalog.PROMPT_TOKENS.name),
@@ -283,7 +326,7 @@ def derive(windows: Sequence[SeriesWindow | None], *, gpus: int, slos_seconds: M
     )
 
 
-def _kv_transfer(sums: _Sums) -> KvTransfer | None:
+def _kv_transfer(sums: WindowSums) -> KvTransfer | None:
     xfer = sums.histograms.get(catalog.NIXL_XFER_TIME.name)
     moved = sums.histograms.get(catalog.NIXL_BYTES.name)
     failures = sums.rates.get(catalog.NIXL_FAILED_TRANSFERS.name)

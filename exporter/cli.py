@@ -1,0 +1,37 @@
+"""`crossover exporter SPEC`: scrape the fleet and serve per-topology goodput on /metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from crossover.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SPEC", help="fleet spec (YAML)")
+    parser.add_argument("--port", type=int, default=9400, help="port to serve /metrics on (default 9400)")
+    parser.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--file-sd", action="append", default=[], metavar="PATH",
+                        help="Prometheus file_sd JSON with more targets (labels topology, role, instance); "
+                        "re-read when it changes; may be given several times")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    from crossover.exporter.service import Exporter, serve
+    from crossover.spec import load_spec
+
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be 1-65535, got {args.port}")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = load_spec(args.spec)
+    exporter = Exporter(spec, spec_path=args.spec, file_sd_paths=args.file_sd)
+
+    async def main() -> None:
+        await serve(exporter, args.bind, args.port, asyncio.Event())
+
+    asyncio.run(main())
+    return 0

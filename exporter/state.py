@@ -1,0 +1,217 @@
+"""The exporter's state between cycles and the immutable Snapshot every reader sees.
+
+`ExporterState` keeps, per target, its scrape history and health. After each cycle,
+`build_snapshot` (a pure function of that state, the targets and the spec) derives every group
+over every window; /metrics and /api/v1/snapshot read only the latest Snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from crossover.exporter.derive import Derived, WindowSums, derive_sums, merge, quantile_label, summarize
+from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
+from crossover.exporter.targets import Target
+from crossover.exporter.window import History
+from crossover.spec import FleetSpec, format_duration
+
+
+@dataclass
+class TargetHealth:
+    """One target's scrape record (mutable, owned by the scrape loop)."""
+
+    target: Target
+    history: History
+    up: bool = False
+    scrapes: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    last_duration: float | None = None
+    last_success: float | None = None
+    last_error: str | None = None
+    last_reason: str | None = None
+    body_bytes: int = 0
+
+    def record(self, result: ScrapeResult, timestamp: float) -> None:
+        self.scrapes += 1
+        self.last_duration = result.duration
+        if result.series is not None:
+            self.up = True
+            self.last_success = timestamp
+            self.body_bytes = result.body_bytes
+            self.history.add(timestamp, result.series)
+        else:
+            self.up = False
+            self.errors[result.reason or "read"] += 1
+            self.last_error = result.error
+            self.last_reason = result.reason
+            self.history.prune(timestamp)
+
+
+@dataclass(frozen=True)
+class TargetView:
+    topology: str
+    instance: str
+    role: str
+    url: str
+    gpus: int
+    up: bool
+    scrapes: int
+    scrape_duration_seconds: float | None
+    last_success_timestamp: float | None
+    body_bytes: int
+    errors: dict[str, int]  # every reason of ERROR_REASONS, zeros included
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """Derived figures of one group (a topology, one role of a P/D topology, or an instance)."""
+
+    topology: str
+    role: str | None
+    instance: str | None
+    gpus: int
+    windows: dict[str, Derived]  # window name ("1m") -> figures
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    timestamp: float
+    interval_seconds: float
+    windows: dict[str, float]  # window name -> seconds
+    slos_seconds: dict[str, float]
+    targets: tuple[TargetView, ...] = ()
+    topologies: tuple[GroupView, ...] = ()
+    roles: tuple[GroupView, ...] = ()
+    instances: tuple[GroupView, ...] = ()
+    cycle_seconds: float = 0.0
+    spec_reloads: dict[str, int] = field(default_factory=dict)
+
+
+def window_names(spec: FleetSpec) -> dict[str, float]:
+    return {format_duration(seconds): seconds for seconds in spec.scrape.window_seconds}
+
+
+def slos_seconds(spec: FleetSpec) -> dict[str, float]:
+    return {name: ms / 1000.0 for name, ms in spec.slos.thresholds_ms.items()}
+
+
+def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, *,
+                   cycle_seconds: float = 0.0, spec_reloads: Mapping[str, int] | None = None) -> Snapshot:
+    """Derive every group over every window from the targets' histories, as of `now`."""
+    windows = window_names(spec)
+    slos = slos_seconds(spec)
+    # Each target's window is summarised once, then merged into each group holding it.
+    sums: dict[str, dict[tuple[str, str], WindowSums]] = {}
+    for name, seconds in windows.items():
+        per_target: dict[tuple[str, str], WindowSums] = {}
+        for record in health:
+            window = record.history.window(now, seconds)
+            per_target[record.target.key] = summarize(window) if window is not None else WindowSums()
+        sums[name] = per_target
+
+    def group(members: Sequence[Target], topology: str, role: str | None, instance: str | None) -> GroupView:
+        gpus = sum(t.gpus for t in members)
+        derived = {name: derive_sums(merge(sums[name][t.key] for t in members), gpus=gpus,
+                                     slos_seconds=slos, window_seconds=seconds)
+                   for name, seconds in windows.items()}
+        return GroupView(topology, role, instance, gpus, derived)
+
+    targets = [record.target for record in health]
+    topologies: list[GroupView] = []
+    roles: list[GroupView] = []
+    instances: list[GroupView] = []
+    for topology in spec.topologies:
+        members = [t for t in targets if t.topology == topology.name]
+        if not members:
+            continue
+        topologies.append(group(members, topology.name, None, None))
+        present_roles = sorted({t.role for t in members})
+        if present_roles != ["colocated"]:
+            for role in present_roles:
+                roles.append(group([t for t in members if t.role == role], topology.name, role, None))
+        for target in members:
+            instances.append(group([target], topology.name, target.role, target.instance))
+    views = tuple(
+        TargetView(r.target.topology, r.target.instance, r.target.role, r.target.metrics_url, r.target.gpus,
+                   r.up, r.scrapes, r.last_duration, r.last_success, r.body_bytes,
+                   {reason: r.errors.get(reason, 0) for reason in ERROR_REASONS}, r.last_error)
+        for r in health)
+    return Snapshot(now, spec.scrape.interval_seconds, windows, slos, views, tuple(topologies), tuple(roles),
+                    tuple(instances), cycle_seconds, dict(spec_reloads or {}))
+
+
+# --- JSON --------------------------------------------------------------------------------------------
+def _clean(value: Any) -> Any:
+    """NaN and infinities become null (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def derived_json(derived: Derived) -> dict[str, Any]:
+    out = asdict(derived)
+    out["joint_slos"] = list(derived.joint_slos)
+    for name in ("prompt_tokens_per_second_per_gpu", "generation_tokens_per_second_per_gpu",
+                 "requests_per_second_per_gpu", "goodput_tokens_per_second_per_gpu_lower",
+                 "goodput_tokens_per_second_per_gpu_upper"):
+        out[name] = getattr(derived, name)
+    return out
+
+
+def _group_json(view: GroupView) -> dict[str, Any]:
+    return {"topology": view.topology, "role": view.role, "instance": view.instance, "gpus": view.gpus,
+            "windows": {name: derived_json(d) for name, d in view.windows.items()}}
+
+
+def _headline(view: GroupView, window: str) -> dict[str, Any]:
+    """A few flat figures of the shortest window, for quick readers (the app's live chart)."""
+    derived = view.windows[window]
+    p99 = quantile_label(0.99)
+
+    def ms(short: str) -> float | None:
+        latency = derived.latency.get(short)
+        return None if latency is None else latency.quantiles[p99] * 1000.0
+
+    return {"goodput_tps": derived.goodput_tokens_per_second_lower,
+            "goodput_tps_upper": derived.goodput_tokens_per_second_upper,
+            "output_tps": derived.generation_tokens_per_second,
+            "ttft_p99_ms": ms("ttft"), "tpot_p99_ms": ms("tpot"), "itl_p99_ms": ms("itl")}
+
+
+def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
+    """The /api/v1/snapshot document (schema in docs/exporter.md). Holds no credentials: targets
+    are described by their labels and URL only."""
+    shortest = min(snapshot.windows, key=lambda n: snapshot.windows[n]) if snapshot.windows else None
+    topologies = []
+    for view in snapshot.topologies:
+        entry = {"name": view.topology, **_group_json(view)}
+        if shortest is not None:
+            entry.update(_headline(view, shortest))
+        entry["roles"] = [_group_json(r) for r in snapshot.roles if r.topology == view.topology]
+        entry["instances"] = [_group_json(i) for i in snapshot.instances if i.topology == view.topology]
+        topologies.append(entry)
+    return _clean({
+        "timestamp": snapshot.timestamp,
+        "interval_seconds": snapshot.interval_seconds,
+        "windows": snapshot.windows,
+        "headline_window": shortest,
+        "slos_seconds": snapshot.slos_seconds,
+        "cycle_seconds": snapshot.cycle_seconds,
+        "targets": [asdict(t) for t in snapshot.targets],
+        "topologies": topologies,
+    })
+
+
+def empty_snapshot(spec: FleetSpec, targets: Iterable[Target], now: float) -> Snapshot:
+    """Before the first cycle: every target known, nothing derived yet."""
+    health = [TargetHealth(t, History(1.0)) for t in targets]
+    return build_snapshot(spec, health, now)
