@@ -11,9 +11,11 @@ import asyncio
 import atexit
 import contextlib
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -36,6 +38,7 @@ class LiveStack:
     rules: RuleSet
     prometheus: PrometheusServer
     folder: Path
+    fleet: Any  # crossover.sim.fleet.SimFleet
     requests_done: dict[str, int]
     traffic_ended: float
 
@@ -59,14 +62,20 @@ def _fast_scrape(spec: FleetSpec) -> FleetSpec:
     return FleetSpec.model_validate(data)
 
 
-async def _drive(spec: FleetSpec, seconds: float) -> dict[str, int]:
+def drive(spec: FleetSpec, seconds: float, stop: threading.Event | None = None) -> dict[str, int]:
+    """Blocking: stream requests to every topology for `seconds` or until `stop` is set (callable
+    from a thread)."""
+    return asyncio.run(_drive(spec, seconds, stop))
+
+
+async def _drive(spec: FleetSpec, seconds: float, stop: threading.Event | None = None) -> dict[str, int]:
     done: dict[str, int] = {t.name: 0 for t in spec.topologies}
     deadline = time.monotonic() + seconds
     timeout = aiohttp.ClientTimeout(total=30)
 
     async def worker(session: aiohttp.ClientSession, topology: str, urls: list[str], offset: int) -> None:
         turn = offset
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (stop and stop.is_set()):
             url = urls[turn % len(urls)]
             turn += 1
             body = {"model": spec.model.name, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True,
@@ -87,10 +96,12 @@ async def _drive(spec: FleetSpec, seconds: float) -> dict[str, int]:
     return done
 
 
-def live_stack(spec_file: str, config: RulesConfig | None = None) -> LiveStack:
-    """The stack for compose/specs/<spec_file>, started on first use with traffic already served."""
-    if spec_file in _STACKS:
-        return _STACKS[spec_file]
+def live_stack(spec_file: str, config: RulesConfig | None = None, warm_up: bool = True) -> LiveStack:
+    """The stack for compose/specs/<spec_file> (and rules config), started on first use with
+    traffic already served."""
+    key = f"{spec_file} {config!r}"
+    if key in _STACKS:
+        return _STACKS[key]
     require_binary("prometheus")
     try:
         from crossover.sim.fleet import running_fleet
@@ -102,14 +113,14 @@ def live_stack(spec_file: str, config: RulesConfig | None = None) -> LiveStack:
     folder = Path(_EXIT.enter_context(tempfile.TemporaryDirectory(prefix="crossover-live-")))
     for name, text in outputs(spec, rules, Format.PLAIN, spec_file, Path(spec_file).stem).items():
         (folder / name).write_text(text)
-    _EXIT.enter_context(running_fleet(spec))
+    fleet = _EXIT.enter_context(running_fleet(spec))
     prometheus = _EXIT.enter_context(running_prometheus(folder / "prometheus.yml"))
 
     targets = sum(len(t.instances) for t in spec.topologies)
     prometheus.wait_until(lambda: list(prometheus.targets_up().values()).count("up") == targets, 30,
                           f"all {targets} targets up")
-    done = asyncio.run(_drive(spec, TRAFFIC_SECONDS))
-    stack = LiveStack(spec, rules, prometheus, folder, done, time.monotonic())
-    _STACKS[spec_file] = stack
+    done = drive(spec, TRAFFIC_SECONDS if warm_up else 0.0)
+    stack = LiveStack(spec, rules, prometheus, folder, fleet, done, time.monotonic())
+    _STACKS[key] = stack
     return stack
 
