@@ -60,8 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="always simulate the fleet, on free loopback ports")
     parser.add_argument("--out", default=None,
                         help="results folder (default results/demo-<UTC time>)")
-    parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
-                        help=f"sweep concurrency levels (default {DEFAULT_CONCURRENCY})")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", default=None,
+                      help=f"closed-loop sweep levels (default {DEFAULT_CONCURRENCY})")
+    load.add_argument("--rate", default=None,
+                      help="open-loop sweep levels in requests/s instead, e.g. 0.4,1,2 (the P/D seed's way)")
     parser.add_argument("--requests", type=int, default=None,
                         help="requests per level (default: the sweep's, 4 rounds of the concurrency)")
     parser.add_argument("--rounds", type=float, default=None,
@@ -147,19 +150,24 @@ def write_spec(spec: FleetSpec, path: Path) -> Path:
     return path
 
 
-def check_levels(text: str) -> None:
-    """Refuse bad levels before anything starts (the sweep would, but only after the fleet is up)."""
+def sweep_levels(args: argparse.Namespace) -> tuple[str, str]:
+    """(sweep flag, levels) from --rate or --concurrency, refused before anything starts if bad
+    (the sweep would refuse them too, but only after the fleet is up)."""
+    option, text = ("--rate", args.rate) if args.rate else ("--concurrency", args.concurrency or
+                                                           DEFAULT_CONCURRENCY)
     try:
         levels = [float(item) for item in text.split(",")]
     except ValueError:
         levels = []
     if not levels or not all(0 < level < float("inf") for level in levels):
-        raise UserError(f"--concurrency: cannot read {text!r} (want positive numbers separated by commas, "
+        raise UserError(f"{option}: cannot read {text!r} (want positive numbers separated by commas, "
                         "e.g. 1,4,16,64)")
+    return option, text
 
 
 def sweep_command(args: argparse.Namespace, spec_path: Path, out: Path, headless: bool) -> list[str]:
-    command = crossover_command("sweep", str(spec_path), "--concurrency", args.concurrency, "--out", str(out))
+    option, levels = sweep_levels(args)
+    command = crossover_command("sweep", str(spec_path), option, levels, "--out", str(out))
     if args.requests is not None:
         command += ["--requests", str(args.requests)]
     if args.rounds is not None:
@@ -335,7 +343,8 @@ def run_sweep(sup: Supervisor, stack: Stack, args: argparse.Namespace) -> int:
         say("crossover demo: this build has no sweep (crossover sweep); nothing to measure")
         return 2
     out = stack.out / "sweep"
-    say(f"crossover demo: sweeping concurrency {args.concurrency}; results in {out}/")
+    option, levels = sweep_levels(args)
+    say(f"crossover demo: sweeping {option.removeprefix('--')} {levels}; results in {out}/")
     # Piped output (CI, a log file): give rich a width that fits the table instead of 80 columns.
     env = {} if sys.stdout.isatty() else {"COLUMNS": "160"}
     child = sup.start("sweep", sweep_command(args, stack.spec_path, out, args.headless), env=env,
@@ -368,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--requests: must be at least 1, got {args.requests}")
     if args.rounds is not None and not args.rounds > 0:
         raise UserError(f"--rounds: must be positive, got {args.rounds:g}")
-    check_levels(args.concurrency)
+    sweep_levels(args)
     simulated = decide_simulation(spec, args.simulate)
     if simulated:
         spec = spec_on_free_ports(spec)
