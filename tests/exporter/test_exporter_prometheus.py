@@ -191,8 +191,8 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
                 for short, metric in LATENCY_FAMILIES.items():
                     mine = derived.latency[short]
                     for q in QUANTILES:
-                        buckets = f"{metric.name}_bucket{{{selector(view)}}}"
-                        theirs = prometheus.scalar(f"histogram_quantile({q}, sum by (le) ({buckets}))")
+                        series = f"{metric.name}_bucket{{{selector(view)}}}"
+                        theirs = prometheus.scalar(f"histogram_quantile({q}, sum by (le) ({series}))")
                         assert close(mine.quantiles[quantile_label(q)], theirs), (level, view, short, q)
                         compared += 1
                     theirs_mean = prometheus.scalar(f"sum({metric.name}_sum{{{selector(view)}}}) / "
@@ -215,10 +215,10 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
         wait_until(lambda: len(prometheus.query(f'{count_name}{{job="fixture"}}')) == len(FIXTURE_NAMES))
         parser = Parser()
         for name in FIXTURE_NAMES:
-            series = parser.series((FIXTURES / f"vllm-0.32.0-{name}.prom").read_text())
+            parsed = parser.series((FIXTURES / f"vllm-0.32.0-{name}.prom").read_text())
             for metric in LATENCY_FAMILIES.values():
                 buckets: dict[float, float] = {}
-                for (sample, labels), value in series.items():
+                for (sample, labels), value in parsed.items():
                     if sample == metric.name + "_bucket":
                         le = float(dict(labels)["le"])
                         buckets[le] = buckets.get(le, 0.0) + value
