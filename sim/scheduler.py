@@ -40,6 +40,7 @@ class SimRequest:
     preemptions: int = 0
     finished: bool = False
     sink: Any = None  # whoever waits for this request's tokens (the HTTP handler, the DES client)
+    pending: bytes = b""  # the live server's next chunk, formatted while the step runs
 
     def __post_init__(self) -> None:
         if not self.prefill_target:

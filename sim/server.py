@@ -21,13 +21,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from crossover.sim.engine import LiveEngine
+from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
 from crossover.sim.model import PerfModel
 from crossover.sim.scheduler import SimRequest
 from crossover.spec import Fault, FleetSpec, Instance, Role, Topology
 
 RECORD_RING = 20_000
+_GAP_MASK = GAP_RING - 1
 _WORDS = [w.encode() for w in (" the", " model", " serves", " tokens", " in", " steps", " of", " a",
                                 " batch", " and", " each", " one", " is", " streamed", " back", " now")]
 _MAX_METRICS_STALL_S = 600.0
@@ -77,25 +78,42 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: in
 
 
 class StreamSink:
-    """Writes one request's SSE chunks to its connection as the engine emits tokens."""
+    """Writes one request's SSE chunks to its connection as the engine emits tokens (the hot path:
+    one bytes join, one socket write, two array appends per token)."""
 
-    __slots__ = ("chat", "continuous_usage", "done", "drop_after", "dropped", "engine", "head", "prompt",
-                 "record", "tail", "transport")
+    __slots__ = ("chat", "continuous_usage", "done", "drop_after", "dropped", "engine", "gaps", "head",
+                 "prompt", "tail", "times", "transport", "unix_offset")
 
     def __init__(self, engine: LiveEngine, transport: asyncio.Transport, *, chat: bool, head: bytes,
                  prompt: int, continuous_usage: bool, drop_after: int | None, record: dict[str, Any]) -> None:
         self.engine = engine
         self.transport = transport
         self.chat = chat
-        self.head = head
+        self.head = b"data: " + head
         self.tail = b'"},"logprobs":null,"finish_reason":' if chat else \
             b'","logprobs":null,"finish_reason":'
         self.prompt = prompt
         self.continuous_usage = continuous_usage
         self.drop_after = drop_after
         self.dropped = False
-        self.record = record
+        self.times: array[float] = record["token_times"]
+        self.unix_offset = time.time() - time.monotonic()
+        self.gaps = engine.emission_gaps
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def prepare(self, request: SimRequest, index: int, finishing: bool) -> None:
+        finish = b'"' + request.finish_reason.encode() + b'"' if finishing else b"null"
+        if self.continuous_usage:
+            usage = (b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n'
+                     % (self.prompt, self.prompt + index, index))
+        else:
+            usage = b"}\n\n"
+        body = b"".join((self.head, _WORDS[index & 15], self.tail, finish,
+                         b"}]" if self.chat else b',"stop_reason":null}]', usage))
+        if self.chat and index == 1:  # vLLM sends the assistant role in its own chunk with the first token
+            body = (self.head[: -len(b'"content":"')]
+                    + b'"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n' + body)
+        request.pending = b"%x\r\n%s\r\n" % (len(body), body)
 
     def on_token(self, request: SimRequest, step_end: float) -> None:
         transport = self.transport
@@ -103,24 +121,19 @@ class StreamSink:
             self.engine.abort(request)
             self._finish()
             return
-        n = request.generated
-        finish = b'"' + request.finish_reason.encode() + b'"' if request.finished else b"null"
-        parts = [b"data: ", self.head, _WORDS[n & 15], self.tail, finish,
-                 b"}]" if self.chat else b',"stop_reason":null}]']
-        if self.continuous_usage:
-            parts.append(b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
-                         % (self.prompt, self.prompt + n, n))
-        parts.append(b"}\n\n")
-        if self.chat and n == 1:  # vLLM sends the assistant role in its own chunk with the first token
-            parts.insert(0, b"data: " + self.head[: -len(b'"content":"')]
-                         + b'"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n')
-        data = b"".join(parts)
-        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.record["token_times"].append(time.time())
-        self.engine.record_gap(time.monotonic() - step_end)
-        if self.drop_after is not None and n >= self.drop_after and not request.finished:
+        if not request.pending:  # not prepared (cannot happen on the engine's path; kept for safety)
+            self.prepare(request, request.generated, request.finished)
+        transport.write(request.pending)
+        request.pending = b""
+        now = time.monotonic()
+        self.times.append(now + self.unix_offset)
+        gap = now - step_end
+        engine = self.engine
+        self.gaps[engine.emission_count & _GAP_MASK] = gap if gap >= 0 else -gap
+        engine.emission_count += 1
+        if self.drop_after is not None and request.generated >= self.drop_after and not request.finished:
             self.dropped = True
-            self.engine.abort(request)
+            engine.abort(request)
             transport.abort()
             self._finish()
 
@@ -140,6 +153,9 @@ class WaitSink:
     def __init__(self, record: dict[str, Any]) -> None:
         self.record = record
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def prepare(self, request: SimRequest, index: int, finishing: bool) -> None:
+        pass
 
     def on_token(self, request: SimRequest, step_end: float) -> None:
         self.record["token_times"].append(time.time())
@@ -314,14 +330,14 @@ class SimInstance:
             return response
         created = int(record["arrival"])
         if chat:
-            head = (b'data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,'
+            head = (b'{"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,'
                     b'"choices":[{"index":0,"delta":{"content":"'
                     % (sim.request_id.encode(), created, json.dumps(self.model_name).encode()))
         else:
-            head = (b'data: {"id":"%s","object":"text_completion","created":%d,"model":%s,'
+            head = (b'{"id":"%s","object":"text_completion","created":%d,"model":%s,'
                     b'"choices":[{"index":0,"text":"'
                     % (sim.request_id.encode(), created, json.dumps(self.model_name).encode()))
-        sink = StreamSink(self.engine, transport, chat=chat, head=head[len(b"data: "):],
+        sink = StreamSink(self.engine, transport, chat=chat, head=head,
                           prompt=sim.prompt_tokens, continuous_usage=continuous, drop_after=drop_after,
                           record=record)
         sim.sink = sink

@@ -142,8 +142,9 @@ def test_cli_serves_every_instance_and_stops_on_sigterm(tmp_path) -> None:
         for topology in spec.topologies:
             for instance in topology.instances:
                 _wait_for(instance.url + "/health")
-        assert spec.topology("pd1p1d").entrypoint.url is not None
-        _wait_for(spec.topology("pd1p1d").entrypoint.url + "/health")
+        entry = spec.topology("pd1p1d").entrypoint.url
+        assert entry is not None
+        _wait_for(entry + "/health")
     finally:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=20)
