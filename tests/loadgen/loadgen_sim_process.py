@@ -36,7 +36,10 @@ def sim_process(spec: FleetSpec, folder: Path, time_scale: float = 1.0,
     spec_path = folder / "sim-spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     log = (folder / "sim.log").open("wb")
-    command = [sys.executable, "-m", "crossover", "sim", str(spec_path), "--time-scale", str(time_scale)]
+    # `crossover sim`, through its own module only (the full CLI imports every subcommand)
+    serve = ("import argparse, sys; from crossover.sim import cli; p = argparse.ArgumentParser(); "
+             "cli.add_arguments(p); sys.exit(cli.run(p.parse_args(sys.argv[1:])))")
+    command = [sys.executable, "-c", serve, str(spec_path), "--time-scale", str(time_scale)]
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         urls = [i.url for t in spec.topologies for i in t.instances]
