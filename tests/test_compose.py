@@ -315,3 +315,17 @@ def test_grafana_is_provisioned_with_the_generated_dashboards() -> None:
             container_path, _ = profile_spec(profile)
             dashboards = list((folder / Path(container_path).stem).glob("*.json"))
             assert dashboards, f"no dashboards for {container_path} under {folder}"
+
+
+def test_alertmanager_routes_severities_the_generated_rules_emit() -> None:
+    """A matcher on a severity no alert carries would silently route nothing."""
+    config = yaml.safe_load((COMPOSE / "alertmanager" / "alertmanager.yml").read_text())
+    emitted: set[str] = set()
+    for rules in (COMPOSE / "prometheus").glob("compose-*/rules.yml"):
+        for group in yaml.safe_load(rules.read_text())["groups"]:
+            emitted |= {r["labels"]["severity"] for r in group["rules"] if "alert" in r}
+    matchers = [m for r in config["route"].get("routes", []) for m in r.get("matchers", [])]
+    matchers += [m for rule in config.get("inhibit_rules", [])
+                 for m in rule.get("source_matchers", []) + rule.get("target_matchers", [])]
+    used = {m.split("=", 1)[1].strip('"') for m in matchers if m.startswith("severity=")}
+    assert used and used <= emitted, f"matchers on {used - emitted}; the rules emit {emitted}"

@@ -157,8 +157,8 @@ def test_interactive_stack_is_wired_and_ctrl_c_stops_everything(tmp_path: Path) 
         managers = get_json(prometheus + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
         assert [m["url"] for m in managers] == [alertmanager + "/api/v2/alerts"]
 
-        # Alertmanager routes a page to the example webhook, which writes it to alerts.jsonl.
-        alert = [{"labels": {"alertname": "DemoCheck", "severity": "page", "topology": "tp4x1"},
+        # Alertmanager routes a page (severity critical) to the webhook, which writes alerts.jsonl.
+        alert = [{"labels": {"alertname": "DemoCheck", "severity": "critical", "topology": "tp4x1"},
                   "annotations": {"summary": "wiring check"}}]
         request = urllib.request.Request(alertmanager + "/api/v2/alerts", data=json.dumps(alert).encode(),
                                          headers={"Content-Type": "application/json"}, method="POST")
@@ -224,3 +224,23 @@ def test_pd_proxy_refuses_a_spec_without_pd(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "crossover.demo_pdproxy", str(SEED)], capture_output=True,
                             text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert result.returncode == 2 and "give --topology" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_headless_demo_on_real_vllm_servers_does_not_simulate(real_vllm_fleet: Any, tmp_path: Path) -> None:
+    """A spec whose instances all answer /health is a real fleet: the demo detects it (no --no-sim),
+    starts no simulator, and sweeps the real servers."""
+    spec = tmp_path / "real.yaml"
+    spec.write_text(yaml.safe_dump(real_vllm_fleet.spec.model_dump(mode="json")))
+    out = tmp_path / "run"
+    result = demo("--headless", "--spec", str(spec), "--concurrency", "1,4", "--requests", "8",
+                  "--input-len", "32", "--output-len", "16", "--out", str(out), timeout=500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(real servers)" in result.stderr
+    pids = json.loads((out / "logs" / "pids.json").read_text())
+    assert set(pids) == {"sweep"}, pids  # no simulator
+    assert "sweep summary" in result.stdout and "big1x2c" in result.stdout and "small2x1c" in result.stdout
+    crossings = json.loads((out / "sweep" / "crossover.json").read_text())["crossovers"]
+    assert any(c["metric"] == "goodput" for c in crossings)
