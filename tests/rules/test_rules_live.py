@@ -4,12 +4,15 @@ After a burst of traffic every recording rule has data, no fleet alert fires, an
 values equal an independent derivation in Python from the raw samples Prometheus stored for the
 same window at the same evaluation time: each series' rate as Prometheus 2.x computes it
 (extrapolatedRate), summed per topology, then divided or interpolated (never averaged ratios).
-Tolerance 1e-9 relative: only the order of float additions differs.
+Tolerance 1e-9 relative: only the order of float additions differs. (Evaluations that ran before
+a late scrape was stored are skipped, see `_recorded`.)
 """
 
 from __future__ import annotations
 
 import math
+import re
+import time
 from collections import defaultdict
 
 import pytest
@@ -121,11 +124,39 @@ def _quantile(q: float, buckets: dict[float, float]) -> float:
     return math.nan
 
 
+def _expanded(stack: LiveStack, name: str) -> str:
+    """The rule's expression with every recording rule it reads replaced by that rule's expression,
+    down to raw series (the spec-constant GPU counts stay)."""
+    exprs: dict[str, list[str]] = defaultdict(list)
+    for rule in stack.rules.records:
+        exprs[rule.record].append(rule.expr)
+    unique = {k: v[0] for k, v in exprs.items() if len(v) == 1 and k != m.GPUS_NAME}
+    pattern = re.compile(r"(?<![\w:])(" + "|".join(re.escape(k) for k in unique) + r")(?![\w:])")
+    text = unique[name]
+    while True:
+        expanded = pattern.sub(lambda match: f"({unique[match.group(1)]})", text)
+        if expanded == text:
+            return text
+        text = expanded
+
+
 def _recorded(stack: LiveStack, name: str) -> tuple[float, dict[str, float]]:
-    """The latest evaluation time of a recording rule and its value per topology."""
-    samples = stack.prometheus.query(f"timestamp({name})")
-    at = max(s.value for s in samples)
-    return at, {s.labels["topology"]: s.value for s in stack.prometheus.query(name, at)}
+    """A recent evaluation of a recording rule and its value per topology: the latest one whose
+    value equals its expression (expanded to raw series) re-evaluated now at the same timestamp.
+    On a loaded machine a scrape can land after an evaluation that its timestamp precedes; such an
+    evaluation saw fewer samples than a query does later, so it is skipped, never tolerated."""
+    expr = _expanded(stack, name)
+    history: dict[float, dict[str, float]] = defaultdict(dict)
+    for labels, values in stack.prometheus.query_range_vector(f"{name}[30s]", time.time()):
+        for at, value in values:
+            history[at][labels["topology"]] = value
+    for at in sorted(history, reverse=True)[:20]:
+        evaluated = {s.labels["topology"]: s.value for s in stack.prometheus.query(expr, at)}
+        recorded = history[at]
+        if evaluated.keys() == recorded.keys() and all(
+                _close(recorded[t], evaluated[t], REL) for t in recorded):
+            return at, recorded
+    pytest.fail(f"no evaluation of {name} in the last 30s equals its expression re-evaluated")
 
 
 def _close(got: float, want: float, rel: float) -> bool:
