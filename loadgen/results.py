@@ -74,9 +74,9 @@ class Run:
 
     out_dir: Path
     info: RunInfo
-    requests: pd.DataFrame
-    summary: pd.DataFrame
-    crossover: dict[str, Any] = field(default_factory=dict)
+    requests: pd.DataFrame = field(repr=False)
+    summary: pd.DataFrame = field(repr=False)
+    crossover: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 def _atomic_write(path: Path, write: Any) -> None:

@@ -50,18 +50,19 @@ class LevelDone:
     position: int  # 1-based among all (topology, level) jobs of the sweep
     total: int
     resumed: bool  # read from a previous run instead of measured now
-    requests: pd.DataFrame
-    summary: pd.DataFrame
-    crossover: dict[str, Any]
+    # kept out of repr: asyncio and loggers repr results, and printing frames is slow
+    requests: pd.DataFrame = field(repr=False)
+    summary: pd.DataFrame = field(repr=False)
+    crossover: dict[str, Any] = field(repr=False)
 
 
 @dataclass
 class SweepResult:
     out_dir: Path
     info: RunInfo
-    requests: pd.DataFrame
-    summary: pd.DataFrame
-    crossover: dict[str, Any]
+    requests: pd.DataFrame = field(repr=False)
+    summary: pd.DataFrame = field(repr=False)
+    crossover: dict[str, Any] = field(repr=False)
     stopped: bool = False
     resumed_levels: int = 0
     measured_levels: list[tuple[str, float]] = field(default_factory=list)
