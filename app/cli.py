@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -54,14 +53,11 @@ def run(args: argparse.Namespace) -> int:
     config.results_dir.mkdir(parents=True, exist_ok=True)
     print(f"crossover app: http://{args.address}:{args.port}  (spec {config.spec_path}, "
           f"results in {config.results_dir})", file=sys.stderr, flush=True)
-    env = {**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
-    process = subprocess.Popen(streamlit_command(args), env=env)
-    try:
-        return process.wait()
-    except KeyboardInterrupt:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        return 130
+    os.environ["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
+    command = streamlit_command(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Become the Streamlit server rather than wait on it: Ctrl-C and SIGTERM then reach the server
+    # itself and no orphan is left behind when whoever started `crossover app` stops it.
+    os.execv(command[0], command)
+    return 0  # not reached

@@ -155,20 +155,25 @@ def show_status(status: RunStatus) -> None:
         st.error(status.error)
 
 
-def show_crossover(results: view.ResultsView) -> None:
-    sentences = view.crossing_sentences(results.crossover)
-    if sentences:
-        for sentence in sentences:
-            st.success(sentence)
-    elif not results.empty:
-        st.info("No crossover yet: the curves have not crossed over the levels measured so far.")
-    others = view.other_sentences(results.crossover)
-    if others:
-        with st.expander("Pairs that do not cross, and capacity at the SLO objective"):
-            for line in others:
-                st.markdown(f"- {line}")
+def show_headline(results: view.ResultsView) -> None:
+    headlines = view.headline_sentences(results.crossover)
+    for sentence in headlines:
+        st.success(sentence)
+    if not headlines and not results.empty:
+        st.info("No goodput crossover yet: the curves have not crossed over the levels measured so far.")
     for line in view.failure_warnings(results.summary):
         st.warning(line)
+
+
+def show_all_sentences(results: view.ResultsView) -> None:
+    crossings = view.crossing_sentences(results.crossover)
+    others = view.other_sentences(results.crossover)
+    if not crossings and not others:
+        return
+    with st.expander(f"Every crossing ({len(crossings)}), pairs that do not cross, and capacity at the "
+                     "SLO objective"):
+        for line in crossings + others:
+            st.markdown(f"- {line}")
 
 
 def show_charts(results: view.ResultsView, gpus: dict[str, int]) -> None:
@@ -246,8 +251,9 @@ def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_ac
         st.info("Pick the topologies, load levels and SLOs in the sidebar, then press Start sweep. "
                 "The curves grow as each level finishes.")
     gpus = {t.name: t.gpus for t in spec.topologies}
-    show_crossover(results)
+    show_headline(results)
     show_charts(results, gpus)
+    show_all_sentences(results)
     show_server_view(config, spec, status)
     show_table_and_downloads(results, downloads=not (chosen == LIVE and status.state.active)
                              and not results.empty)

@@ -73,6 +73,21 @@ def crossing_sentences(crossover: dict[str, Any]) -> list[str]:
     return [str(c["sentence"]) for c in sorted(items, key=_rank) if c.get("sentence")]
 
 
+def headline_sentences(crossover: dict[str, Any], metric: str = "goodput") -> list[str]:
+    """The crossover the page leads with: per pair, the goodput crossing the bootstrap supports most
+    (the later one on a tie, since it decides who wins under more load)."""
+    best: dict[tuple[str, str], tuple[float, float, str]] = {}
+    for item in crossover.get("crossovers", []):
+        at = _finite(item.get("x"))
+        if item.get("kind") != "crossing" or item.get("metric") != metric or at is None:
+            continue
+        pair = (str(item.get("topology_a")), str(item.get("topology_b")))
+        candidate = (_finite(item.get("support")) or 0.0, at, str(item.get("sentence", "")))
+        if pair not in best or candidate[:2] > best[pair][:2]:
+            best[pair] = candidate
+    return [best[pair][2] for pair in sorted(best)]
+
+
 def other_sentences(crossover: dict[str, Any]) -> list[str]:
     """Pairs that do not cross (or lack data) and each topology's capacity at the objective."""
     items = [c for c in crossover.get("crossovers", []) if c.get("kind") != "crossing"]

@@ -1,16 +1,22 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from crossover.app import charts, view
 from tests.app.app_fixtures import seed_summary
 
-CROSSOVER = {
+CROSSOVER: dict[str, Any] = {
     "crossovers": [
         {"metric": "ttft_p99", "kind": "crossing", "x": 3.0, "ci_low": 2.0, "ci_high": 5.0,
          "sentence": "tp2x2 overtakes tp4x1 in p99 TTFT at concurrency about 3 (95% CI 2-5)"},
         {"metric": "goodput", "kind": "crossing", "x": 11.2, "ci_low": 8.1, "ci_high": 14.3,
+         "topology_a": "tp2x2", "topology_b": "tp4x1", "support": 0.9,
          "sentence": "tp2x2 overtakes tp4x1 in goodput at concurrency about 11 (95% CI 8-14)"},
+        {"metric": "goodput", "kind": "crossing", "x": 1.1, "ci_low": 1.0, "ci_high": 1.3,
+         "topology_a": "tp2x2", "topology_b": "tp4x1", "support": 0.4,
+         "sentence": "tp4x1 overtakes tp2x2 in goodput at concurrency about 1.1 (95% CI 1-1.3)"},
         {"metric": "itl_p99", "kind": "none", "x": None, "ci_low": None, "ci_high": None,
          "sentence": "tp4x1 stays ahead of tp2x2 in p99 ITL over concurrency 1-128 (no crossing in range)"},
     ],
@@ -56,7 +62,7 @@ def _layers(chart) -> list[dict]:
 
 def test_the_crossover_is_a_rule_and_a_band_on_its_own_metric_only():
     marks = view.crossover_marks(CROSSOVER)
-    assert [m.metric for m in marks] == ["ttft_p99", "goodput"]  # the "none" pair is no marker
+    assert [m.metric for m in marks] == ["ttft_p99", "goodput", "goodput"]  # "none" is no marker
     goodput = metric("goodput")
     frame = charts.chart_frame(seed_summary(), goodput, {}, False)
     spec = charts.metric_chart(frame, goodput, "concurrency", False, marks).to_dict()
@@ -65,8 +71,9 @@ def test_the_crossover_is_a_rule_and_a_band_on_its_own_metric_only():
     datasets = spec["datasets"]
     rule_data = next(v for v in datasets.values() if v and "at" in v[0])
     band_data = next(v for v in datasets.values() if v and "low" in v[0])
-    assert rule_data == [{"at": 11.2, "sentence": CROSSOVER["crossovers"][1]["sentence"]}]
-    assert band_data == [{"low": 8.1, "high": 14.3}]
+    assert rule_data == [{"at": 11.2, "sentence": CROSSOVER["crossovers"][1]["sentence"]},
+                         {"at": 1.1, "sentence": CROSSOVER["crossovers"][2]["sentence"]}]
+    assert band_data == [{"low": 8.1, "high": 14.3}, {"low": 1.0, "high": 1.3}]
     assert spec["layer"][1]["encoding"]["x"]["scale"]["type"] == "log"  # 1..128 spans 7 octaves
     tps = metric("output_tps")
     tps_frame = charts.chart_frame(seed_summary(), tps, {}, False)
@@ -82,9 +89,17 @@ def test_chart_titles_say_per_gpu_only_for_rates():
     assert charts.metric_chart(empty, ttft, "rate", True).to_dict()["title"] == "TTFT p99 (ms)"
 
 
+def test_the_headline_is_the_best_supported_goodput_crossing_of_each_pair():
+    assert view.headline_sentences(CROSSOVER) == [CROSSOVER["crossovers"][1]["sentence"]]
+    tie = {"crossovers": [dict(c, support=0.5) for c in CROSSOVER["crossovers"]]}
+    assert view.headline_sentences(tie) == [CROSSOVER["crossovers"][1]["sentence"]]  # the later one
+    assert view.headline_sentences({"crossovers": [CROSSOVER["crossovers"][0]]}) == []
+
+
 def test_sentences_put_goodput_first_and_keep_the_rest_apart():
-    assert view.crossing_sentences(CROSSOVER) == [CROSSOVER["crossovers"][1]["sentence"],
-                                                  CROSSOVER["crossovers"][0]["sentence"]]
+    crossings = CROSSOVER["crossovers"]
+    assert view.crossing_sentences(CROSSOVER) == [crossings[1]["sentence"], crossings[2]["sentence"],
+                                                  crossings[0]["sentence"]]
     others = view.other_sentences(CROSSOVER)
     assert others[0].startswith("tp4x1 stays ahead") and others[1].startswith("tp4x1 meets")
     assert view.crossing_sentences({}) == [] and view.crossover_marks({}) == []
@@ -92,7 +107,8 @@ def test_sentences_put_goodput_first_and_keep_the_rest_apart():
 
 def test_failures_become_one_warning_per_level():
     summary = seed_summary()
-    summary.loc[3, ["failed", "top_error"]] = [5, "HTTP 503"]
+    summary.loc[3, "failed"] = 5
+    summary.loc[3, "top_error"] = "HTTP 503"
     assert view.failure_warnings(summary) == ["tp4x1 at 32: 5 of 64 requests failed (HTTP 503)"]
 
 

@@ -40,10 +40,10 @@ def test_tables_round_trip_in_every_format(fmt):
     data = runs.table_bytes(table, fmt)
     if fmt == "csv":
         back = pd.read_csv(io.BytesIO(data))
-        assert json.loads(back.loc[0, "itl"]) == [0.02, 0.021]
+        assert json.loads(str(back["itl"].iloc[0])) == [0.02, 0.021]
     elif fmt == "parquet":
         back = pd.read_parquet(io.BytesIO(data))
-        assert list(back.loc[0, "itl"]) == [0.02, 0.021]
+        assert list(back["itl"].iloc[0]) == [0.02, 0.021]
     else:
         back = pd.DataFrame(json.loads(data))
         assert back.loc[0, "itl"] == [0.02, 0.021]

@@ -1,0 +1,88 @@
+"""A real headless Chromium opens `crossover app` against the simulated seed fleet, runs a short
+sweep from the page and waits for the crossover sentence. CROSSOVER_APP_SCREENSHOT=PATH also
+saves the screenshot there (how docs/app-screenshot.png is made)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from crossover.sim.fleet import running_fleet
+from tests.app.app_fixtures import spec_file_on_free_ports
+from tests.app.app_process import running_app
+from tests.helpers import require, require_binary
+
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def wait_for_text(page, locator, timeout_ms: int, screenshot: Path) -> None:
+    """Wait for an element; on timeout fail with what the page did show, and keep a picture."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        locator.wait_for(timeout=timeout_ms)
+    except PlaywrightTimeout:
+        page.screenshot(path=str(screenshot), full_page=True)
+        shown = page.inner_text("body")
+        raise AssertionError(f"timed out waiting for {locator}; the page shows:\n{shown}") from None
+
+
+def fill(page, label: str, value: str) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(value)
+    box.press("Enter")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
+    chromium = require_binary("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require(False, "the playwright Python package is not installed")
+        raise
+    # at half speed the seed's curves keep their shape even when other tests load the machine
+    spec, spec_path = spec_file_on_free_ports(tmp_path, time_scale=0.5)
+    screenshot = tmp_path / "app.png"
+    with running_fleet(spec), running_app(spec_path, tmp_path / "results", tmp_path / "app.log") as url, \
+            sync_playwright() as playwright:
+        browser = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1500, "height": 2400})
+        try:
+            page = browser.new_page()
+            page.goto(url, wait_until="domcontentloaded")
+            page.get_by_text("press Start sweep").wait_for(timeout=30_000)
+            fill(page, "Concurrency levels", "1,2,16")
+            fill(page, "Requests per level", "16")
+            fill(page, "Input tokens", "128")
+            fill(page, "Output tokens", "16")
+            page.get_by_role("button", name="Start sweep").click()
+            wait_for_text(page, page.get_by_text("Sweep running").first, 15_000, screenshot)
+            headline = page.locator('[data-testid="stAlertContentSuccess"]', has_text="in goodput at")
+            wait_for_text(page, headline.first, 90_000, screenshot)
+            wait_for_text(page, page.get_by_text("Sweep finished").first, 60_000, screenshot)
+            page.wait_for_timeout(1500)  # let the last charts draw before the picture
+            page.screenshot(path=str(screenshot), full_page=True)
+            text = page.inner_text("body")
+            exceptions = page.locator('[data-testid="stException"]').count()
+            errors = page.locator('[data-testid="stAlertContentError"]').count()
+            charts = page.locator('[data-testid="stVegaLiteChart"]').count()
+        finally:
+            browser.close()
+    assert exceptions == 0, text
+    assert errors == 0, text
+    assert re.search(r"tp(2x2|4x1) overtakes tp(4x1|2x2) in goodput at concurrency about [\d.]+ "
+                     r"\(95% CI [\d.]+-[\d.]+\)", text), text
+    assert "6 of 6 (topology, level) steps" in text
+    assert charts == 6
+    assert screenshot.stat().st_size > 20_000
+    keep = os.environ.get("CROSSOVER_APP_SCREENSHOT")
+    if keep:
+        shutil.copyfile(screenshot, Path(keep))
