@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 
 from crossover.loadgen.client import StreamTrace, _consume_event  # noqa: E402
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
