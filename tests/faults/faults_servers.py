@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -30,7 +30,7 @@ class LoopbackApp:
 
 
 @contextmanager
-def serving(routes: dict[tuple[str, str], Handler], start_timeout: float = 10.0) -> Iterator[LoopbackApp]:
+def serving(routes: Mapping[tuple[str, str], Handler], start_timeout: float = 10.0) -> Iterator[LoopbackApp]:
     """Serve {(method, path): handler} on 127.0.0.1:<free port> until the block ends."""
     port = free_port()
     served = LoopbackApp(f"http://127.0.0.1:{port}", port)

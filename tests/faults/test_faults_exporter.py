@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -51,7 +51,7 @@ BAD = {
 class BadTargets:
     healthy: set[str] = field(default_factory=set)  # names that serve a real vLLM payload now
 
-    def handler(self, name: str):  # type: ignore[no-untyped-def]
+    def handler(self, name: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def metrics(request: web.Request) -> web.StreamResponse:
             if name in self.healthy:
                 return web.Response(body=HEALTHY_PAYLOAD, content_type="text/plain")

@@ -1,0 +1,241 @@
+"""Soak: the exporter (`crossover exporter`, a real subprocess) scraping 500 targets for minutes
+while faults are switched on and off, to check that its memory (RSS) and CPU per cycle stay flat.
+
+The targets are served by benchmarks/soak_farm.py (one light aiohttp process on loopback, one
+path per target, real vLLM 0.32.0 payloads whose counters grow). Every `--fault-period` seconds
+the faults flip: off, then `--fault-fraction` of the targets down, answering 500, too slow,
+malformed, truncated, restarted (counter reset) or renamed (legacy names), then off again, with a
+different random choice of targets each time. A Prometheus-like reader fetches the exporter's
+/metrics once per interval meanwhile, as Prometheus would.
+
+Printed: one row per phase (side by side: clean and faulted phases of the same run) and the RSS
+trend after the first phase (the windows fill during it). Not a test: figures go to
+docs/performance.md, section "Soak".
+
+Run: .venv/bin/python benchmarks/soak.py [--duration 180] [--targets 500] [--interval 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from crossover.netutil import free_port
+from crossover.spec import load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Sample:
+    at: float  # seconds since the soak started
+    phase: int
+    rss_mb: float
+    cpu_s: float  # exporter process CPU (user + system) since it started
+    scrapes: float  # sum of crossover_scrapes_total over the targets
+    cycle_s: float  # crossover_exporter_cycle_seconds, the last cycle's wall time
+    up: int  # targets with crossover_target_up 1
+    metrics_bytes: int
+    errors: dict[str, float]  # crossover_scrape_errors_total summed over targets, by reason
+
+
+def proc_stats(pid: int) -> tuple[float, float]:
+    """(RSS in MB, CPU seconds) of a process, from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+    with open(f"/proc/{pid}/status") as status:
+        rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+    return rss, cpu
+
+
+def http(url: str, body: dict[str, object] | None = None, timeout: float = 30) -> bytes:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return bytes(response.read())
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            sys.exit(f"soak: {what} exited with {process.returncode}")
+        try:
+            http(url, timeout=2)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                sys.exit(f"soak: {what} not ready within {timeout:g} s")
+            time.sleep(0.5)
+
+
+def soak_spec(farm_url: str, targets: int, topologies: int, interval: float,
+              timeout: float) -> dict[str, object]:
+    """seed-70b-h100.yaml's model and hardware with `targets` instances in `topologies` topologies."""
+    data = load_spec(REPO / "compose" / "specs" / "seed-70b-h100.yaml").model_dump(mode="json")
+    per = [targets // topologies + (1 if t < targets % topologies else 0) for t in range(topologies)]
+    data["topologies"] = []
+    index = 0
+    for t, count in enumerate(per):
+        instances = []
+        for _ in range(count):
+            instances.append({"name": f"t{index}", "url": f"{farm_url}/t{index}"})
+            index += 1
+        data["topologies"].append({"name": f"topo{t}", "gpus": count, "tensor_parallel_size": 1,
+                                   "instances": instances, "entrypoint": {"balance": "round_robin"}})
+    data["scrape"] = {"interval": f"{interval:g}s", "timeout": f"{timeout:g}s", "windows": ["1m"]}
+    data["simulator"]["faults"] = {}
+    return data
+
+
+def read_metrics(url: str) -> tuple[float, float, int, int, dict[str, float]]:
+    """(sum of scrapes_total, last cycle seconds, targets up, body bytes, errors by reason) from the
+    exporter's /metrics."""
+    body = http(url + "/metrics")
+    scrapes = cycle = 0.0
+    up = 0
+    errors: dict[str, float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == "crossover_scrapes_total":
+                scrapes += sample.value
+            elif sample.name == "crossover_exporter_cycle_seconds":
+                cycle = sample.value
+            elif sample.name == "crossover_target_up":
+                up += int(sample.value)
+            elif sample.name == "crossover_scrape_errors_total":
+                reason = sample.labels["reason"]
+                errors[reason] = errors.get(reason, 0.0) + sample.value
+    return scrapes, cycle, up, len(body), errors
+
+
+def slope_mb_per_min(samples: list[Sample]) -> float:
+    if len(samples) < 3:
+        return float("nan")
+    xs = [s.at / 60 for s in samples]
+    ys = [s.rss_mb for s in samples]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def phase_rows(samples: list[Sample], targets: int) -> list[dict[str, Any]]:
+    rows = []
+    for phase in sorted({s.phase for s in samples}):
+        chosen = [s for s in samples if s.phase == phase]
+        previous = [s for s in samples if s.phase < phase]
+        first = previous[-1] if previous else chosen[0]
+        last = chosen[-1]
+        cycles = (last.scrapes - first.scrapes) / targets
+        cpu = last.cpu_s - first.cpu_s
+        rows.append({
+            "phase": phase, "faults": "on" if phase % 2 else "off", "seconds": round(last.at - first.at),
+            "cycles": round(cycles, 1), "cpu_per_cycle_s": cpu / cycles if cycles else float("nan"),
+            "cycle_wall_mean_s": statistics.fmean(s.cycle_s for s in chosen),
+            "cycle_wall_max_s": max(s.cycle_s for s in chosen),
+            "rss_start_mb": first.rss_mb, "rss_end_mb": last.rss_mb,
+            "rss_max_mb": max(s.rss_mb for s in chosen), "targets_up_min": min(s.up for s in chosen),
+            "errors": " ".join(f"{k}={v - first.errors.get(k, 0):.0f}" for k, v in sorted(last.errors.items())
+                               if v - first.errors.get(k, 0) > 0) or "-",
+        })
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="exporter soak: 500 targets, faults on and off")
+    parser.add_argument("--duration", type=float, default=180.0, help="seconds (default 180)")
+    parser.add_argument("--targets", type=int, default=500)
+    parser.add_argument("--topologies", type=int, default=5)
+    parser.add_argument("--interval", type=float, default=5.0, help="scrape interval, seconds")
+    parser.add_argument("--timeout", type=float, default=2.0, help="scrape timeout, seconds")
+    parser.add_argument("--fault-period", type=float, default=30.0, help="seconds per phase")
+    parser.add_argument("--fault-fraction", type=float, default=0.2, help="share of targets faulted")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="crossover-soak-") as folder:
+        farm_port, exporter_port = free_port(), free_port()
+        farm_url, exporter_url = f"http://127.0.0.1:{farm_port}", f"http://127.0.0.1:{exporter_port}"
+        spec_path = Path(folder) / "soak.yaml"
+        spec_path.write_text(yaml.safe_dump(soak_spec(farm_url, args.targets, args.topologies, args.interval,
+                                                      args.timeout), sort_keys=False))
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        log = (Path(folder) / "exporter.log").open("wb")
+        farm = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "soak_farm.py"), "--port",
+                                 str(farm_port), "--targets", str(args.targets),
+                                 "--slow", str(args.timeout * 5)], env=env, stdin=subprocess.DEVNULL)
+        exporter = None
+        try:
+            wait_ready(farm_url + "/health", farm, "the target farm")
+            exporter = subprocess.Popen([sys.executable, "-m", "crossover", "exporter", str(spec_path),
+                                         "--port", str(exporter_port), "--log-level", "warning"], env=env,
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            wait_ready(exporter_url + "/health", exporter, "the exporter")
+            print(f"soak: {args.targets} targets, interval {args.interval:g} s, timeout {args.timeout:g} s, "
+                  f"{args.duration:g} s, faults flip every {args.fault_period:g} s on "
+                  f"{args.fault_fraction:.0%} of the targets", flush=True)
+            samples: list[Sample] = []
+            started = time.monotonic()
+            phase = -1
+            farm_cpu_start = proc_stats(farm.pid)[1]
+            while (now := time.monotonic() - started) < args.duration:
+                current = int(now // args.fault_period)
+                if current != phase:
+                    phase = current
+                    fraction = args.fault_fraction if phase % 2 else 0.0
+                    kinds = json.loads(http(farm_url + "/admin/faults",
+                                            {"fraction": fraction, "seed": phase}))
+                    state = "on " + json.dumps(kinds) if kinds else "off"
+                    print(f"  {now:6.1f} s phase {phase}: faults {state}", flush=True)
+                scrapes, cycle, up, size, errors_now = read_metrics(exporter_url)
+                rss, cpu = proc_stats(exporter.pid)
+                samples.append(Sample(now, phase, rss, cpu, scrapes, cycle, up, size, errors_now))
+                time.sleep(max(0.0, args.interval - (time.monotonic() - started - now)))
+            farm_cpu = proc_stats(farm.pid)[1] - farm_cpu_start
+            if exporter.poll() is not None:
+                sys.exit(f"soak: the exporter died ({exporter.returncode})")
+        finally:
+            for process in (exporter, farm):
+                if process is not None and process.poll() is None:
+                    process.terminate()
+                    process.wait(10)
+            log.close()
+        errors = (Path(folder) / "exporter.log").read_text(errors="replace").count("Traceback")
+
+    rows = phase_rows(samples, args.targets)
+    print("\nphase faults seconds cycles  CPU/cycle s  cycle wall mean/max s  RSS start/end/max MB  up(min)"
+          "  scrape errors in the phase")
+    for r in rows:
+        print(f"{r['phase']:>5} {r['faults']:>6} {r['seconds']:>7} {r['cycles']:>6}"
+              f"  {r['cpu_per_cycle_s']:>11.3f}"
+              f"  {r['cycle_wall_mean_s']:>9.3f} / {r['cycle_wall_max_s']:<9.3f}"
+              f"  {r['rss_start_mb']:>6.0f} / {r['rss_end_mb']:>4.0f} / {r['rss_max_mb']:<6.0f}"
+              f"  {r['targets_up_min']:>6}  {r['errors']}")
+    settled = [s for s in samples if s.phase >= 1]
+    clean = [r["cpu_per_cycle_s"] for r in rows if r["faults"] == "off" and r["phase"] >= 1]
+    faulted = [r["cpu_per_cycle_s"] for r in rows if r["faults"] == "on"]
+    print(f"\nRSS trend after phase 0: {slope_mb_per_min(settled):+.2f} MB/min "
+          f"(min {min(s.rss_mb for s in settled):.0f}, max {max(s.rss_mb for s in settled):.0f} MB)")
+    if clean and faulted:
+        print(f"CPU per cycle: clean phases {statistics.fmean(clean):.3f} s, faulted phases "
+              f"{statistics.fmean(faulted):.3f} s")
+    print(f"/metrics body {samples[-1].metrics_bytes / 1024:.0f} KB; target farm CPU {farm_cpu:.1f} s; "
+          f"tracebacks in the exporter log: {errors}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
