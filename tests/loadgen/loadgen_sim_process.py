@@ -40,7 +40,10 @@ def sim_process(spec: FleetSpec, folder: Path, time_scale: float = 1.0,
     serve = ("import argparse, sys; from crossover.sim import cli; p = argparse.ArgumentParser(); "
              "cli.add_arguments(p); sys.exit(cli.run(p.parse_args(sys.argv[1:])))")
     command = [sys.executable, "-c", serve, str(spec_path), "--time-scale", str(time_scale)]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # cwd: `python -c` puts the working folder first on sys.path; the repo's crossover/ there is
+    # not the installed package (which maps sim/ and loadgen/ into it)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                               cwd=folder)
     try:
         urls = [i.url for t in spec.topologies for i in t.instances]
         deadline = time.monotonic() + start_timeout
