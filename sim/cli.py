@@ -11,6 +11,8 @@ import sys
 from crossover.sim.fleet import SimFleet, with_overrides
 from crossover.spec import load_spec
 
+GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections (CPython default 700)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="fleet spec (YAML)")
@@ -30,9 +32,12 @@ async def serve(fleet: SimFleet) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await fleet.start()
-    # Everything built so far lives as long as the process: keep it out of the collector's way, so
-    # full collections stay short while thousands of streams are open.
+    # Everything built so far lives as long as the process: keep it out of the collector's way, and
+    # collect the young generation less often (the token path allocates few cycles; per-step work
+    # lists die by reference counting), so collector pauses stay off the emission path. Measured in
+    # docs/performance.md (simulator section).
     gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 50, 100)
     try:
         for line in fleet.lines():
             print(line, flush=True)

@@ -18,9 +18,11 @@ from crossover.sim.metrics import InstanceMetrics, QueueState
 from crossover.sim.model import PerfModel
 from crossover.sim.scheduler import Scheduler, SimRequest, StepOutcome, StepPlan
 
-# A step that starts this late (s) after its predecessor's scheduled end restarts the chain from now:
-# the loop was busy elsewhere, and catching up would emit a burst no engine would.
-_MAX_CATCH_UP_S = 0.02
+# Steps are chained on scheduled ends, so a late wake-up (a burst of arrivals, a collector pause) is
+# caught up and the instance keeps its own cadence and phase. Only after a stall longer than this (s)
+# does the chain restart from now: restarting every instance "now" after a shared stall would
+# phase-lock them all, piling every instance's writes onto the same instant from then on.
+_MAX_CATCH_UP_S = 0.25
 GAP_RING = 65536  # a power of two: the hot path masks instead of dividing
 # epoll waits in whole milliseconds, rounded up, so a timer fires 0-1 ms late; aiming half a
 # millisecond early centres the emission error on zero instead of on +0.5 ms.

@@ -109,8 +109,8 @@ class EntrypointProxy:
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-        except aiohttp.ClientError:
-            # The instance cut the connection (a drop fault): cut ours the same way.
+        except (aiohttp.ClientError, ConnectionError):
+            # The instance cut the connection (a drop fault) or the client left: cut ours the same way.
             if request.transport is not None:
                 request.transport.abort()
             return web.Response(status=502)

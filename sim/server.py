@@ -7,6 +7,7 @@ framing done here, after aiohttp has sent the headers): one SSE chunk per token,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -353,14 +354,19 @@ class SimInstance:
         if sink.dropped or transport.is_closing():
             return response
         self._record(record, sim)
-        if include_usage:
-            usage = {"prompt_tokens": sim.prompt_tokens, "total_tokens": sim.prompt_tokens + sim.generated,
-                     "completion_tokens": sim.generated}
-            chunk = {"id": sim.request_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": created, "model": self.model_name, "choices": [], "usage": usage}
-            await response.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            if include_usage:
+                total = sim.prompt_tokens + sim.generated
+                usage = {"prompt_tokens": sim.prompt_tokens, "total_tokens": total,
+                         "completion_tokens": sim.generated}
+                kind = "chat.completion.chunk" if chat else "text_completion"
+                chunk = {"id": sim.request_id, "object": kind, "created": created, "model": self.model_name,
+                         "choices": [], "usage": usage}
+                await response.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client left right after its last token: nothing left to tell it
         return response
 
     def _record(self, record: dict[str, Any], sim: SimRequest) -> None:
@@ -437,7 +443,8 @@ class SimInstance:
             response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
             response.content_length = len(payload)
             await response.prepare(request)
-            await response.write(payload[: len(payload) // 2])
+            with contextlib.suppress(ConnectionError):
+                await response.write(payload[: len(payload) // 2])
             if request.transport is not None:
                 request.transport.abort()
             return response
@@ -482,6 +489,9 @@ class SimInstance:
                 "p99_s": gaps[min(n - 1, int(n * 0.99))], "max_s": gaps[-1]}
 
     async def get_stats(self, request: web.Request) -> web.Response:
-        return web.json_response({"instance": self.name, "emission_gaps": self.emission_stats(),
-                                  "running": self.engine.scheduler.num_running,
-                                  "waiting": self.engine.scheduler.num_waiting})
+        """Emission-gap percentiles and queue sizes; `?reset=1` starts a new measurement window."""
+        stats = {"instance": self.name, "emission_gaps": self.emission_stats(),
+                 "running": self.engine.scheduler.num_running, "waiting": self.engine.scheduler.num_waiting}
+        if request.query.get("reset") in ("1", "true"):
+            self.engine.emission_count = 0
+        return web.json_response(stats)
