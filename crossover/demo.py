@@ -42,7 +42,10 @@ from crossover.spec import FleetSpec, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SPEC = REPO / "compose" / "specs" / "seed-70b-h100.yaml"
-DEFAULT_CONCURRENCY = "1,4,16,32,64"
+# Doubling levels bracket the crossover wherever it falls (the seed's is ~6 at these lengths), and 8
+# rounds per level keep a busy laptop's hiccups from flipping a level; about two minutes in all.
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
+DEFAULT_ROUNDS = 8.0
 # Preferred ports for the UIs (the usual ones, so bookmarks work); a free port when taken.
 PREFERRED_PORTS = {"exporter": 9400, "prometheus": 9090, "alertmanager": 9093, "app": 8501}
 READY_TIMEOUT_S = 60.0
@@ -66,9 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--rate", default=None,
                       help="open-loop sweep levels in requests/s instead, e.g. 0.4,1,2 (the P/D seed's way)")
     parser.add_argument("--requests", type=int, default=None,
-                        help="requests per level (default: the sweep's, 4 rounds of the concurrency)")
-    parser.add_argument("--rounds", type=float, default=None,
-                        help="closed loop: rounds x concurrency requests per level (the sweep's default)")
+                        help="requests per level (instead of --rounds)")
+    parser.add_argument("--rounds", type=float, default=DEFAULT_ROUNDS,
+                        help=f"closed loop: rounds x concurrency requests per level ({DEFAULT_ROUNDS:g})")
     parser.add_argument("--input-len", default=None, help="prompt tokens (the sweep's forms and default)")
     parser.add_argument("--output-len", default=None, help="output tokens (the sweep's forms and default)")
     parser.add_argument("--no-app", action="store_true", help="do not start the Streamlit app")
@@ -170,7 +173,7 @@ def sweep_command(args: argparse.Namespace, spec_path: Path, out: Path, headless
     command = crossover_command("sweep", str(spec_path), option, levels, "--out", str(out))
     if args.requests is not None:
         command += ["--requests", str(args.requests)]
-    if args.rounds is not None:
+    if option == "--concurrency" and args.requests is None:
         command += ["--rounds", f"{args.rounds:g}"]
     if args.input_len is not None:
         command += ["--input-len", args.input_len]
@@ -375,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(spec_file)
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests: must be at least 1, got {args.requests}")
-    if args.rounds is not None and not args.rounds > 0:
+    if not args.rounds > 0:
         raise UserError(f"--rounds: must be positive, got {args.rounds:g}")
     sweep_levels(args)
     simulated = decide_simulation(spec, args.simulate)
