@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from crossover.catalog import CATALOG, Catalog, Metric, MetricType
 
@@ -52,7 +53,7 @@ def check_metrics_contract(text: str, catalog: Catalog = CATALOG, *,
     return problems
 
 
-def _check_histogram(metric: Metric, samples: list) -> list[str]:  # type: ignore[type-arg]
+def _check_histogram(metric: Metric, samples: list[Sample]) -> list[str]:
     problems = []
     series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
     for sample in samples:
