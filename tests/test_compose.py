@@ -329,3 +329,21 @@ def test_alertmanager_routes_severities_the_generated_rules_emit() -> None:
                  for m in rule.get("source_matchers", []) + rule.get("target_matchers", [])]
     used = {m.split("=", 1)[1].strip('"') for m in matchers if m.startswith("severity=")}
     assert used and used <= emitted, f"matchers on {used - emitted}; the rules emit {emitted}"
+
+
+@pytest.mark.parametrize("profile", ["sim", "gpu-tp", "gpu-pd"])
+def test_defaults_in_the_compose_file_equal_env_example(profile: str) -> None:
+    """Without a compose/.env the stack is the one .env.example describes (one source of defaults)."""
+    binary = require_binary("docker-compose")
+    result = subprocess.run([binary, "-f", str(COMPOSE_FILE), "--project-directory", str(REPO / "tests"),
+                             "--profile", profile, "config"], capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    without_env = yaml.safe_load(result.stdout)["services"]
+    with_env = rendered(profile)["services"]
+    assert set(without_env) == set(with_env)
+    for name in with_env:
+        a, b = dict(without_env[name]), dict(with_env[name])
+        a.pop("volumes", None), b.pop("volumes", None)  # relative to the project directory
+        a.pop("build", None), b.pop("build", None)
+        assert a == b, name
