@@ -381,6 +381,8 @@ class SimInstance:
             if "prompt" not in body:
                 raise BadRequest("prompt is required")
             prompt_tokens = count_prompt_tokens(body["prompt"])
+        if body.get("n", 1) != 1:
+            raise BadRequest(f"n must be 1 (one choice per request is simulated), got {body.get('n')!r}")
         max_len = self.spec.model.max_model_len
         if prompt_tokens >= max_len:
             raise BadRequest(f"This model's maximum context length is {max_len} tokens. However, your "

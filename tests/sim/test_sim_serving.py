@@ -103,6 +103,7 @@ def test_draws_repeat_with_the_same_seed() -> None:
     ({"prompt": "x", "max_tokens": 5, "min_tokens": 9}, 400, "min_tokens"),
     ({"prompt": " ".join(["w"] * 9000)}, 400, "context length"),
     ({"prompt": [[1, 2], [3]]}, 400, "prompt"),
+    ({"prompt": "x", "n": 2}, 400, "n must be 1"),
 ])
 def test_bad_requests_get_one_line_errors(served: tuple[SimFleet, FleetSpec, str], body: dict[str, object],
                                           status: int, words: str) -> None:
