@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -244,3 +245,39 @@ def test_headless_demo_on_real_vllm_servers_does_not_simulate(real_vllm_fleet: A
     assert "sweep summary" in result.stdout and "big1x2c" in result.stdout and "small2x1c" in result.stdout
     crossings = json.loads((out / "sweep" / "crossover.json").read_text())["crossovers"]
     assert any(c["metric"] == "goodput" for c in crossings)
+
+
+def test_alert_webhook_prints_each_alert_and_refuses_garbage(tmp_path: Path) -> None:
+    from crossover.netutil import free_port
+
+    port, log = free_port(), tmp_path / "alerts.jsonl"
+    hook = subprocess.Popen([sys.executable, "-m", "crossover.demo_webhook", "--port", str(port),
+                             "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert hook.stdout is not None and "alert webhook on" in hook.stdout.readline()
+        url = f"http://127.0.0.1:{port}/alerts"
+
+        def post(body: bytes) -> int:
+            request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        assert post(b"not json") == 400
+        assert post(b"[1, 2]") == 400
+        notification = {"version": "4", "status": "firing", "alerts": [
+            {"status": "firing", "labels": {"alertname": "VllmGoodputBudgetBurn", "severity": "critical",
+                                            "topology": "tp2x2", "slo": "tpot"},
+             "annotations": {"summary": "burning"}, "startsAt": "2026-12-02T14:00:00Z"},
+            {"status": "resolved", "labels": {"alertname": "Other", "severity": "warning"}}]}
+        assert post(json.dumps(notification).encode()) == 200
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [(x["alertname"], x["status"], x["severity"]) for x in lines] == [
+            ("VllmGoodputBudgetBurn", "firing", "critical"), ("Other", "resolved", "warning")]
+        assert lines[0]["labels"]["topology"] == "tp2x2" and lines[0]["summary"] == "burning"
+    finally:
+        hook.send_signal(signal.SIGTERM)
+        hook.wait(timeout=20)
