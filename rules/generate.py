@@ -55,6 +55,14 @@ def outputs(spec: FleetSpec, rules: RuleSet, fmt: Format, source: str, name: str
             TEST_FILE: build_promtest(rules, RULES_FILE, source)}
 
 
+def _compose_files(spec: FleetSpec, rules: RuleSet, source: str, stem: str) -> dict[str, str]:
+    """prometheus.yml and rules.yml for compose/prometheus/<stem>/ (no unit test there)."""
+    in_compose = stem.startswith("compose-")
+    scrape = scrape_config_yaml(spec, source, [RULES_FILE], COMPOSE_EXPORTER if in_compose else None,
+                                COMPOSE_ALERTMANAGER if in_compose else None)
+    return {SCRAPE_FILE: scrape, RULES_FILE: rules_yaml(rules, source)}
+
+
 def example_outputs(repo: Path = REPO) -> dict[Path, str]:
     """Every committed generated file for the example specs, keyed by absolute path."""
     files: dict[Path, str] = {}
@@ -66,11 +74,8 @@ def example_outputs(repo: Path = REPO) -> dict[Path, str]:
         for name, text in outputs(spec, rules, Format.OPERATOR, source, stem).items():
             files[repo / "rules" / "generated" / stem / name] = text
         # compose mounts compose/prometheus at /etc/prometheus: config and rules side by side.
-        in_compose = stem.startswith("compose-")
-        plain = outputs(spec, rules, Format.PLAIN, source, stem, COMPOSE_EXPORTER if in_compose else None,
-                        COMPOSE_ALERTMANAGER if in_compose else None)
-        for name in (SCRAPE_FILE, RULES_FILE):
-            files[repo / "compose" / "prometheus" / stem / name] = plain[name]
+        for name, text in _compose_files(spec, rules, source, stem).items():
+            files[repo / "compose" / "prometheus" / stem / name] = text
     return files
 
 

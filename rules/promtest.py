@@ -143,7 +143,7 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
     interval = _sample_interval(rules)
     longest_for = max((a.for_s for a in rules.alerts), default=0.0)
     # Rule evaluation steps dominate promtool's time: take about 20 of them over the longest `for`.
-    step = max(interval, min(300.0, math.floor(longest_for / 20 / interval) * interval))
+    step = max(interval, min(300.0, math.floor((longest_for + 300) / 20 / interval) * interval))
     eval_s = math.ceil((longest_for + max(10 * interval, 300) + 2 * step) / step) * step
     samples = int(eval_s / interval) + 1
     data = _Input(interval, samples)

@@ -41,9 +41,11 @@ class LiveStack:
     fleet: Any  # crossover.sim.fleet.SimFleet
     requests_done: dict[str, int]
     traffic_ended: float
+    exporter_url: str | None = None
 
     def fresh_traffic(self, max_age_s: float = 20.0) -> None:
-        """Serve another burst when the last one is too old for the 1m windows to see it well."""
+        """Serve another burst when the last one ended too long ago for the 1m windows to see it
+        whole (a burst lasts TRAFFIC_SECONDS)."""
         if time.monotonic() - self.traffic_ended > max_age_s:
             for name, count in asyncio.run(_drive(self.spec, TRAFFIC_SECONDS)).items():
                 self.requests_done[name] += count
@@ -96,6 +98,15 @@ async def _drive(spec: FleetSpec, seconds: float, stop: threading.Event | None =
     return done
 
 
+def _start_exporter(spec: FleetSpec) -> str | None:
+    """The crossover exporter over the same fleet, when its package is present; its URL."""
+    try:
+        from crossover.exporter.service import Exporter, running_exporter
+    except ImportError:
+        return None
+    return str(_EXIT.enter_context(running_exporter(Exporter(spec))))
+
+
 def live_stack(spec_file: str, config: RulesConfig | None = None, warm_up: bool = True) -> LiveStack:
     """The stack for compose/specs/<spec_file> (and rules config), started on first use with
     traffic already served."""
@@ -111,16 +122,18 @@ def live_stack(spec_file: str, config: RulesConfig | None = None, warm_up: bool 
     spec = _fast_scrape(spec_on_free_ports(load_spec(SPECS / spec_file)))
     rules = build_rules(spec, config or RulesConfig(), spec_file)
     folder = Path(_EXIT.enter_context(tempfile.TemporaryDirectory(prefix="crossover-live-")))
-    for name, text in outputs(spec, rules, Format.PLAIN, spec_file, Path(spec_file).stem).items():
-        (folder / name).write_text(text)
     fleet = _EXIT.enter_context(running_fleet(spec))
+    exporter_url = _start_exporter(spec)
+    target = exporter_url.removeprefix("http://") if exporter_url else None
+    for name, text in outputs(spec, rules, Format.PLAIN, spec_file, Path(spec_file).stem, target).items():
+        (folder / name).write_text(text)
     prometheus = _EXIT.enter_context(running_prometheus(folder / "prometheus.yml"))
 
-    targets = sum(len(t.instances) for t in spec.topologies)
+    targets = sum(len(t.instances) for t in spec.topologies) + (1 if exporter_url else 0)
     prometheus.wait_until(lambda: list(prometheus.targets_up().values()).count("up") == targets, 30,
                           f"all {targets} targets up")
     done = drive(spec, TRAFFIC_SECONDS if warm_up else 0.0)
-    stack = LiveStack(spec, rules, prometheus, folder, fleet, done, time.monotonic())
+    stack = LiveStack(spec, rules, prometheus, folder, fleet, done, time.monotonic(), exporter_url)
     _STACKS[key] = stack
     return stack
 

@@ -20,6 +20,7 @@ import pytest
 from crossover import catalog
 from crossover.rules import model as m
 from crossover.spec import parse_duration
+from tests.helpers import require
 from tests.rules.live_stack import LiveStack, live_stack
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -193,7 +194,7 @@ def test_joint_bounds_follow_from_the_per_slo_shares(stack: LiveStack) -> None:
     for topology, values in shares.items():
         assert _close(lower[topology], max(0.0, sum(values) - (len(values) - 1)), 1e-9)
         assert _close(upper[topology], min(values), 1e-9)
-        assert lower[topology] <= upper[topology]
+        assert lower[topology] <= upper[topology] + 1e-12  # 1 + a - 1 may differ from a in the last bit
 
 
 def test_quantiles_and_kv_bandwidth_match_the_python_derivation(stack: LiveStack) -> None:
@@ -210,3 +211,43 @@ def test_quantiles_and_kv_bandwidth_match_the_python_derivation(stack: LiveStack
     moved = _rates(stack, f"{catalog.NIXL_BYTES.name}_sum{{{sel}}}", at, window)
     busy = _rates(stack, f"{catalog.NIXL_XFER_TIME.name}_sum{{{sel}}}", at, window)
     assert recorded and all(_close(v, moved[(t,)] / busy[(t,)], REL) for t, v in recorded.items())
+
+
+# ---- the exporter, deriving the same quantities from its own scrapes -------------------------
+
+def test_recorded_values_agree_with_the_exporter(stack: LiveStack) -> None:
+    """Same window, same traffic, two samplers: Prometheus (rate, extrapolated to the window's
+    edges) and the exporter (increase between its own scrapes, no extrapolation). With the whole
+    burst inside both windows they see the same increases; tolerance 5% for rates, 10% for
+    quantiles, 0.02 absolute for the share within an on-boundary SLO (for an off-boundary SLO the
+    exporter interpolates inside the bucket while the rules round down, so those differ)."""
+    require(stack.exporter_url is not None, "the exporter (crossover.exporter.service) is not available")
+    stack.fresh_traffic(max_age_s=25.0)
+    time.sleep(4.0)  # an exporter cycle, a Prometheus scrape of it and a rule evaluation
+    window = "1m"
+
+    from crossover.exporter import names
+
+    def pair(recorded: str, suffix: str, extra: str = "") -> list[tuple[str, float, float]]:
+        exported = names.derived_name("topology", suffix)
+        ours = {s.labels["topology"]: s.value for s in stack.prometheus.query(recorded)}
+        theirs = {s.labels["topology"]: s.value
+                  for s in stack.prometheus.query(f'{exported}{{window="{window}"{extra}}}')}
+        assert ours and set(ours) == set(theirs), (recorded, ours, theirs)
+        return [(t, ours[t], theirs[t]) for t in sorted(ours)]
+
+    for topology, ours, theirs in pair(m.rate_name(catalog.GENERATION_TOKENS, window),
+                                       "generation_tokens_per_second"):
+        assert ours > 0 and _close(ours, theirs, 0.05), (topology, ours, theirs)
+    for topology, ours, theirs in pair(m.per_gpu_name(catalog.GENERATION_TOKENS, window),
+                                       "generation_tokens_per_second_per_gpu"):
+        assert _close(ours, theirs, 0.05), (topology, ours, theirs)
+    for topology, ours, theirs in pair(m.quantile_name(catalog.ITL, 0.99, window), "itl_seconds",
+                                       ',quantile="0.99"'):
+        assert _close(ours, theirs, 0.10), (topology, ours, theirs)
+    exact = [b for b in stack.rules.slo_buckets if b.exact]
+    assert exact, "the P/D spec has an on-boundary SLO (itl 50 ms)"
+    for bucket in exact:
+        for topology, ours, theirs in pair(m.goodput_name(bucket.slo, window), "slo_attainment_ratio",
+                                           f',slo="{bucket.slo}"'):
+            assert abs(ours - theirs) <= 0.02, (bucket.slo, topology, ours, theirs)
