@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from crossover import catalog
 from crossover.exporter.parse import SeriesKey
-from crossover.exporter.quantile import bucket_fraction, histogram_quantile, joint_bounds
+from crossover.exporter.quantile import Prepared, fraction_of, joint_bounds, prepare_sorted, quantile_of
 from crossover.exporter.window import SeriesWindow
 
 K = TypeVar("K")
@@ -154,13 +154,39 @@ def _key_info(key: SeriesKey) -> _KeyInfo | None:
 
 @dataclass
 class _Histogram:
-    buckets: dict[float, float] = field(default_factory=dict)
+    """Summed bucket increases: `counts[i]` observations at or below `bounds[i]` (sorted, distinct)."""
+
+    bounds: tuple[float, ...]
+    counts: list[float]
     total: float = 0.0
     count: float = 0.0
     has_count: bool = False
+    _prepared: Prepared | None = None
+    _is_prepared: bool = False
 
-    def bucket_list(self) -> list[tuple[float, float]]:
-        return list(self.buckets.items())
+    def prepared(self) -> Prepared | None:
+        """Sorted, monotonic buckets, computed once for all quantiles and fractions."""
+        if not self._is_prepared:
+            self._prepared = prepare_sorted(self.bounds, self.counts)
+            self._is_prepared = True
+        return self._prepared
+
+    def add(self, other: _Histogram) -> None:
+        if other.bounds is self.bounds or other.bounds == self.bounds:
+            self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        else:  # different layouts (e.g. --custom-histogram-buckets on one target): the union
+            merged = dict(zip(self.bounds, self.counts, strict=True))
+            for bound, count in zip(other.bounds, other.counts, strict=True):
+                merged[bound] = merged.get(bound, 0.0) + count
+            self.bounds = tuple(sorted(merged))
+            self.counts = [merged[b] for b in self.bounds]
+        self.total += other.total
+        self.count += other.count
+        self.has_count = self.has_count or other.has_count
+        self._is_prepared = False
+
+    def copy(self) -> _Histogram:
+        return _Histogram(self.bounds, list(self.counts), self.total, self.count, self.has_count)
 
 
 @dataclass
@@ -179,46 +205,121 @@ class WindowSums:
     gauge_target_means: dict[str, list[float]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _HistogramColumns:
+    bounds: tuple[float, ...]  # distinct `le` values, sorted
+    buckets: list[tuple[int, int]]  # (slot in bounds, column) of each bucket series
+    direct: list[int] | None  # columns in bounds order when each bound has exactly one series
+    sums: list[int]
+    counts: list[int]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each family's series sit in a target's keys; built once per keys tuple."""
+
+    histograms: dict[str, _HistogramColumns]
+    counters: dict[str, list[int]]
+    reasons: dict[str, list[int]]  # finished_reason -> columns
+    gauges: dict[str, list[int]]
+
+
+def _build_layout(keys: tuple[SeriesKey, ...]) -> _Layout:
+    buckets: dict[str, list[tuple[int, float]]] = {}
+    sums: dict[str, list[int]] = {}
+    counts: dict[str, list[int]] = {}
+    counters: dict[str, list[int]] = {}
+    reasons: dict[str, list[int]] = {}
+    gauges: dict[str, list[int]] = {}
+    for column, key in enumerate(keys):
+        info = _key_info(key)
+        if info is None:
+            continue
+        if info.suffix == "_bucket":
+            assert info.le is not None
+            buckets.setdefault(info.family, []).append((column, info.le))
+        elif info.suffix == "_sum":
+            sums.setdefault(info.family, []).append(column)
+        elif info.suffix == "_count":
+            counts.setdefault(info.family, []).append(column)
+        elif info.suffix == "_total":
+            counters.setdefault(info.family, []).append(column)
+            if info.reason is not None:
+                reasons.setdefault(info.reason, []).append(column)
+        else:
+            gauges.setdefault(info.family, []).append(column)
+    histograms = {}
+    for family in buckets.keys() | sums.keys() | counts.keys():
+        pairs = buckets.get(family, [])
+        bounds = tuple(sorted({le for _, le in pairs}))
+        slot = {le: i for i, le in enumerate(bounds)}
+        direct = None
+        if len(pairs) == len(bounds):
+            direct = [column for column, _ in sorted(pairs, key=lambda p: p[1])]
+        histograms[family] = _HistogramColumns(bounds, [(slot[le], column) for column, le in pairs], direct,
+                                               sums.get(family, []), counts.get(family, []))
+    return _Layout(histograms, counters, reasons, gauges)
+
+
+_LAYOUTS: dict[int, tuple[tuple[SeriesKey, ...], _Layout]] = {}
+
+
+def _layout(keys: tuple[SeriesKey, ...]) -> _Layout:
+    """The layout of a keys tuple; scrapes of an unchanged target share one tuple, so this is a
+    dictionary lookup by identity on the hot path."""
+    cached = _LAYOUTS.get(id(keys))
+    if cached is not None and cached[0] is keys:
+        return cached[1]
+    layout = _build_layout(keys)
+    if len(_LAYOUTS) > 8192:
+        _LAYOUTS.clear()
+    _LAYOUTS[id(keys)] = (keys, layout)
+    return layout
+
+
 def summarize(window: SeriesWindow) -> WindowSums:
-    """Reduce one target's window (all its engines and label sets summed)."""
-    sums = WindowSums(targets=1)
+    """Reduce one target's window (all its engines and label sets summed). Plain lists, not numpy:
+    a target has about a hundred series, where a numpy call costs more than the arithmetic."""
+    layout = _layout(window.keys)
+    increase: list[float] = window.increase_values.tolist()
+    counted: list[bool] = window.counted.tolist()
     duration = window.duration
-    for key, increase in window.increase.items():
-        info = _key_info(key)
-        if info is None:
-            continue
-        if info.suffix in ("_bucket", "_sum", "_count"):
-            histogram = sums.histograms.get(info.family)
-            if histogram is None:
-                histogram = sums.histograms[info.family] = _Histogram()
-            if info.suffix == "_bucket":
-                assert info.le is not None
-                histogram.buckets[info.le] = histogram.buckets.get(info.le, 0.0) + increase
+    per_second = 1.0 / duration if duration > 0 else math.nan
+    sums = WindowSums(targets=1)
+    for family, columns in layout.histograms.items():
+        if not (any(counted[c] for _, c in columns.buckets) or any(counted[c] for c in columns.counts)):
+            continue  # the series exist but none was seen twice in the window
+        if columns.direct is not None:
+            values = [increase[c] for c in columns.direct]
+        else:
+            values = [0.0] * len(columns.bounds)
+            for slot, column in columns.buckets:
+                values[slot] += increase[column]
+        total = math.fsum(increase[c] for c in columns.sums)
+        count = math.fsum(increase[c] for c in columns.counts)
+        sums.histograms[family] = _Histogram(columns.bounds, values, total, count, bool(columns.counts))
+        if duration > 0:
+            if columns.sums:
+                sums.hist_rates[family + "_sum"] = total * per_second
+            if columns.counts:
+                sums.hist_rates[family + "_count"] = count * per_second
+    for family, cols in layout.counters.items():
+        if any(counted[c] for c in cols):
+            sums.rates[family] = math.fsum(increase[c] for c in cols) * per_second
+    for reason, cols in layout.reasons.items():
+        if any(counted[c] for c in cols):
+            sums.reason_rates[reason] = math.fsum(increase[c] for c in cols) * per_second
+    if layout.gauges:
+        gauge: list[bool] = window.gauge.tolist()
+        means: list[float] = window.mean_values.tolist()
+        highest: list[float] = window.highest_values.tolist()
+        for family, cols in layout.gauges.items():
+            if not all(gauge[c] for c in cols):
                 continue
-            if info.suffix == "_sum":
-                histogram.total += increase
-            else:
-                histogram.count += increase
-                histogram.has_count = True
-            if duration > 0:
-                name = info.family + info.suffix
-                sums.hist_rates[name] = sums.hist_rates.get(name, 0.0) + increase / duration
-            continue
-        rate = increase / duration if duration > 0 else math.nan
-        sums.rates[info.family] = sums.rates.get(info.family, 0.0) + rate
-        if info.reason is not None:
-            sums.reason_rates[info.reason] = sums.reason_rates.get(info.reason, 0.0) + rate
-    per_family: dict[str, list[float]] = {}
-    for key, mean in window.gauge_mean.items():
-        info = _key_info(key)
-        if info is None:
-            continue
-        per_family.setdefault(info.family, []).append(mean)
-        highest = window.gauge_max[key]
-        sums.gauge_max[info.family] = max(sums.gauge_max.get(info.family, -math.inf), highest)
-    for family, means in per_family.items():
-        sums.gauge_mean_sum[family] = math.fsum(means)
-        sums.gauge_target_means[family] = [math.fsum(means) / len(means)]
+            family_means = [means[c] for c in cols]
+            sums.gauge_mean_sum[family] = math.fsum(family_means)
+            sums.gauge_target_means[family] = [math.fsum(family_means) / len(cols)]
+            sums.gauge_max[family] = max(highest[c] for c in cols)
     return sums
 
 
@@ -228,18 +329,20 @@ def _add(into: dict[K, float], other: Mapping[K, float]) -> None:
 
 
 def merge(parts: Iterable[WindowSums]) -> WindowSums:
-    """Sum several targets' WindowSums (counters and buckets add; maxima take the max)."""
+    """Sum several targets' WindowSums (counters and buckets add; maxima take the max). A single
+    part is returned as it is (WindowSums are not changed once built)."""
+    items = list(parts)
+    if len(items) == 1:
+        return items[0]
     out = WindowSums()
-    for part in parts:
+    for part in items:
         out.targets += part.targets
         for family, histogram in part.histograms.items():
             mine = out.histograms.get(family)
             if mine is None:
-                mine = out.histograms[family] = _Histogram()
-            _add(mine.buckets, histogram.buckets)
-            mine.total += histogram.total
-            mine.count += histogram.count
-            mine.has_count = mine.has_count or histogram.has_count
+                out.histograms[family] = histogram.copy()
+            else:
+                mine.add(histogram)
         _add(out.rates, part.rates)
         _add(out.reason_rates, part.reason_rates)
         _add(out.hist_rates, part.hist_rates)
@@ -252,11 +355,11 @@ def merge(parts: Iterable[WindowSums]) -> WindowSums:
 
 
 def _latency(histogram: _Histogram | None) -> Latency | None:
-    if histogram is None or not histogram.buckets:
+    if histogram is None or not histogram.bounds:
         return None
-    buckets = histogram.bucket_list()
-    quantiles = {quantile_label(q): histogram_quantile(q, buckets) for q in QUANTILES}
-    count = histogram.count if histogram.has_count else max(histogram.buckets.values())
+    prepared = histogram.prepared()
+    quantiles = {quantile_label(q): quantile_of(q, prepared) for q in QUANTILES}
+    count = histogram.count if histogram.has_count else max(histogram.counts)
     mean = histogram.total / count if count > 0 else math.nan
     return Latency(quantiles, mean, count)
 
@@ -283,10 +386,10 @@ def derive_sums(sums: WindowSums, *, gpus: int, slos_seconds: Mapping[str, float
     for slo, threshold in slos_seconds.items():
         slo_metric = catalog.SLO_HISTOGRAMS.get(slo)
         histogram = sums.histograms.get(slo_metric.name) if slo_metric is not None else None
-        if histogram is None or not histogram.buckets:
+        if histogram is None or not histogram.bounds:
             continue
-        fraction = bucket_fraction(threshold, histogram.bucket_list(),
-                                   histogram.count if histogram.has_count else None)
+        count = histogram.count if histogram.has_count else None
+        fraction = fraction_of(threshold, histogram.prepared(), count)
         goodput[slo] = SloAttainment(threshold, fraction.value, fraction.exact)
 
     joint_slos = tuple(s for s in PER_REQUEST_SLOS if s in slos_seconds)

@@ -9,8 +9,9 @@ classic Prometheus histogram does. Order does not matter (they are sorted here).
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 Bucket = tuple[float, float]  # (upper bound `le`, cumulative count)
@@ -19,27 +20,57 @@ NAN = float("nan")
 INF = float("inf")
 
 
-def _prepared(buckets: Iterable[Bucket]) -> list[list[float]] | None:
-    """Sorted, coalesced (equal bounds summed) and made monotonic, as promql/quantile.go does;
-    None where Prometheus answers NaN (no +Inf bucket)."""
-    ordered = sorted(buckets, key=lambda b: b[0])
-    if not ordered or not math.isinf(ordered[-1][0]) or ordered[-1][0] < 0:
+@dataclass(frozen=True)
+class Prepared:
+    """Buckets as promql/quantile.go prepares them: sorted by bound, equal bounds coalesced, counts
+    made monotonic. Prepare once, then ask several quantiles and fractions."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+
+
+def prepare(buckets: Iterable[Bucket]) -> Prepared | None:
+    """None where Prometheus answers NaN whatever the quantile: no +Inf bucket, or fewer than two."""
+    ordered = sorted(buckets, key=_bound)
+    if len(ordered) < 2 or ordered[-1][0] != INF:
         return None
-    merged: list[list[float]] = []
+    bounds: list[float] = []
+    counts: list[float] = []
     for bound, count in ordered:
-        if merged and merged[-1][0] == bound:
-            merged[-1][1] += count
+        if bounds and bounds[-1] == bound:
+            counts[-1] += count
         else:
-            merged.append([bound, count])
+            bounds.append(bound)
+            counts.append(count)
+    if len(bounds) < 2:
+        return None
     # ensureMonotonic: a later bucket never counts fewer than an earlier one (float noise, or
     # series summed across targets that expose different layouts).
     highest = -INF
-    for bucket in merged:
-        if bucket[1] > highest:
-            highest = bucket[1]
-        elif bucket[1] < highest:
-            bucket[1] = highest
-    return merged
+    for i, count in enumerate(counts):
+        if count > highest:
+            highest = count
+        elif count < highest:
+            counts[i] = highest
+    return Prepared(tuple(bounds), tuple(counts))
+
+
+def prepare_sorted(bounds: Sequence[float], counts: Sequence[float]) -> Prepared | None:
+    """`prepare` for buckets already sorted by distinct bounds (the exporter's own sums)."""
+    if len(bounds) < 2 or bounds[-1] != INF:
+        return None
+    monotonic = list(counts)
+    highest = -INF
+    for i, count in enumerate(monotonic):
+        if count > highest:
+            highest = count
+        elif count < highest:
+            monotonic[i] = highest
+    return Prepared(tuple(bounds), tuple(monotonic))
+
+
+def _bound(bucket: Bucket) -> float:
+    return bucket[0]
 
 
 def _divide(numerator: float, denominator: float) -> float:
@@ -51,6 +82,39 @@ def _divide(numerator: float, denominator: float) -> float:
     return numerator / denominator
 
 
+def quantile_of(q: float, prepared: Prepared | None) -> float:
+    """histogram_quantile on prepared buckets."""
+    if math.isnan(q):
+        return NAN
+    if q < 0:
+        return -INF
+    if q > 1:
+        return INF
+    if prepared is None:
+        return NAN
+    bounds, counts = prepared.bounds, prepared.counts
+    observations = counts[-1]
+    if observations == 0 or math.isnan(observations):
+        return NAN
+    rank = q * observations
+    # sort.Search(len(buckets)-1, count >= rank): the first bucket reaching the rank, +Inf excluded
+    # (counts are monotonic, so a bisection finds it).
+    last = len(counts) - 1
+    index = bisect.bisect_left(counts, rank, 0, last)
+    if index == last:
+        return bounds[-2]
+    if index == 0 and bounds[0] <= 0:
+        return bounds[0]
+    bucket_start = 0.0
+    bucket_end = bounds[index]
+    count = counts[index]
+    if index > 0:
+        bucket_start = bounds[index - 1]
+        count -= counts[index - 1]
+        rank -= counts[index - 1]
+    return bucket_start + (bucket_end - bucket_start) * _divide(rank, count)
+
+
 def histogram_quantile(q: float, buckets: Iterable[Bucket]) -> float:
     """The q-quantile exactly as PromQL's histogram_quantile computes it for classic buckets.
 
@@ -58,37 +122,7 @@ def histogram_quantile(q: float, buckets: Iterable[Bucket]) -> float:
     upper bound is positive; a rank in the +Inf bucket answers the highest finite bound; NaN with
     no observations, fewer than two buckets or no +Inf bucket; -Inf/+Inf for q outside [0, 1].
     """
-    if math.isnan(q):
-        return NAN
-    if q < 0:
-        return -INF
-    if q > 1:
-        return INF
-    prepared = _prepared(buckets)
-    if prepared is None or len(prepared) < 2:
-        return NAN
-    observations = prepared[-1][1]
-    if observations == 0 or math.isnan(observations):
-        return NAN
-    rank = q * observations
-    # sort.Search(len(buckets)-1, count >= rank): the first bucket reaching the rank, +Inf excluded.
-    index = len(prepared) - 1
-    for i in range(len(prepared) - 1):
-        if prepared[i][1] >= rank:
-            index = i
-            break
-    if index == len(prepared) - 1:
-        return prepared[-2][0]
-    if index == 0 and prepared[0][0] <= 0:
-        return prepared[0][0]
-    bucket_start = 0.0
-    bucket_end = prepared[index][0]
-    count = prepared[index][1]
-    if index > 0:
-        bucket_start = prepared[index - 1][0]
-        count -= prepared[index - 1][1]
-        rank -= prepared[index - 1][1]
-    return bucket_start + (bucket_end - bucket_start) * _divide(rank, count)
+    return quantile_of(q, prepare(buckets) if 0 <= q <= 1 else None) if not math.isnan(q) else NAN
 
 
 @dataclass(frozen=True)
@@ -97,6 +131,30 @@ class Fraction:
 
     value: float
     exact: bool
+
+
+def fraction_of(threshold: float, prepared: Prepared | None, count: float | None = None) -> Fraction:
+    """bucket_fraction on prepared buckets."""
+    if prepared is None:
+        return Fraction(NAN, False)
+    bounds, counts = prepared.bounds, prepared.counts
+    total = counts[-1] if count is None else count
+    if total == 0 or math.isnan(total):
+        return Fraction(NAN, True)
+    finite = len(bounds) - 1
+    index = bisect.bisect_left(bounds, threshold, 0, finite)
+    if index < finite and math.isclose(bounds[index], threshold, rel_tol=1e-9, abs_tol=0.0):
+        return Fraction(counts[index] / total, True)
+    if index > 0 and math.isclose(bounds[index - 1], threshold, rel_tol=1e-9, abs_tol=0.0):
+        return Fraction(counts[index - 1] / total, True)
+    if index == finite:  # above the highest finite bound: only a lower bound is known
+        return Fraction(counts[finite - 1] / total, False)
+    if index == 0 and bounds[0] <= 0:
+        return Fraction(0.0, False)
+    lower_bound, lower_count = (bounds[index - 1], counts[index - 1]) if index > 0 else (0.0, 0.0)
+    share = (threshold - lower_bound) / (bounds[index] - lower_bound)
+    interpolated = lower_count + (counts[index] - lower_count) * max(0.0, share)
+    return Fraction(interpolated / total, False)
 
 
 def bucket_fraction(threshold: float, buckets: Iterable[Bucket], count: float | None = None) -> Fraction:
@@ -108,26 +166,7 @@ def bucket_fraction(threshold: float, buckets: Iterable[Bucket], count: float | 
     share is returned (a lower bound), also inexact. `count` defaults to the +Inf bucket; pass the
     histogram's `_count` to match `bucket / _count` queries. NaN when there are no observations.
     """
-    prepared = _prepared(buckets)
-    if prepared is None:
-        return Fraction(NAN, False)
-    total = prepared[-1][1] if count is None else count
-    if total == 0 or math.isnan(total):
-        return Fraction(NAN, True)
-    finite = prepared[:-1]
-    for i, (bound, cumulative) in enumerate(finite):
-        if math.isclose(bound, threshold, rel_tol=1e-9, abs_tol=0.0):
-            return Fraction(cumulative / total, True)
-        if bound > threshold:
-            lower_bound, lower_count = (finite[i - 1][0], finite[i - 1][1]) if i > 0 else (0.0, 0.0)
-            if i == 0 and bound <= 0:
-                return Fraction(0.0, False)
-            share = (threshold - lower_bound) / (bound - lower_bound)
-            interpolated = lower_count + (cumulative - lower_count) * max(0.0, share)
-            return Fraction(interpolated / total, False)
-    if not finite:
-        return Fraction(NAN, False)
-    return Fraction(finite[-1][1] / total, False)
+    return fraction_of(threshold, prepare(buckets), count)
 
 
 def joint_bounds(fractions: Iterable[float]) -> tuple[float, float]:

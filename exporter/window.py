@@ -15,8 +15,8 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -52,24 +52,49 @@ def is_cumulative(sample_name: str) -> bool:
     return found is not None and found[0].type is not catalog.MetricType.GAUGE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SeriesWindow:
-    """What one target's series did over one window.
+    """What one target's series did over one window, as arrays aligned with `keys`.
 
-    `increase` holds counters and histogram series (seen in at least two scrapes of the window);
-    the gauge maps hold gauges' last, highest and mean values over the window's scrapes."""
+    `increase` holds, for counters and histogram series seen in at least two scrapes of the
+    window (`counted`), the reset-aware increase (0 elsewhere); `last`, `highest` and `mean` hold
+    gauges' statistics over the window's scrapes (`gauge` marks them). Dict views are built on
+    demand for readers that want them."""
 
     start: float  # timestamp of the first scrape in the window
     end: float  # timestamp of the last scrape in the window
     scrapes: int
-    increase: dict[SeriesKey, float] = field(default_factory=dict)
-    gauge_last: dict[SeriesKey, float] = field(default_factory=dict)
-    gauge_max: dict[SeriesKey, float] = field(default_factory=dict)
-    gauge_mean: dict[SeriesKey, float] = field(default_factory=dict)
+    keys: tuple[SeriesKey, ...]
+    increase_values: np.ndarray
+    counted: np.ndarray  # bool
+    gauge: np.ndarray  # bool
+    last_values: np.ndarray
+    highest_values: np.ndarray
+    mean_values: np.ndarray
 
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+    def _view(self, mask: np.ndarray, values: np.ndarray) -> dict[SeriesKey, float]:
+        return {key: value for key, value, keep in zip(self.keys, values.tolist(), mask.tolist(), strict=True)
+                if keep}
+
+    @cached_property
+    def increase(self) -> dict[SeriesKey, float]:
+        return self._view(self.counted, self.increase_values)
+
+    @cached_property
+    def gauge_last(self) -> dict[SeriesKey, float]:
+        return self._view(self.gauge, self.last_values)
+
+    @cached_property
+    def gauge_max(self) -> dict[SeriesKey, float]:
+        return self._view(self.gauge, self.highest_values)
+
+    @cached_property
+    def gauge_mean(self) -> dict[SeriesKey, float]:
+        return self._view(self.gauge, self.mean_values)
 
 
 def counter_increase(values: Sequence[float]) -> float:
@@ -80,13 +105,28 @@ def counter_increase(values: Sequence[float]) -> float:
     return total
 
 
+_CUMULATIVE_MASKS: dict[int, tuple[tuple[SeriesKey, ...], np.ndarray]] = {}
+
+
+def cumulative_mask(keys: tuple[SeriesKey, ...]) -> np.ndarray:
+    """Which keys are counters or histogram series; cached per keys tuple (shared across scrapes)."""
+    cached = _CUMULATIVE_MASKS.get(id(keys))
+    if cached is not None and cached[0] is keys:
+        return cached[1]
+    mask = np.fromiter((is_cumulative(key[0]) for key in keys), dtype=bool, count=len(keys))
+    if len(_CUMULATIVE_MASKS) > 8192:
+        _CUMULATIVE_MASKS.clear()
+    _CUMULATIVE_MASKS[id(keys)] = (keys, mask)
+    return mask
+
+
 def window_of(scrapes: Sequence[Scrape], end: float, seconds: float) -> SeriesWindow | None:
     """The window of `seconds` ending at `end`; None with fewer than two scrapes in it."""
     chosen = [s for s in scrapes if end - seconds - 1e-9 <= s.timestamp <= end + 1e-9]
     if len(chosen) < 2:
         return None
     keys = chosen[0].keys
-    if all(s.keys is keys or s.keys == keys for s in chosen):
+    if all(s.keys is keys for s in chosen) or all(s.keys == keys for s in chosen):
         return _stacked_window(chosen, keys)
     return _mixed_window(chosen)
 
@@ -95,19 +135,10 @@ def _stacked_window(chosen: Sequence[Scrape], keys: tuple[SeriesKey, ...]) -> Se
     matrix = np.vstack([s.values for s in chosen])
     steps = np.diff(matrix, axis=0)
     steps = np.where(steps < 0, matrix[1:], steps)  # a drop: the counter restarted from zero
-    increases = steps.sum(axis=0)
-    highest = matrix.max(axis=0)
-    means = matrix.mean(axis=0)
-    last = matrix[-1]
-    window = SeriesWindow(chosen[0].timestamp, chosen[-1].timestamp, len(chosen))
-    for index, key in enumerate(keys):
-        if is_cumulative(key[0]):
-            window.increase[key] = float(increases[index])
-        else:
-            window.gauge_last[key] = float(last[index])
-            window.gauge_max[key] = float(highest[index])
-            window.gauge_mean[key] = float(means[index])
-    return window
+    cumulative = cumulative_mask(keys)
+    increases = np.where(cumulative, steps.sum(axis=0), 0.0)
+    return SeriesWindow(chosen[0].timestamp, chosen[-1].timestamp, len(chosen), keys, increases,
+                        cumulative, ~cumulative, matrix[-1], matrix.max(axis=0), matrix.mean(axis=0))
 
 
 def _mixed_window(chosen: Sequence[Scrape]) -> SeriesWindow:
@@ -116,16 +147,23 @@ def _mixed_window(chosen: Sequence[Scrape]) -> SeriesWindow:
     for scrape in chosen:
         for key, value in zip(scrape.keys, scrape.values.tolist(), strict=True):
             history.setdefault(key, []).append(value)
-    window = SeriesWindow(chosen[0].timestamp, chosen[-1].timestamp, len(chosen))
-    for key, values in history.items():
+    keys = tuple(history)
+    size = len(keys)
+    increases, last, highest, mean = (np.zeros(size) for _ in range(4))
+    counted = np.zeros(size, dtype=bool)
+    gauge = np.zeros(size, dtype=bool)
+    for index, (key, values) in enumerate(history.items()):
         if is_cumulative(key[0]):
             if len(values) >= 2:
-                window.increase[key] = counter_increase(values)
+                counted[index] = True
+                increases[index] = counter_increase(values)
         else:
-            window.gauge_last[key] = values[-1]
-            window.gauge_max[key] = max(values)
-            window.gauge_mean[key] = math.fsum(values) / len(values)
-    return window
+            gauge[index] = True
+            last[index] = values[-1]
+            highest[index] = max(values)
+            mean[index] = math.fsum(values) / len(values)
+    return SeriesWindow(chosen[0].timestamp, chosen[-1].timestamp, len(chosen), keys, increases, counted,
+                        gauge, last, highest, mean)
 
 
 class History:
