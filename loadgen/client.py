@@ -10,12 +10,15 @@ ITLs always number output_tokens - 1 and sum to e2e - TTFT.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from dataclasses import dataclass, field
 from itertools import count
+from typing import Any
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 
 from crossover.loadgen.dataset import SyntheticRequest
 from crossover.loadgen.sse import DONE, SSEOverflow, SSEParser
@@ -187,6 +190,78 @@ def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
         trace.usage_completion_tokens = completion_tokens
 
 
+class StampingResponseHandler(ResponseHandler):
+    """aiohttp's connection protocol, noting when each socket read arrived and how far into the
+    response body it reached: (body bytes so far, unix time).
+
+    Why: a coroutine reading the stream runs after every other ready coroutine, so at hundreds of
+    streams whose tokens arrive in the same engine step, a time taken there is late by the time
+    the others took (milliseconds). data_received runs as the bytes come off the socket.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.stamps: list[tuple[int, float]] = []
+        self.stamped_body: object = None
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        before = getattr(self, "_payload", None)
+        super().data_received(data)
+        body = getattr(self, "_payload", None) or before  # the body may end (and be let go) in this read
+        if body is None:
+            return
+        if body is not self.stamped_body:  # a new response on a kept-alive connection
+            self.stamped_body = body
+            self.stamps = []
+        self.stamps.append((int(getattr(body, "total_bytes", 0)), now))
+
+
+def stamping_connector(**kwargs: Any) -> aiohttp.TCPConnector:
+    """A TCPConnector whose connections stamp reads (see StampingResponseHandler); where aiohttp's
+    internals differ, a plain connector, and reads are stamped when the coroutine sees them."""
+    connector = aiohttp.TCPConnector(**kwargs)
+    loop = getattr(connector, "_loop", None)
+    if loop is not None and hasattr(connector, "_factory"):
+        connector._factory = functools.partial(StampingResponseHandler, loop=loop)  # type: ignore[assignment]
+    return connector
+
+
+def _read_stamps(response: aiohttp.ClientResponse, start: int, end: int) -> list[tuple[int, float]]:
+    """The read stamps covering body bytes (start, end], oldest first; consumed ones dropped."""
+    connection = response.connection
+    protocol = connection.protocol if connection is not None else None
+    if not isinstance(protocol, StampingResponseHandler) or protocol.stamped_body is not response.content:
+        return []
+    stamps = protocol.stamps
+    keep = 0
+    while keep < len(stamps) and stamps[keep][0] <= start:
+        keep += 1
+    covering = [s for s in stamps[keep:] if s[0] <= end]
+    after = stamps[keep + len(covering):]
+    if after:  # the read that completed `end` is still needed for the next bytes
+        covering.append(after[0])
+    protocol.stamps = stamps[keep:]
+    return covering
+
+
+def _feed_stamped(parser: SSEParser, trace: StreamTrace, chunk: bytes, start: int,
+                  stamps: list[tuple[int, float]], fallback: float) -> None:
+    """Feed a body chunk to the parser in pieces cut where socket reads ended, so each event gets
+    the time of the read that completed it."""
+    position = 0
+    for offset, stamp in stamps:
+        cut = min(offset - start, len(chunk))
+        if cut <= position:
+            continue
+        for data in parser.feed(chunk[position:cut]):
+            _consume_event(trace, data, stamp)
+        position = cut
+    if position < len(chunk):
+        for data in parser.feed(chunk[position:]):
+            _consume_event(trace, data, fallback)
+
+
 async def stream_completion(session: aiohttp.ClientSession, base_url: str, payload: bytes,
                             timeout_s: float) -> StreamTrace:
     """POST one streaming completion and record when each token event arrives. Never raises for
@@ -202,10 +277,13 @@ async def stream_completion(session: aiohttp.ClientSession, base_url: str, paylo
                     body = (await response.content.read(4096)).decode(errors="replace")
                     trace.error = f"HTTP {response.status}: {' '.join(body.split())[:_ERROR_BODY_CHARS]}"
                 else:
+                    consumed = 0
                     async for chunk in response.content.iter_any():
                         now = time.time()
-                        for data in parser.feed(chunk):
-                            _consume_event(trace, data, now)
+                        end = consumed + len(chunk)
+                        stamps = _read_stamps(response, consumed, end)
+                        _feed_stamped(parser, trace, chunk, consumed, stamps, now)
+                        consumed = end
                     for data in parser.finish():
                         _consume_event(trace, data, time.time())
     except TimeoutError:

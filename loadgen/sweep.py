@@ -27,6 +27,7 @@ from crossover.loadgen.client import (
     RequestRecord,
     build_record,
     completion_payload,
+    stamping_connector,
     stream_completion,
 )
 from crossover.loadgen.crossover import analyze
@@ -113,7 +114,7 @@ class _LevelRunner:
             self.on_request(self.info.name, self.level, len(self.records), self.total)
 
     async def run(self) -> list[RequestRecord]:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        connector = stamping_connector(limit=0, ttl_dns_cache=300)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
                                          auto_decompress=False) as session:
             if self.plan.mode is Mode.CLOSED:

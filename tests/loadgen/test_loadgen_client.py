@@ -134,3 +134,36 @@ def test_round_robin_and_least_outstanding() -> None:
     assert lo.acquire() == "a"
     lo.release("a")
     assert lo.acquire() == "a"
+
+
+def test_events_take_the_time_of_the_socket_read_that_completed_them() -> None:
+    from crossover.loadgen.client import _feed_stamped
+    from crossover.loadgen.sse import SSEParser
+
+    events = [b'data: {"choices": [{"text": "a"}]}\n\n', b'data: {"choices": [{"text": "b"}]}\n\n',
+              b'data: {"choices": [{"text": "c"}]}\n\n']
+    body = b"".join(events)
+    first_read = len(events[0]) + 5  # the first read ended inside the second event
+    trace = StreamTrace(send_time=0.0)
+    # the coroutine saw everything at t=9; the reads arrived at t=1 (first_read bytes) and t=2
+    _feed_stamped(SSEParser(), trace, body, 0, [(first_read, 1.0), (len(body), 2.0)], fallback=9.0)
+    assert trace.chunk_times == [1.0, 2.0, 2.0]
+
+
+def test_sweep_connections_stamp_their_reads() -> None:
+    from crossover.loadgen.client import StampingResponseHandler, stamping_connector
+
+    async def go(url: str) -> tuple[bool, int]:
+        connector = stamping_connector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            payload = completion_payload("m", REQUEST, True)
+            async with session.post(url + "/v1/completions", data=payload) as response:
+                protocol = response.connection.protocol if response.connection else None
+                await response.read()
+                if not isinstance(protocol, StampingResponseHandler):
+                    return False, 0
+                return True, len(protocol.stamps)
+
+    with FakeServer() as server:
+        stamped, reads = asyncio.run(go(server.url))
+    assert stamped and reads >= 2  # headers and the events came in several reads
