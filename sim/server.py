@@ -479,8 +479,15 @@ class SimInstance:
         return web.json_response(self.fault.model_dump())
 
     async def get_requests(self, request: web.Request) -> web.Response:
-        out = [{**r, "token_times": r["token_times"].tolist()} for r in self.records]
-        return web.json_response(out)
+        """The ring of finished requests; `?since=UNIX` keeps those that arrived at or after it and
+        `?limit=N` the last N (the whole ring of long streams is tens of MB of JSON)."""
+        try:
+            since = float(request.query.get("since", "-inf"))
+            limit = int(request.query.get("limit", str(RECORD_RING)))
+        except ValueError:
+            return _error(400, "since must be a unix time and limit an integer")
+        records = [r for r in self.records if r["arrival"] >= since][-limit:] if limit > 0 else []
+        return web.json_response([{**r, "token_times": r["token_times"].tolist()} for r in records])
 
     def emission_stats(self) -> dict[str, float]:
         n = min(self.engine.emission_count, len(self.engine.emission_gaps))

@@ -45,8 +45,11 @@ def test_streamed_completion_with_usage(served: tuple[SimFleet, FleetSpec, str])
     assert record["prompt_tokens"] == 3 and record["output_tokens"] == 5
     assert len(record["token_times"]) == 5 and record["token_times"] == sorted(record["token_times"])
     assert record["arrival"] < record["token_times"][0]
-    assert get_json(url + "/admin/requests")[-1]["id"] == record["id"] or any(
-        r["id"] == record["id"] for r in get_json(url + "/admin/requests"))
+    assert any(r["id"] == record["id"] for r in get_json(url + "/admin/requests"))
+    assert get_json(url + f"/admin/requests?since={record['arrival']}&limit=1")[-1]["id"] == record["id"] \
+        or get_json(url + f"/admin/requests?since={record['arrival']}")[0]["arrival"] >= record["arrival"]
+    assert get_json(url + "/admin/requests?since=9e12") == []
+    assert get_json(url + "/admin/requests?limit=0") == []
 
 
 def test_streamed_chat_sends_the_role_first(served: tuple[SimFleet, FleetSpec, str]) -> None:
