@@ -141,25 +141,33 @@ class Scheduler:
             self.transferring.remove(request)
             self.running.append(request)
         budget = model.max_num_batched_tokens
+        block = model.block_size
+        running = self.running
         work: list[tuple[SimRequest, int]] = []
-        scheduled: set[int] = set()
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
+        while index < len(running) and budget > 0:
+            request = running[index]
             remaining = request.prefill_target - request.computed
-            tokens = min(remaining, budget) if remaining > 0 else 1
-            while not self._grow(request, tokens):
-                victim = self.running[-1]
-                if id(victim) in scheduled:  # never preempt work already planned for this step
-                    victim = request
-                self._preempt(victim)
-                if victim is request:
-                    break
-            else:
-                work.append((request, tokens))
-                scheduled.add(id(request))
-                budget -= tokens
-                index += 1
+            tokens = (remaining if remaining < budget else budget) if remaining > 0 else 1
+            need = -(-(request.computed + tokens) // block) - request.blocks
+            if need > self.free_blocks:
+                # Out of KV: preempt from the newest end. Requests already planned this step sit
+                # before `index`, so the victim is never one of them (at worst it is this request).
+                preempted_itself = False
+                while not self._grow(request, tokens):
+                    victim = running[-1]
+                    self._preempt(victim)
+                    if victim is request:
+                        preempted_itself = True
+                        break
+                if preempted_itself:
+                    continue
+            elif need > 0:
+                self.free_blocks -= need
+                request.blocks += need
+            work.append((request, tokens))
+            budget -= tokens
+            index += 1
         while self.waiting and budget > 0 and len(self.running) + len(self.transferring) < model.max_num_seqs:
             request = self.waiting[0]
             if request.remote_kv and request.computed == 0 and request.generated == 0:
