@@ -21,7 +21,7 @@ import yaml
 
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.truth import ground_truth_crossover
-from crossover.spec import load_spec
+from crossover.spec import FleetSpec, load_spec
 from tests.helpers import SPECS, require_binary
 
 SEED = SPECS / "seed-70b-h100.yaml"
@@ -281,3 +281,38 @@ def test_alert_webhook_prints_each_alert_and_refuses_garbage(tmp_path: Path) -> 
     finally:
         hook.send_signal(signal.SIGTERM)
         hook.wait(timeout=20)
+
+
+@pytest.mark.timeout(200)
+def test_running_servers_are_detected_and_used_as_they_are(tmp_path: Path) -> None:
+    """Every instance answering /health means a real fleet: the demo starts no simulator of its own
+    and sweeps the servers at the spec's own URLs (here a simulator started outside the demo)."""
+    from crossover.sim.fleet import running_fleet
+
+    spec = spec_on_free_ports(load_spec(SEED))
+    path = tmp_path / "running.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    out = tmp_path / "run"
+    with running_fleet(spec) as fleet:
+        result = demo("--headless", "--spec", str(path), "--concurrency", "2", "--requests", "4",
+                      "--output-len", "8", "--out", str(out), timeout=180)
+        served = {name: len(fleet.requests(name)) for name in ("tp4-0", "tp2-0", "tp2-1")}
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(real servers)" in result.stderr
+    assert set(json.loads((out / "logs" / "pids.json").read_text())) == {"sweep"}
+    assert served["tp4-0"] == 4 and served["tp2-0"] + served["tp2-1"] == 4, served
+
+
+@pytest.mark.timeout(120)
+def test_some_instances_up_is_ambiguous(tmp_path: Path) -> None:
+    from crossover.sim.fleet import running_fleet
+
+    spec = spec_on_free_ports(load_spec(SEED))
+    data = spec.model_dump(mode="json")
+    data["topologies"] = [t for t in data["topologies"] if t["name"] == "tp4x1"]
+    with running_fleet(FleetSpec.model_validate(data)):
+        path = tmp_path / "half.yaml"
+        path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+        result = demo("--headless", "--spec", str(path), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "['tp4-0'] answer but ['tp2-0', 'tp2-1'] do not" in result.stderr
