@@ -40,11 +40,12 @@ class ScrapeResult:
 async def _read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
     """The (decompressed) body, or None once it exceeds limit bytes."""
     length = response.content_length
-    if length is not None and length > limit and "gzip" not in response.headers.get("Content-Encoding", ""):
-        return None
+    if length is not None and not response.headers.get("Content-Encoding"):
+        # A plain body of announced size: one read, refused up front when too large.
+        return None if length > limit else await response.read()
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.content.iter_chunked(1 << 16):
+    async for chunk in response.content.iter_any():
         size += len(chunk)
         if size > limit:
             return None

@@ -28,21 +28,25 @@ from crossover.exporter.parse import SeriesKey
 class Scrape:
     """One successful scrape of one target: the wanted series and their values, in payload order.
 
-    Scrapes of a target whose series did not change share one `keys` tuple, which lets a window
-    stack their values into one array."""
+    Scrapes of a target whose series did not change share one `keys` tuple, and carry `corrected`:
+    each series' running total with counter resets undone (a drop adds the new value, as
+    Prometheus's increase does), so an increase over any run of such scrapes is one subtraction."""
 
     timestamp: float
     keys: tuple[SeriesKey, ...]
     values: np.ndarray  # float64, aligned with keys
+    corrected: np.ndarray  # reset-corrected running totals since the keys last changed
 
     @staticmethod
     def of(timestamp: float, series: Mapping[SeriesKey, float],
            previous: Scrape | None = None) -> Scrape:
         keys = tuple(series)
-        if previous is not None and previous.keys == keys:
-            keys = previous.keys
         values = np.fromiter(series.values(), dtype=np.float64, count=len(keys))
-        return Scrape(timestamp, keys, values)
+        if previous is not None and (previous.keys is keys or previous.keys == keys):
+            steps = values - previous.values
+            steps = np.where(steps < 0, values, steps)  # a drop: the counter restarted from zero
+            return Scrape(timestamp, previous.keys, values, previous.corrected + steps)
+        return Scrape(timestamp, keys, values, values.copy())
 
 
 @lru_cache(maxsize=4096)
@@ -105,19 +109,21 @@ def counter_increase(values: Sequence[float]) -> float:
     return total
 
 
-_CUMULATIVE_MASKS: dict[int, tuple[tuple[SeriesKey, ...], np.ndarray]] = {}
+_CUMULATIVE_MASKS: dict[int, tuple[tuple[SeriesKey, ...], np.ndarray, np.ndarray]] = {}
 
 
-def cumulative_mask(keys: tuple[SeriesKey, ...]) -> np.ndarray:
-    """Which keys are counters or histogram series; cached per keys tuple (shared across scrapes)."""
+def cumulative_mask(keys: tuple[SeriesKey, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(which keys are counters or histogram series, the gauge columns); cached per keys tuple,
+    which the scrapes of an unchanged target share."""
     cached = _CUMULATIVE_MASKS.get(id(keys))
     if cached is not None and cached[0] is keys:
-        return cached[1]
+        return cached[1], cached[2]
     mask = np.fromiter((is_cumulative(key[0]) for key in keys), dtype=bool, count=len(keys))
+    gauges = np.flatnonzero(~mask)
     if len(_CUMULATIVE_MASKS) > 8192:
         _CUMULATIVE_MASKS.clear()
-    _CUMULATIVE_MASKS[id(keys)] = (keys, mask)
-    return mask
+    _CUMULATIVE_MASKS[id(keys)] = (keys, mask, gauges)
+    return mask, gauges
 
 
 def window_of(scrapes: Sequence[Scrape], end: float, seconds: float) -> SeriesWindow | None:
@@ -126,19 +132,23 @@ def window_of(scrapes: Sequence[Scrape], end: float, seconds: float) -> SeriesWi
     if len(chosen) < 2:
         return None
     keys = chosen[0].keys
-    if all(s.keys is keys for s in chosen) or all(s.keys == keys for s in chosen):
+    if all(s.keys is keys for s in chosen):
         return _stacked_window(chosen, keys)
     return _mixed_window(chosen)
 
 
 def _stacked_window(chosen: Sequence[Scrape], keys: tuple[SeriesKey, ...]) -> SeriesWindow:
-    matrix = np.vstack([s.values for s in chosen])
-    steps = np.diff(matrix, axis=0)
-    steps = np.where(steps < 0, matrix[1:], steps)  # a drop: the counter restarted from zero
-    cumulative = cumulative_mask(keys)
-    increases = np.where(cumulative, steps.sum(axis=0), 0.0)
+    cumulative, gauge_columns = cumulative_mask(keys)
+    increases = np.where(cumulative, chosen[-1].corrected - chosen[0].corrected, 0.0)
+    last = chosen[-1].values
+    highest = last.copy()
+    mean = last.copy()
+    if len(gauge_columns):  # only the few gauges need every scrape of the window
+        gauges = np.vstack([s.values[gauge_columns] for s in chosen])
+        highest[gauge_columns] = gauges.max(axis=0)
+        mean[gauge_columns] = gauges.mean(axis=0)
     return SeriesWindow(chosen[0].timestamp, chosen[-1].timestamp, len(chosen), keys, increases,
-                        cumulative, ~cumulative, matrix[-1], matrix.max(axis=0), matrix.mean(axis=0))
+                        cumulative, ~cumulative, last, highest, mean)
 
 
 def _mixed_window(chosen: Sequence[Scrape]) -> SeriesWindow:
