@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crossover import catalog
 from crossover.exporter.derive import derive
@@ -210,3 +212,20 @@ def test_real_vllm_payloads_give_every_colocated_series_finite():
     assert all(0 <= g.ratio <= 1 for g in derived.goodput.values())
     assert derived.requests_per_second_by_reason["length"] > 0
     assert derived.kv_transfer is None  # a colocated server exposes no NIXL families
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=1000), min_size=2, max_size=30),
+       st.integers(min_value=1, max_value=30))
+def test_window_increase_equals_prometheus_reset_semantics(values, span):
+    key = (catalog.GENERATION_TOKENS.name + "_total", ENGINE)
+    history = History(keep_seconds=1000)
+    for t, value in enumerate(values):
+        history.add(float(t), {key: float(value)})
+    end = float(len(values) - 1)
+    window = history.window(end, float(span))
+    chosen = values[max(0, len(values) - 1 - span):]
+    if len(chosen) < 2:
+        assert window is None
+    else:
+        assert window is not None and window.increase[key] == counter_increase([float(v) for v in chosen])
