@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crossover.loadgen.client import (
     Balancer,
@@ -167,3 +170,50 @@ def test_sweep_connections_stamp_their_reads() -> None:
     with FakeServer() as server:
         stamped, reads = asyncio.run(go(server.url))
     assert stamped and reads >= 2  # headers and the events came in several reads
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=120), min_size=1, max_size=12),
+       st.lists(st.integers(min_value=1, max_value=200), min_size=1, max_size=12))
+def test_any_reads_and_chunks_give_each_event_its_completing_read(read_sizes: list[int],
+                                                                  chunk_sizes: list[int]) -> None:
+    """Socket reads of random sizes (stamped 1, 2, 3...) and coroutine chunks of other random
+    sizes: every event must take the stamp of the read that delivered its last byte."""
+    from crossover.loadgen.client import StampingResponseHandler, _feed_stamped, _read_stamps
+    from crossover.loadgen.sse import SSEParser
+
+    body = b"".join(b'data: {"choices": [{"text": "%d"}]}\n\n' % i for i in range(8))
+    reads, offset = [], 0
+    for n, size in enumerate(itertools.cycle(read_sizes), 1):
+        if offset >= len(body):
+            break
+        offset = min(len(body), offset + size)
+        reads.append((offset, float(n)))
+    expected = []
+    end = 0
+    for _ in range(8):
+        end = body.index(b"\n\n", end) + 2
+        expected.append(next(t for o, t in reads if o >= end))
+
+    class Fake:
+        content = object()
+
+    protocol = StampingResponseHandler.__new__(StampingResponseHandler)
+    protocol.stamped_body = Fake.content
+    fake_response = Fake()
+    fake_response.connection = type("C", (), {"protocol": protocol})()  # type: ignore[attr-defined]
+    trace = StreamTrace(send_time=0.0)
+    parser = SSEParser()
+    consumed, delivered = 0, 0
+    sizes = itertools.cycle(chunk_sizes)
+    while consumed < len(body):
+        # the coroutine reads only what the socket has delivered so far
+        arrived = reads[delivered][0]
+        protocol.stamps = [r for r in reads[: delivered + 1]]
+        chunk = body[consumed:min(arrived, consumed + next(sizes))]
+        stamps = _read_stamps(fake_response, consumed, consumed + len(chunk))  # type: ignore[arg-type]
+        _feed_stamped(parser, trace, chunk, consumed, stamps, fallback=-1.0)
+        consumed += len(chunk)
+        if consumed >= arrived and delivered + 1 < len(reads):
+            delivered += 1
+    assert trace.chunk_times == expected
