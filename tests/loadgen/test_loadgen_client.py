@@ -211,7 +211,7 @@ def test_any_reads_and_chunks_give_each_event_its_completing_read(read_sizes: li
         arrived = reads[delivered][0]
         protocol.stamps = [r for r in reads[: delivered + 1]]
         chunk = body[consumed:min(arrived, consumed + next(sizes))]
-        stamps = _read_stamps(fake_response, consumed, consumed + len(chunk))  # type: ignore[arg-type]
+        stamps = _read_stamps(fake_response, consumed, consumed + len(chunk))
         _feed_stamped(parser, trace, chunk, consumed, stamps, fallback=-1.0)
         consumed += len(chunk)
         if consumed >= arrived and delivered + 1 < len(reads):
