@@ -351,7 +351,7 @@ def run_sweep(sup: Supervisor, stack: Stack, args: argparse.Namespace) -> int:
     # Piped output (CI, a log file): give rich a width that fits the table instead of 80 columns.
     env = {} if sys.stdout.isatty() else {"COLUMNS": "160"}
     child = sup.start("sweep", sweep_command(args, stack.spec_path, out, args.headless), env=env,
-                      passthrough=True)
+                      passthrough=True, interrupt_first=True)
     code = child.process.wait()
     if code != 0:
         say(f"crossover demo: the sweep exited with status {code}; see above")

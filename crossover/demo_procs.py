@@ -61,6 +61,9 @@ class Child:
     command: list[str]
     log_path: Path
     process: subprocess.Popen[bytes]
+    # SIGINT before SIGTERM: for a child that cleans up on Ctrl-C (the sweep restores the terminal
+    # its live progress display took over, and keeps what it measured).
+    interrupt_first: bool = False
 
     @property
     def pid(self) -> int:
@@ -100,7 +103,7 @@ class Supervisor:
         self.stop_all()
 
     def start(self, name: str, command: Sequence[str], env: dict[str, str] | None = None,
-              cwd: Path | None = None, passthrough: bool = False) -> Child:
+              cwd: Path | None = None, passthrough: bool = False, interrupt_first: bool = False) -> Child:
         """Start a child; its output goes to logs/NAME.log, or to the demo's own with passthrough."""
         log_path = self.log_dir / f"{name}.log"
         log = log_path.open("ab")
@@ -114,7 +117,8 @@ class Supervisor:
             raise UserError(f"cannot start {name} ({command[0]}): {exc.strerror}") from None
         finally:
             log.close()
-        child = Child(name=name, command=list(command), log_path=log_path, process=process)
+        child = Child(name=name, command=list(command), log_path=log_path, process=process,
+                      interrupt_first=interrupt_first)
         self.children.append(child)
         self._write_pids()
         return child
@@ -144,6 +148,13 @@ class Supervisor:
         previous = ({s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
                     if main else {})
         try:
+            polite = [c for c in self.children if c.interrupt_first and c.running()]
+            for child in polite:
+                child.signal_group(signal.SIGINT)
+            deadline = time.monotonic() + min(grace, 3.0)
+            for child in polite:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             running = [c for c in reversed(self.children) if c.running()]
             for child in running:
                 child.signal_group(signal.SIGTERM)

@@ -316,3 +316,25 @@ def test_some_instances_up_is_ambiguous(tmp_path: Path) -> None:
         result = demo("--headless", "--spec", str(path), "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "['tp4-0'] answer but ['tp2-0', 'tp2-1'] do not" in result.stderr
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_during_the_sweep_interrupts_it_and_keeps_finished_levels(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    log = tmp_path / "demo.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "crossover", "demo", "--headless", "--concurrency",
+                                    "1,2,4,8,16,32", "--out", str(out)], stdout=sink,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: "concurrency 1:" in log.read_text(), 120, "the first level to finish")
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=40) == 130
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    text = log.read_text()
+    assert "crossover sweep: interrupted" in text and "crossover demo: stopped" in text, text[-2000:]
+    assert any((out / "sweep" / "levels").rglob("*")), "the finished level was not kept"
+    assert_nothing_left(out)
