@@ -113,6 +113,10 @@ def build_record(trace: StreamTrace, request: SyntheticRequest, topology: str, l
         error = "no tokens in the stream"
     if not error and not trace.done:
         error = "stream ended before [DONE]"
+    if not error and output_tokens > request.output_len:
+        # max_tokens bounds what a server may send; more is a broken or lying server, not work done
+        error = (f"protocol violation: {output_tokens} output tokens reported, "
+                 f"max_tokens was {request.output_len}")
     ok = not error and trace.status == 200
     nan = float("nan")
     if ok:

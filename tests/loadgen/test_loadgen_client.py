@@ -120,6 +120,14 @@ def test_nothing_listening_is_a_failed_request() -> None:
     assert not record.ok and "Connect" in record.error
 
 
+def test_a_usage_count_above_max_tokens_is_a_failed_request() -> None:
+    trace = StreamTrace(send_time=0.0, chunk_times=[0.1, 0.2], chunk_tokens=[1, 999_999],
+                        usage_completion_tokens=1_000_000, status=200, done=True)
+    record = build_record(trace, REQUEST, "t", 1.0, "u")
+    assert not record.ok and record.output_tokens == 0
+    assert record.error == "protocol violation: 1000000 output tokens reported, max_tokens was 9"
+
+
 def test_expand_itl() -> None:
     assert expand_itl([0.1, 0.3, 0.4], [1, 2, 1]) == pytest.approx([0.1, 0.1, 0.1])
     assert expand_itl([0.1], [3]) == [0.0, 0.0]
