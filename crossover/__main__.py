@@ -1,5 +1,5 @@
 import sys
 
-from crossover.cli import main
+from crossover.cli import console_main
 
-sys.exit(main())
+sys.exit(console_main())

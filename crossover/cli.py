@@ -47,9 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    # A closed pipe (`crossover ... | head`) is not an error worth a traceback.
+def console_main() -> int:
+    """Entry point of the `crossover` script and `python -m crossover`."""
+    # A closed pipe (`crossover ... | head`) is not an error worth a traceback. Only a whole
+    # process may choose that: main() also runs inside test processes, which must not die of it.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return main()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -69,4 +75,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())
