@@ -36,7 +36,7 @@ class Series:
 
 
 SERIES: tuple[Series, ...] = (
-    Series("goodput_tps", "Server-side token goodput", "tok/s"),
+    Series("goodput_tps", "Server-side token goodput, lower bound", "tok/s"),
     Series("output_tps", "Server-side output tokens/s", "tok/s"),
     Series("ttft_p99_ms", "Server-side TTFT p99", "ms"),
     Series("tpot_p99_ms", "Server-side TPOT p99", "ms"),
@@ -48,6 +48,7 @@ SERIES: tuple[Series, ...] = (
 class ServerHistory:
     frame: pd.DataFrame  # time (datetime), topology, one column per Series key present
     error: str | None  # the last fetch's problem, one line; None when it worked
+    key: int = 0  # grows with every poll that brought rows: the charts' cache key
 
 
 def configured_source(config: AppConfig) -> tuple[str, str] | None:
@@ -155,6 +156,8 @@ class ServerPoller:
         self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
         self._error: str | None = None
+        self._polls_with_rows = 0
+        self._frame: tuple[int, pd.DataFrame] = (0, history_frame([]))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -173,6 +176,7 @@ class ServerPoller:
             self._rows.extend(rows)
             del self._rows[:-MAX_ROWS]
             self._error = error
+            self._polls_with_rows += bool(rows)
 
     def start(self) -> None:
         if self._thread is None:
@@ -190,8 +194,11 @@ class ServerPoller:
 
     def history(self) -> ServerHistory:
         with self._lock:
-            rows, error = list(self._rows), self._error
-        return ServerHistory(history_frame(rows), error)
+            error, key = self._error, self._polls_with_rows
+            if self._frame[0] != key:  # built once per poll that brought rows, not once per page rerun
+                self._frame = (key, history_frame(self._rows))
+            frame = self._frame[1]
+        return ServerHistory(frame, error, key)
 
 
 def history_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:

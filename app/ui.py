@@ -176,15 +176,33 @@ def show_all_sentences(results: view.ResultsView) -> None:
             st.markdown(f"- {line}")
 
 
+# Building an altair chart costs tens of milliseconds of CPU, taken from the sweep's own thread
+# (one process, one GIL): rebuilt every second it would distort the latencies being measured.
+# So each chart's Vega-Lite spec is built once per change of the data it shows.
+@st.cache_data(show_spinner=False, max_entries=256)
+def metric_spec(data_key: str, metric_key: str, per_gpu: bool, _results: view.ResultsView,
+                _gpus: dict[str, int]) -> dict[str, Any]:
+    metric = next(m for m in charts.CHART_METRICS if m.key == metric_key)
+    frame = charts.chart_frame(_results.summary, metric, _gpus, per_gpu)
+    marks = view.crossover_marks(_results.crossover)
+    return charts.metric_chart(frame, metric, _results.axis, per_gpu, marks).to_dict(validate=False)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def server_spec(data_key: str, series_key: str, _frame: pd.DataFrame, _marks: pd.DataFrame) -> dict[str, Any]:
+    series = next(s for s in serverview.SERIES if s.key == series_key)
+    chart = charts.server_chart(_frame, series.key, series.title, series.unit, _marks)
+    return chart.to_dict(validate=False)
+
+
 def show_charts(results: view.ResultsView, gpus: dict[str, int]) -> None:
     per_gpu = st.toggle("Per GPU", key="per_gpu",
                         help="divide throughput and goodput by each topology's GPUs")
-    marks = view.crossover_marks(results.crossover)
+    data_key = f"{results.key}:{sorted(gpus.items())}"
     columns = st.columns(3)
     for position, metric in enumerate(charts.CHART_METRICS):
-        frame = charts.chart_frame(results.summary, metric, gpus, per_gpu)
-        chart = charts.metric_chart(frame, metric, results.axis, per_gpu, marks)
-        columns[position % 3].altair_chart(chart, width="stretch")
+        chart_spec = metric_spec(data_key, metric.key, bool(per_gpu), results, gpus)
+        columns[position % 3].vega_lite_chart(spec=chart_spec, width="stretch")
 
 
 def show_table_and_downloads(results: view.ResultsView, downloads: bool) -> None:
@@ -224,11 +242,12 @@ def show_server_view(config: AppConfig, spec: FleetSpec, status: RunStatus) -> N
         st.caption("No server-side data yet.")
         return
     marks = serverview.level_marks(status.marks)
+    data_key = f"{source}:{history.key}:{status.out_dir}:{len(status.marks)}"
     columns = st.columns(2)
-    for position, series in enumerate(serverview.SERIES):
-        if series.key in history.frame.columns:
-            chart = charts.server_chart(history.frame, series.key, series.title, series.unit, marks)
-            columns[position % 2].altair_chart(chart, width="stretch")
+    shown = [s for s in serverview.SERIES if s.key in history.frame.columns]
+    for position, series in enumerate(shown):
+        chart_spec = server_spec(data_key, series.key, history.frame, marks)
+        columns[position % 2].vega_lite_chart(spec=chart_spec, width="stretch")
 
 
 def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_active: bool) -> None:

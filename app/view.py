@@ -36,6 +36,7 @@ class ResultsView:
     summary: pd.DataFrame
     crossover: dict[str, Any]
     requests: Callable[[], pd.DataFrame] = field(repr=False, default=pd.DataFrame)
+    key: str = ""  # changes whenever the data does: charts are rebuilt only then
 
     @property
     def empty(self) -> bool:
@@ -117,10 +118,12 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
 def live_view(status: RunStatus) -> ResultsView:
     summary = status.summary if status.summary is not None else pd.DataFrame()
     return ResultsView(source="live", out_dir=status.out_dir, axis=status.axis, summary=summary,
-                       crossover=status.crossover, requests=status.requests)
+                       crossover=status.crossover, requests=status.requests,
+                       key=f"live:{status.out_dir}:{status.generation}")
 
 
 def past_view(run: Run) -> ResultsView:
     requests = run.requests
     return ResultsView(source=run.out_dir.name, out_dir=run.out_dir, axis=run.info.plan.axis,
-                       summary=run.summary, crossover=run.crossover, requests=lambda: requests)
+                       summary=run.summary, crossover=run.crossover, requests=lambda: requests,
+                       key=f"past:{run.out_dir}:{len(requests)}:{len(run.summary)}")

@@ -33,8 +33,15 @@ def seed_summary() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def spec_file_on_free_ports(folder: Path, source: Path = SEED_SPEC,
-                            time_scale: float | None = None) -> tuple[FleetSpec, Path]:
+def fast_scrape(spec: FleetSpec) -> FleetSpec:
+    """Scrape every second over 10 s windows, so a short test sees server-side figures."""
+    data = spec.model_dump(mode="json")
+    data["scrape"].update(interval="1s", timeout="500ms", windows=["10s"])
+    return FleetSpec.model_validate(data)
+
+
+def spec_file_on_free_ports(folder: Path, source: Path = SEED_SPEC, time_scale: float | None = None,
+                            scrape_fast: bool = False) -> tuple[FleetSpec, Path]:
     """A copy of an example spec with every URL on a free port, written where the app can read it;
     time_scale < 1 slows the simulator down, so a busy test machine distorts its timings less."""
     spec = spec_on_free_ports(load_spec(source))
@@ -42,6 +49,8 @@ def spec_file_on_free_ports(folder: Path, source: Path = SEED_SPEC,
         data = spec.model_dump(mode="json")
         data["simulator"]["time_scale"] = time_scale
         spec = FleetSpec.model_validate(data)
+    if scrape_fast:
+        spec = fast_scrape(spec)
     path = folder / source.name
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     return spec, path

@@ -13,7 +13,7 @@ import pytest
 
 from crossover.sim.fleet import running_fleet
 from tests.app.app_fixtures import spec_file_on_free_ports
-from tests.app.app_process import running_app
+from tests.app.app_process import running_app, running_exporter_process
 from tests.helpers import require, require_binary
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -34,7 +34,7 @@ def wait_for_text(page, locator, timeout_ms: int, screenshot: Path) -> None:
 
 def fill(page, label: str, value: str) -> None:
     box = page.get_by_label(label, exact=True)
-    box.fill(value)
+    box.fill(value, timeout=60_000)
     box.press("Enter")
 
 
@@ -48,15 +48,18 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
         require(False, "the playwright Python package is not installed")
         raise
     # at half speed the seed's curves keep their shape even when other tests load the machine
-    spec, spec_path = spec_file_on_free_ports(tmp_path, time_scale=0.5)
+    spec, spec_path = spec_file_on_free_ports(tmp_path, time_scale=0.5, scrape_fast=True)
     screenshot = tmp_path / "app.png"
-    with running_fleet(spec), running_app(spec_path, tmp_path / "results", tmp_path / "app.log") as url, \
+    exporter_log = tmp_path / "exporter.log"
+    with running_fleet(spec), running_exporter_process(spec_path, exporter_log) as exporter_url, \
+            running_app(spec_path, tmp_path / "results", tmp_path / "app.log",
+                        "--exporter", exporter_url) as url, \
             sync_playwright() as playwright:
         browser = playwright.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
             viewport={"width": 1500, "height": 2400})
+        page = browser.new_page()
         try:
-            page = browser.new_page()
             page.goto(url, wait_until="domcontentloaded")
             page.get_by_text("press Start sweep").wait_for(timeout=30_000)
             fill(page, "Concurrency levels", "1,2,16")
@@ -68,12 +71,17 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
             headline = page.locator('[data-testid="stAlertContentSuccess"]', has_text="in goodput at")
             wait_for_text(page, headline.first, 90_000, screenshot)
             wait_for_text(page, page.get_by_text("Sweep finished").first, 60_000, screenshot)
+            # the downloads come with the full rerun after the sweep's end: the page is complete
+            wait_for_text(page, page.get_by_role("button", name="crossover.json"), 30_000, screenshot)
             page.wait_for_timeout(1500)  # let the last charts draw before the picture
             page.screenshot(path=str(screenshot), full_page=True)
             text = page.inner_text("body")
             exceptions = page.locator('[data-testid="stException"]').count()
             errors = page.locator('[data-testid="stAlertContentError"]').count()
             charts = page.locator('[data-testid="stVegaLiteChart"]').count()
+        except Exception:
+            page.screenshot(path=str(screenshot), full_page=True)
+            raise
         finally:
             browser.close()
     assert exceptions == 0, text
@@ -81,7 +89,8 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
     assert re.search(r"tp(2x2|4x1) overtakes tp(4x1|2x2) in goodput at concurrency about [\d.]+ "
                      r"\(95% CI [\d.]+-[\d.]+\)", text), text
     assert "6 of 6 (topology, level) steps" in text
-    assert charts == 6
+    assert "What the servers saw (exporter)" in text
+    assert charts >= 7, f"{charts} charts: the server-side view drew none"
     assert screenshot.stat().st_size > 20_000
     keep = os.environ.get("CROSSOVER_APP_SCREENSHOT")
     if keep:

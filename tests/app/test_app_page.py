@@ -11,6 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from crossover.app.runs import list_runs
+from crossover.netutil import free_port
 from crossover.sim.fleet import running_fleet
 from tests.app.app_fixtures import spec_file_on_free_ports
 
@@ -84,6 +85,20 @@ def test_a_broken_spec_is_an_error_on_the_page(monkeypatch, tmp_path):
     app = open_page(monkeypatch, str(path))
     assert not app.exception
     assert app.error[0].value.startswith(f"{path}: ")
+
+
+def test_an_exporter_that_is_down_is_a_warning_not_a_crash(monkeypatch, tmp_path):
+    _, path = spec_file_on_free_ports(tmp_path)
+    url = f"http://127.0.0.1:{free_port()}"
+    app = open_page(monkeypatch, str(path), "--results", str(tmp_path / "results"), "--exporter", url)
+    deadline = time.monotonic() + 10
+    while not app.warning and time.monotonic() < deadline:
+        time.sleep(0.3)
+        app.run()
+    assert not app.exception and not app.error
+    assert any(s.value == "What the servers saw (exporter)" for s in app.subheader)
+    assert app.warning[0].value.startswith(f"exporter at {url}: ")
+    assert "cannot connect" in app.warning[0].value
 
 
 def test_invalid_slos_are_refused_before_any_traffic(monkeypatch, tmp_path):
