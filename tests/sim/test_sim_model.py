@@ -127,3 +127,15 @@ def test_open_loop_is_repeatable() -> None:
     first = open_loop(PD, "colocated", 0.4, 2048, 32, 20)
     again = open_loop(PD, "colocated", 0.4, 2048, 32, 20)
     assert [t.token_times for t in first.traces] == [t.token_times for t in again.traces]
+
+
+def test_pd_closed_loop_ttft_includes_prefill_and_transfer() -> None:
+    from crossover.sim.truth import closed_loop
+
+    point = closed_loop(PD, "pd1p1d", 1, 2048, 32)
+    model = PerfModel.for_instance(PD, 1)
+    prefill = model.step_seconds(StepLoad(prefill_tokens=2048, prefill_attention_pairs=2048 * 2049 / 2,
+                                          prefill_seqs=1))
+    assert point.ttft_s > prefill + model.kv_transfer_seconds(2048)
+    assert point.ttft_s < 2 * (prefill + model.kv_transfer_seconds(2048)) + 0.1
+    assert point.output_tokens_per_s > 0
