@@ -127,6 +127,28 @@ class _Input:
         self.counter(metric.name + "_sum", labels, shape.sum_per_second)
 
 
+def _serving_instance(data: _Input, rules: RuleSet, role: Role, labels: dict[str, str],
+                      engine: dict[str, str], good: float, spell: Any, xfer_seconds: float = XFER_SECONDS,
+                      failures_per_s: float = 0.0) -> None:
+    """Every series a healthy vLLM instance of this role exposes (NIXL ones on decode only)."""
+    data.gauge("up", labels, 1.0)
+    data.counter(catalog.GENERATION_TOKENS.promql_name, engine, GENERATION_TOKENS_PER_S)
+    data.counter(catalog.PROMPT_TOKENS.promql_name, engine, PROMPT_TOKENS_PER_S)
+    data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "length"}, REQUESTS_PER_S)
+    data.counter(catalog.NUM_PREEMPTIONS.promql_name, engine, 0.0)
+    data.gauge(catalog.NUM_REQUESTS_RUNNING.promql_name, engine, RUNNING)
+    data.gauge(catalog.NUM_REQUESTS_WAITING.promql_name, engine, WAITING)
+    data.gauge(catalog.KV_CACHE_USAGE.promql_name, engine, KV_USAGE)
+    for metric in m.LATENCY_HISTOGRAMS:
+        data.histogram(metric, engine, _latency_shape(metric, good, rules), spell)
+    if role is Role.DECODE:
+        data.histogram(catalog.NIXL_XFER_TIME, engine,
+                       _fixed_shape(catalog.NIXL_XFER_TIME, xfer_seconds, REQUESTS_PER_S), spell)
+        data.histogram(catalog.NIXL_BYTES, engine,
+                       _fixed_shape(catalog.NIXL_BYTES, XFER_BYTES, REQUESTS_PER_S), spell)
+        data.counter(catalog.NIXL_FAILED_TRANSFERS.promql_name, engine, failures_per_s)
+
+
 def _sample_interval(rules: RuleSet) -> float:
     """Two samples or more in the shortest window; at most a minute."""
     shortest = min(m_parse(w) for w in rules.sli_windows)
@@ -164,23 +186,7 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             labels = _instance_labels(topology, instance, index)
             index += 1
             engine = {**labels, **model, "engine": "0"}
-            data.gauge("up", labels, 1.0)
-            data.counter(catalog.GENERATION_TOKENS.promql_name, engine, GENERATION_TOKENS_PER_S)
-            data.counter(catalog.PROMPT_TOKENS.promql_name, engine, PROMPT_TOKENS_PER_S)
-            data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "length"},
-                         REQUESTS_PER_S)
-            data.counter(catalog.NUM_PREEMPTIONS.promql_name, engine, 0.0)
-            data.gauge(catalog.NUM_REQUESTS_RUNNING.promql_name, engine, RUNNING)
-            data.gauge(catalog.NUM_REQUESTS_WAITING.promql_name, engine, WAITING)
-            data.gauge(catalog.KV_CACHE_USAGE.promql_name, engine, KV_USAGE)
-            for metric in m.LATENCY_HISTOGRAMS:
-                data.histogram(metric, engine, _latency_shape(metric, good, rules), spell)
-            if instance.role is Role.DECODE:
-                data.histogram(catalog.NIXL_XFER_TIME, engine,
-                               _fixed_shape(catalog.NIXL_XFER_TIME, XFER_SECONDS, REQUESTS_PER_S), spell)
-                data.histogram(catalog.NIXL_BYTES, engine,
-                               _fixed_shape(catalog.NIXL_BYTES, XFER_BYTES, REQUESTS_PER_S), spell)
-                data.counter(catalog.NIXL_FAILED_TRANSFERS.promql_name, engine, 0.0)
+            _serving_instance(data, rules, instance.role, labels, engine, good, spell)
         ttft_shape = _latency_shape(catalog.TTFT, good, rules)
         cumulative = [0.0]
         for per_s in ttft_shape.per_second:
@@ -287,6 +293,17 @@ def _outage_test(rules: RuleSet) -> dict[str, Any]:
                 data.gauge(metric.promql_name, engine, 1.0)
         expected["VllmMetricsAbsent"].append(
             _alert(by_name["VllmMetricsAbsent"], {**labels, "metric": catalog.KV_CACHE_USAGE.name}))
+    pd = next((t for t in spec.topologies if t.disaggregated), None)
+    if pd is not None:
+        # A decode instance whose KV transfers take 1 s (over any sane --kv-transfer-p99-ms) and fail.
+        decode = next(i for i in pd.instances if i.role is Role.DECODE)
+        labels = _instance_labels(pd, decode, 2)
+        engine = {**labels, "model_name": spec.model.name, "engine": "0"}
+        _serving_instance(data, rules, Role.DECODE, labels, engine, 1.0, _python_spelling, xfer_seconds=1.0,
+                          failures_per_s=0.5)
+        key = {"topology": pd.name, "model_name": spec.model.name}
+        for name in ("VllmKvTransferSlow", "VllmKvTransferFailures"):
+            expected[name] = [_alert(by_name[name], key)]
     return {
         "name": "outage: a target down, a renamed metric, custom buckets without the SLO boundary",
         "interval": format_duration(interval),

@@ -52,6 +52,8 @@ def test_promtool_unit_tests_pass(stem: str) -> None:
     assert {"VllmGoodputBudgetBurn", "VllmErrorBudgetExhausted", "VllmTargetDown",
             "VllmMetricsAbsent"} <= fired
     assert {"VllmTargetDown", "VllmMetricsAbsent"} <= quiet
+    if any(t.disaggregated for t in load_spec(SPECS / f"{stem}.yaml").topologies):
+        assert {"VllmKvTransferSlow", "VllmKvTransferFailures"} <= fired & quiet
 
 
 def test_promtool_unit_test_fails_when_the_rules_are_wrong(tmp_path: Path) -> None:
