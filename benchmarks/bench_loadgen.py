@@ -80,7 +80,24 @@ def _all_emitted(spec: FleetSpec, topology: str) -> list[dict]:
 
 
 def bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, input_len: int,
-               output_len: int, folder: Path) -> dict:
+               output_len: int, folder: Path, stamping: bool = True) -> dict:
+    """Our client; stamping=False times events when the stream's coroutine sees them (the
+    plain aiohttp way), for the side-by-side figure."""
+    import aiohttp
+
+    from crossover.loadgen import sweep
+
+    original = sweep.stamping_connector
+    if not stamping:
+        sweep.stamping_connector = lambda **kwargs: aiohttp.TCPConnector(**kwargs)
+    try:
+        return _bench_ours(spec, topology, streams, requests, input_len, output_len, folder)
+    finally:
+        sweep.stamping_connector = original
+
+
+def _bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, input_len: int,
+                output_len: int, folder: Path) -> dict:
     plan = SweepPlan(levels=(streams,), requests_per_level=requests, input_len=LengthDist.fixed(input_len),
                      output_len=LengthDist.fixed(output_len), timeout_s=300)
     finished: list[float] = []
@@ -176,6 +193,16 @@ def bench_vllm(python: Path, spec: FleetSpec, topology: str, streams: int, reque
     }
 
 
+def _print_errors(figures: dict) -> None:
+    first, itl = figures["first_token_error"], figures["itl_error"]
+    print(f"  first-token stamp error p50 {first['p50_ms']:.3f} ms, p99 {first['p99_ms']:.3f} ms, "
+          f"max {first['max_ms']:.3f} ms")
+    print(f"  inter-token error       p50 {itl['p50_ms']:.3f} ms, p99 {itl['p99_ms']:.3f} ms, "
+          f"max {itl['max_ms']:.3f} ms")
+    print(f"  |p99 ITL client - server| {figures['itl_p99_diff_ms']:.3f} ms, |p99 TTFT client - server| "
+          f"{figures['ttft_p99_diff_ms']:.3f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=512)
@@ -203,13 +230,13 @@ def main() -> int:
             print(f"crossover sweep client, {args.streams} streams: {ours['ok']}/{ours['requests']} ok, "
                   f"{ours['events']} events in {ours['wall_s']:.1f} s, {ours['events_per_cpu_s']:,.0f} "
                   f"events per CPU-second")
-            first = ours["first_token_error"]
-            print(f"  first-token stamp error p50 {first['p50_ms']:.3f} ms, p99 {first['p99_ms']:.3f} ms, "
-                  f"max {first['max_ms']:.3f} ms")
-            print(f"  inter-token error       p50 {ours['itl_error']['p50_ms']:.3f} ms, p99 "
-                  f"{ours['itl_error']['p99_ms']:.3f} ms, max {ours['itl_error']['max_ms']:.3f} ms")
-            print(f"  |p99 ITL client - server| {ours['itl_p99_diff_ms']:.3f} ms, |p99 TTFT client - server| "
-                  f"{ours['ttft_p99_diff_ms']:.3f} ms")
+            _print_errors(ours)
+            plain = bench_ours(spec, args.topology, args.streams, requests, args.input_len, args.output_len,
+                               folder / "plain", stamping=False)
+            figures["ours_unstamped"] = plain
+            print(f"same client stamping events in the coroutine instead of at the socket read: "
+                  f"{plain['events_per_cpu_s']:,.0f} events per CPU-second")
+            _print_errors(plain)
             vllm_python = Path(args.vllm_python)
             if vllm_python.exists():
                 theirs = bench_vllm(vllm_python, spec, args.topology, args.streams, requests, args.input_len,
