@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.netutil import free_port
 from crossover.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
+WINDOW_S = 60.0
 
 
 @dataclass
@@ -98,29 +98,32 @@ def soak_spec(farm_url: str, targets: int, topologies: int, interval: float,
             index += 1
         data["topologies"].append({"name": f"topo{t}", "gpus": count, "tensor_parallel_size": 1,
                                    "instances": instances, "entrypoint": {"balance": "round_robin"}})
-    data["scrape"] = {"interval": f"{interval:g}s", "timeout": f"{timeout:g}s", "windows": ["1m"]}
+    data["scrape"] = {"interval": f"{interval:g}s", "timeout": f"{timeout:g}s", "windows": [f"{WINDOW_S:g}s"]}
     data["simulator"]["faults"] = {}
     return data
 
 
 def read_metrics(url: str) -> tuple[float, float, int, int, dict[str, float]]:
     """(sum of scrapes_total, last cycle seconds, targets up, body bytes, errors by reason) from the
-    exporter's /metrics."""
+    exporter's /metrics, read by plain line scanning: the body is megabytes and a full parser here
+    would cost the machine more CPU than the exporter itself."""
     body = http(url + "/metrics")
     scrapes = cycle = 0.0
     up = 0
     errors: dict[str, float] = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == "crossover_scrapes_total":
-                scrapes += sample.value
-            elif sample.name == "crossover_exporter_cycle_seconds":
-                cycle = sample.value
-            elif sample.name == "crossover_target_up":
-                up += int(sample.value)
-            elif sample.name == "crossover_scrape_errors_total":
-                reason = sample.labels["reason"]
-                errors[reason] = errors.get(reason, 0.0) + sample.value
+    for line in body.decode().split("\n"):
+        if not line.startswith(("crossover_scrape", "crossover_target_up", "crossover_exporter_cycle")):
+            continue
+        name, _, value = line.rpartition(" ")
+        if name.startswith("crossover_scrapes_total"):
+            scrapes += float(value)
+        elif name.startswith("crossover_exporter_cycle_seconds"):
+            cycle = float(value)
+        elif name.startswith("crossover_target_up"):
+            up += int(float(value))
+        elif name.startswith("crossover_scrape_errors_total"):
+            reason = name.split('reason="', 1)[1].split('"', 1)[0]
+            errors[reason] = errors.get(reason, 0.0) + float(value)
     return scrapes, cycle, up, len(body), errors
 
 
@@ -133,13 +136,15 @@ def slope_mb_per_min(samples: list[Sample]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
-def phase_rows(samples: list[Sample], targets: int) -> list[dict[str, Any]]:
+def phase_rows(samples: list[Sample], targets: int, period: float, settle: float) -> list[dict[str, Any]]:
+    """One row per phase, from the samples taken `settle` seconds or more into it (so that a cycle
+    begun in the previous phase is not counted in this one)."""
     rows = []
     for phase in sorted({s.phase for s in samples}):
-        chosen = [s for s in samples if s.phase == phase]
-        previous = [s for s in samples if s.phase < phase]
-        first = previous[-1] if previous else chosen[0]
-        last = chosen[-1]
+        chosen = [s for s in samples if s.phase == phase and s.at >= phase * period + settle]
+        if len(chosen) < 2:
+            continue
+        first, last = chosen[0], chosen[-1]
         cycles = (last.scrapes - first.scrapes) / targets
         cpu = last.cpu_s - first.cpu_s
         rows.append({
@@ -184,6 +189,7 @@ def main() -> int:
                                          "--port", str(exporter_port), "--log-level", "warning"], env=env,
                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             wait_ready(exporter_url + "/health", exporter, "the exporter")
+            load_start = Path("/proc/loadavg").read_text().split()[0]
             print(f"soak: {args.targets} targets, interval {args.interval:g} s, timeout {args.timeout:g} s, "
                   f"{args.duration:g} s, faults flip every {args.fault_period:g} s on "
                   f"{args.fault_fraction:.0%} of the targets", flush=True)
@@ -203,8 +209,9 @@ def main() -> int:
                 scrapes, cycle, up, size, errors_now = read_metrics(exporter_url)
                 rss, cpu = proc_stats(exporter.pid)
                 samples.append(Sample(now, phase, rss, cpu, scrapes, cycle, up, size, errors_now))
-                time.sleep(max(0.0, args.interval - (time.monotonic() - started - now)))
+                time.sleep(max(0.0, args.interval / 2 - (time.monotonic() - started - now)))
             farm_cpu = proc_stats(farm.pid)[1] - farm_cpu_start
+            load_end = Path("/proc/loadavg").read_text().split()[0]
             if exporter.poll() is not None:
                 sys.exit(f"soak: the exporter died ({exporter.returncode})")
         finally:
@@ -215,7 +222,7 @@ def main() -> int:
             log.close()
         errors = (Path(folder) / "exporter.log").read_text(errors="replace").count("Traceback")
 
-    rows = phase_rows(samples, args.targets)
+    rows = phase_rows(samples, args.targets, args.fault_period, args.interval + args.timeout + 1)
     print("\nphase faults seconds cycles  CPU/cycle s  cycle wall mean/max s  RSS start/end/max MB  up(min)"
           "  scrape errors in the phase")
     for r in rows:
@@ -224,16 +231,19 @@ def main() -> int:
               f"  {r['cycle_wall_mean_s']:>9.3f} / {r['cycle_wall_max_s']:<9.3f}"
               f"  {r['rss_start_mb']:>6.0f} / {r['rss_end_mb']:>4.0f} / {r['rss_max_mb']:<6.0f}"
               f"  {r['targets_up_min']:>6}  {r['errors']}")
-    settled = [s for s in samples if s.phase >= 1]
+    # Histories fill during the first window (1m) plus a couple of cycles: the trend starts after.
+    warmup = WINDOW_S + 2 * args.interval
+    settled = [s for s in samples if s.at >= warmup] or samples
     clean = [r["cpu_per_cycle_s"] for r in rows if r["faults"] == "off" and r["phase"] >= 1]
     faulted = [r["cpu_per_cycle_s"] for r in rows if r["faults"] == "on"]
-    print(f"\nRSS trend after phase 0: {slope_mb_per_min(settled):+.2f} MB/min "
+    print(f"\nRSS trend after the first {warmup:g} s: {slope_mb_per_min(settled):+.2f} MB/min "
           f"(min {min(s.rss_mb for s in settled):.0f}, max {max(s.rss_mb for s in settled):.0f} MB)")
     if clean and faulted:
         print(f"CPU per cycle: clean phases {statistics.fmean(clean):.3f} s, faulted phases "
               f"{statistics.fmean(faulted):.3f} s")
     print(f"/metrics body {samples[-1].metrics_bytes / 1024:.0f} KB; target farm CPU {farm_cpu:.1f} s; "
-          f"tracebacks in the exporter log: {errors}")
+          f"tracebacks in the exporter log: {errors}; machine load average {load_start} at the start, "
+          f"{load_end} at the end ({os.cpu_count()} CPUs)")
     return 0
 
 

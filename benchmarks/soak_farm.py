@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import random
 import re
@@ -136,6 +137,8 @@ def main() -> int:
     parser.add_argument("--targets", type=int, default=500)
     parser.add_argument("--slow", type=float, default=10.0, help="seconds a slow target takes")
     args = parser.parse_args()
+    # Cut connections and timed-out slow answers are the point here, not errors worth a traceback.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     farm = Farm(args.targets, args.slow)
     app = web.Application()
     app.router.add_get("/t{index:\\d+}/metrics", farm.metrics)
