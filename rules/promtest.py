@@ -225,7 +225,7 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
         "promql_expr_test": promql_tests,
         "alert_rule_test": [{"eval_time": format_duration(eval_s), "alertname": name, "exp_alerts": alerts}
                             for name, alerts in expected_alerts.items()],
-    }, _outage_test(rules)]
+    }, _outage_test(rules, step)]
     document = {"rule_files": [rule_file], "evaluation_interval": format_duration(step), "tests": tests}
     return dump(document, header(source, "crossover rules"))
 
@@ -253,12 +253,14 @@ def _expect_burn(rules: RuleSet, expected: dict[str, list[dict[str, Any]]], key:
                 expected[rule.alert].append(_alert(rule, {**key, "slo": bucket.slo}))
 
 
-def _outage_test(rules: RuleSet) -> dict[str, Any]:
+def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
     """Topology 1's first instance is down; topology 2's first instance serves the legacy KV name
     and TTFT buckets without the SLO boundary."""
     spec = rules.spec
     interval = 60.0
-    eval_s = max((a.for_s for a in rules.alerts if a.alert != "VllmGoodputBudgetBurn"), default=0) + 300
+    longest_for = max((a.for_s for a in rules.alerts if a.alert != "VllmGoodputBudgetBurn"), default=0.0)
+    # Rules are evaluated every `step`: leave two whole steps after the longest `for` has run out.
+    eval_s = math.ceil((longest_for + interval + 2 * step) / step) * step
     samples = int(eval_s / interval) + 1
     data = _Input(interval, samples)
     expected: dict[str, list[dict[str, Any]]] = {name: [] for name in (
