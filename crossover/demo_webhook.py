@@ -67,9 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.port < 65536:
         print(f"demo_webhook: --port must be between 1 and 65535, got {args.port}", file=sys.stderr)
         return 2
-    print(f"alert webhook on http://{args.bind}:{args.port}/alerts", flush=True)
+    def listening(*_args: object, **_kwargs: object) -> None:
+        # run_app calls this once the socket listens: only then is the announcement true.
+        print(f"alert webhook on http://{args.bind}:{args.port}/alerts", flush=True)
+
     try:
-        web.run_app(make_app(args.log), host=args.bind, port=args.port, print=None, handle_signals=True)
+        web.run_app(make_app(args.log), host=args.bind, port=args.port, print=listening, handle_signals=True)
     except OSError as exc:
         print(f"demo_webhook: cannot listen on {args.bind}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 2
