@@ -18,12 +18,7 @@ CRD_API = "monitoring.coreos.com/v1"
 EXPORTER_JOB = "crossover-exporter"
 
 
-# libyaml's emitter when present: the promtool unit-test files are large and the pure-Python
-# emitter took most of the generation time.
-_BaseDumper: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-class _Dumper(_BaseDumper):  # type: ignore[valid-type, misc]
+class PurePythonDumper(yaml.SafeDumper):
     """Block style, multi-line PromQL as literal blocks, keys in the order given."""
 
 
@@ -32,11 +27,22 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
-_Dumper.add_representer(str, _str)
+PurePythonDumper.add_representer(str, _str)
+# libyaml's emitter when present: the promtool unit-test files are large and the pure-Python
+# emitter took most of the generation time (benchmarks/bench_rules.py); both write the same bytes.
+_CBase: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class LibyamlDumper(_CBase):  # type: ignore[misc, valid-type]
+    """The same dumper on libyaml's emitter."""
+
+
+LibyamlDumper.add_representer(str, _str)
+DUMPER: type = LibyamlDumper
 
 
 def dump(data: Any, header: str = "") -> str:
-    text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=200,
+    text = yaml.dump(data, Dumper=DUMPER, sort_keys=False, default_flow_style=False, width=200,
                      allow_unicode=True)
     return (header + text) if header else text
 

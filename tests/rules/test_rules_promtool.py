@@ -41,7 +41,23 @@ def test_promtool_checks_committed_rules_and_config(stem: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("stem", EXAMPLES)
+def _without_header(path: Path) -> str:
+    return path.read_text().split("\n", 1)[1]
+
+
+def _distinct_examples() -> list[str]:
+    """One example per distinct (rules, unit test) pair: the compose-* specs differ from the others
+    only in their URLs and header line, so promtool would run the very same test twice."""
+    seen: dict[tuple[str, str], str] = {}
+    for stem in EXAMPLES:
+        folder = REPO / "rules" / "generated" / stem
+        if (folder / "rules.test.yml").exists():
+            key = (_without_header(folder / "rules.yml"), _without_header(folder / "rules.test.yml"))
+            seen.setdefault(key, stem)
+    return sorted(seen.values())
+
+
+@pytest.mark.parametrize("stem", _distinct_examples())
 def test_promtool_unit_tests_pass(stem: str) -> None:
     folder = REPO / "rules" / "generated" / stem
     result = _promtool("test", "rules", "rules.test.yml", cwd=folder)

@@ -1,0 +1,64 @@
+"""Rules and dashboards generation, side by side: libyaml's emitter vs PyYAML's pure-Python one
+(the reason render.py prefers CSafeDumper), plus promtool's time on each generated unit test.
+
+    python benchmarks/bench_rules.py [--repeat 3]
+
+Prints one table; the ratio column is what docs/performance.md records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from crossover.dashboards.generate import example_outputs as dashboard_outputs
+from crossover.rules import render
+from crossover.rules.generate import example_outputs as rule_outputs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _best(function: object, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function()  # type: ignore[operator]
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    files = rule_outputs()
+    size = sum(len(t) for t in files.values())
+    fast = _best(rule_outputs, args.repeat)
+    render.DUMPER = render.PurePythonDumper
+    try:
+        slow = _best(rule_outputs, args.repeat)
+        assert rule_outputs() == files, "both emitters must write the same bytes"
+    finally:
+        render.DUMPER = render.LibyamlDumper
+    dashboards = _best(dashboard_outputs, args.repeat)
+    print(f"rules for {len(list((REPO / 'compose' / 'specs').glob('*.yaml')))} example specs "
+          f"({len(files)} files, {size / 1e6:.1f} MB):")
+    print(f"  libyaml emitter      {fast:7.2f} s")
+    print(f"  pure-Python emitter  {slow:7.2f} s   ratio {slow / fast:.1f}x")
+    print(f"dashboards for the same specs: {dashboards:.2f} s")
+    promtool = shutil.which("promtool")
+    if promtool:
+        for folder in sorted((REPO / "rules" / "generated").iterdir()):
+            start = time.perf_counter()
+            result = subprocess.run([promtool, "test", "rules", "rules.test.yml"], cwd=folder,
+                                    capture_output=True, text=True, check=False)
+            print(f"  promtool test rules {folder.name:16} {time.perf_counter() - start:6.2f} s "
+                  f"{'ok' if result.returncode == 0 else 'FAILED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
