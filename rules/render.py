@@ -33,7 +33,7 @@ PurePythonDumper.add_representer(str, _str)
 _CBase: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-class LibyamlDumper(_CBase):  # type: ignore[misc, valid-type]
+class LibyamlDumper(_CBase):
     """The same dumper on libyaml's emitter."""
 
 
