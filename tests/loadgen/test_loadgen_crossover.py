@@ -124,3 +124,17 @@ def test_capacity_interval_from_requests() -> None:
     assert cap.ci_low is not None and cap.ci_high is not None and cap.ci_low <= cap.x <= cap.ci_high
     assert cap.ci_low <= 10 / 1.24 <= cap.ci_high
     assert not math.isnan(cap.ci_high)
+
+
+def test_pooled_itl_bootstrap_matches_concatenating_each_resample() -> None:
+    from crossover.loadgen.crossover import METRICS, _metric_replicates
+
+    rng = np.random.default_rng(2)
+    itls = [list(rng.gamma(2.0, 0.01, int(rng.integers(1, 80)))) for _ in range(60)]
+    group = pd.DataFrame({"ok": [True] * 59 + [False], "itl": itls})
+    indices = rng.integers(0, 60, size=(40, 60))
+    fast = _metric_replicates(group, METRICS["itl_p99"], 1.0, 1, 1.0, True, indices)
+    pools = [np.concatenate([itls[i] for i in row if i != 59]) for row in indices]
+    naive = np.array([np.percentile(p, 99) * 1000 for p in pools])
+    assert np.allclose(fast, naive, rtol=0.05)
+    assert np.median(np.abs(fast - naive) / naive) < 0.01
