@@ -74,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"closed loop: rounds x concurrency requests per level ({DEFAULT_ROUNDS:g})")
     parser.add_argument("--input-len", default=None, help="prompt tokens (the sweep's forms and default)")
     parser.add_argument("--output-len", default=None, help="output tokens (the sweep's forms and default)")
+    parser.add_argument("--free-ports", action="store_true",
+                        help="pick free ports for the UIs instead of the usual 9400, 9090, 9093, 8501")
     parser.add_argument("--no-app", action="store_true", help="do not start the Streamlit app")
     parser.add_argument("--no-prometheus", action="store_true",
                         help="do not start Prometheus and Alertmanager even when installed")
@@ -107,8 +109,8 @@ def port_free(port: int) -> bool:
     return True
 
 
-def pick_port(name: str) -> int:
-    preferred = PREFERRED_PORTS.get(name)
+def pick_port(name: str, usual: bool = True) -> int:
+    preferred = PREFERRED_PORTS.get(name) if usual else None
     return preferred if preferred is not None and port_free(preferred) else free_port()
 
 
@@ -203,6 +205,7 @@ class Stack:
     out: Path
     spec_path: Path
     simulated: bool
+    usual_ports: bool = True
     urls: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -231,7 +234,7 @@ def start_exporter(sup: Supervisor, stack: Stack) -> None:
     if not available("exporter"):
         stack.notes.append("exporter: not in this build (crossover exporter), skipped")
         return
-    port = pick_port("exporter")
+    port = pick_port("exporter", stack.usual_ports)
     child = sup.start("exporter", crossover_command("exporter", str(stack.spec_path), "--port", str(port),
                                                     "--bind", "127.0.0.1"))
     url = f"http://127.0.0.1:{port}"
@@ -272,7 +275,7 @@ def start_alerting(sup: Supervisor, stack: Stack) -> str | None:
     config = folder / "alertmanager.yml"
     config.write_text(yaml.safe_dump(alertmanager_config(f"http://127.0.0.1:{hook_port}/alerts"),
                                      sort_keys=False))
-    port = pick_port("alertmanager")
+    port = pick_port("alertmanager", stack.usual_ports)
     # No cluster: its gossip port would listen on every interface and collide between demos.
     child = sup.start("alertmanager", [binary, f"--config.file={config}", f"--storage.path={folder / 'data'}",
                                        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="])
@@ -306,7 +309,7 @@ def start_prometheus(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
         if check.returncode != 0:
             raise UserError(f"promtool rejects the demo's {config}: {check.stdout.strip()[-300:]} "
                             f"{check.stderr.strip()[-300:]}")
-    port = pick_port("prometheus")
+    port = pick_port("prometheus", stack.usual_ports)
     child = sup.start("prometheus", [binary, f"--config.file={config}",
                                      f"--storage.tsdb.path={folder / 'data'}",
                                      f"--web.listen-address=127.0.0.1:{port}"])
@@ -319,7 +322,7 @@ def start_app(sup: Supervisor, stack: Stack) -> None:
     if not available("app"):
         stack.notes.append("app: not in this build (crossover app), skipped")
         return
-    port = pick_port("app")
+    port = pick_port("app", stack.usual_ports)
     command = crossover_command("app", str(stack.spec_path), "--port", str(port), "--address", "127.0.0.1",
                                 "--results", str(stack.out / "app"))
     if "exporter" in stack.urls:
@@ -387,7 +390,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
     out = out.resolve()
-    stack = Stack(out=out, spec_path=write_spec(spec, out / "spec.yaml"), simulated=simulated)
+    stack = Stack(out=out, spec_path=write_spec(spec, out / "spec.yaml"), simulated=simulated,
+                  usual_ports=not args.free_ports)
 
     with terminate_as_interrupt(), Supervisor(stack.out / "logs") as sup:
         try:

@@ -132,7 +132,7 @@ def test_interactive_stack_is_wired_and_ctrl_c_stops_everything(tmp_path: Path) 
     out = tmp_path / "run"
     log = (tmp_path / "demo.log").open("w+")
     process = subprocess.Popen([sys.executable, "-m", "crossover", "demo", "--no-app", "--no-sweep",
-                                "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
+                                "--free-ports", "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 120
