@@ -18,6 +18,7 @@ from itertools import count
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp.client_proto import ResponseHandler
 
 from crossover.loadgen.dataset import SyntheticRequest
@@ -154,7 +155,7 @@ def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
         trace.done = True
         return
     try:
-        event = json.loads(data)
+        event = orjson.loads(data)  # the client's hot path: about 4x json.loads per event
     except (ValueError, UnicodeDecodeError):
         trace.garbage += 1
         return
