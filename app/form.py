@@ -17,6 +17,8 @@ from crossover.spec import FleetSpec
 SLO_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
 MAX_LEVELS = 32
 MAX_REQUESTS_PER_LEVEL = 100_000
+MAX_BOOTSTRAP = 2000
+DEFAULT_BOOTSTRAP = 200  # loadgen's default
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class SweepForm:
     seed: int = 0
     slos_ms: dict[str, float | None] = field(default_factory=dict)  # None or 0: that SLO is off
     objective: float = 0.99
+    bootstrap: int = DEFAULT_BOOTSTRAP  # resamples for the crossover's interval; 0: none
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class SweepRequest:
 
     plan: SweepPlan
     topologies: list[str]
+    n_boot: int = DEFAULT_BOOTSTRAP
 
 
 def default_form(spec: FleetSpec) -> SweepForm:
@@ -96,6 +100,8 @@ def build_request(form: SweepForm, spec: FleetSpec) -> SweepRequest:
         raise UserError(f"Input + output length: up to {longest} tokens exceeds the model's "
                         f"max_model_len {spec.model.max_model_len}")
     slos = check_slos(form.slos_ms, form.objective)
+    if not 0 <= form.bootstrap <= MAX_BOOTSTRAP:
+        raise UserError(f"Bootstrap resamples: between 0 and {MAX_BOOTSTRAP}, got {form.bootstrap}")
     try:
         plan = SweepPlan(mode=mode, levels=levels, requests_per_level=int(form.requests_per_level),
                          input_len=input_len, output_len=output_len, seed=int(form.seed),
@@ -103,4 +109,5 @@ def build_request(form: SweepForm, spec: FleetSpec) -> SweepRequest:
     except UserError as exc:
         raise UserError(str(exc).replace("plan.levels", what)) from None
     # keep the spec's order, whatever order the user picked them in
-    return SweepRequest(plan=plan, topologies=[name for name in known if name in form.topologies])
+    return SweepRequest(plan=plan, topologies=[name for name in known if name in form.topologies],
+                        n_boot=int(form.bootstrap))

@@ -64,7 +64,8 @@ def form_from_state(state: Any, spec: FleetSpec) -> form.SweepForm:
         output_len=str(state.get("output_len", defaults.output_len)),
         seed=int(state.get("seed", defaults.seed)),
         slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_NAMES},
-        objective=float(state.get("objective", defaults.objective)))
+        objective=float(state.get("objective", defaults.objective)),
+        bootstrap=int(state.get("bootstrap", defaults.bootstrap)))
 
 
 def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> None:
@@ -94,6 +95,10 @@ def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> Non
                             value=float(defaults.slos_ms.get(name) or 0.0), step=10.0, key=f"slo_{name}")
         st.number_input("Objective (share of good requests)", min_value=0.0, max_value=1.0,
                         value=defaults.objective, step=0.005, format="%.3f", key="objective")
+    with sb.expander("Advanced", expanded=False):
+        # the bootstrap runs after every level on the sweep's thread: fewer resamples, faster levels
+        st.number_input("Bootstrap resamples (crossover interval; 0: none)", min_value=0,
+                        max_value=form.MAX_BOOTSTRAP, value=defaults.bootstrap, step=50, key="bootstrap")
     left, right = sb.columns(2)
     left.button("Start sweep", type="primary", disabled=active, key="start", width="stretch",
                 on_click=on_start, args=(runner, spec, config))
@@ -132,7 +137,8 @@ def start_sweep(runner: SweepRunner, spec: FleetSpec, config: AppConfig, values:
     out_dir = runs.new_run_dir(config.results_dir)
 
     def sweep(folder: Path, on_level: Callable[[LevelDone], None], stop: threading.Event) -> Any:
-        return run_sweep(spec, request.plan, folder, request.topologies, on_level=on_level, stop=stop)
+        return run_sweep(spec, request.plan, folder, request.topologies, on_level=on_level, stop=stop,
+                         n_boot=request.n_boot)
 
     runner.start(sweep, out_dir, jobs_in(request.plan.levels, request.topologies), axis=request.plan.axis)
     st.session_state["view"] = LIVE

@@ -26,7 +26,8 @@ def test_default_form_is_prefilled_from_the_spec(spec):
 def test_a_good_form_becomes_the_loadgen_plan(spec):
     form = replace(default_form(spec), topologies=["tp2x2", "tp4x1"], levels="16, 1,4",
                    requests_per_level=8, input_len="uniform:64-256", output_len="32",
-                   slos_ms={"ttft": 1000.0, "tpot": 0.0, "itl": None, "e2el": None}, objective=0.95)
+                   slos_ms={"ttft": 1000.0, "tpot": 0.0, "itl": None, "e2el": None}, objective=0.95,
+                   bootstrap=50)
     request = build_request(form, spec)
     assert request.topologies == ["tp4x1", "tp2x2"]  # the spec's order, whatever the user clicked
     assert request.plan.levels == (1.0, 4.0, 16.0)
@@ -36,6 +37,7 @@ def test_a_good_form_becomes_the_loadgen_plan(spec):
     assert request.plan.output_len.low == 32
     assert request.plan.slos_ms == {"ttft": 1000.0}  # 0 and None switch an SLO off
     assert request.plan.objective == 0.95
+    assert request.n_boot == 50
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -52,6 +54,7 @@ def test_a_good_form_becomes_the_loadgen_plan(spec):
     ({"slos_ms": {"ttft": 0.0, "tpot": None}}, "SLO invalid"),
     ({"slos_ms": {"ttft": -5.0}}, "positive number of ms"),
     ({"objective": 1.0}, "SLO objective"),
+    ({"bootstrap": -1}, "Bootstrap resamples"),
 ])
 def test_every_bad_field_is_one_line_naming_it(spec, change, message):
     form = replace(default_form(spec), **change)

@@ -40,6 +40,7 @@ def small_plan(app: AppTest, levels: str = "1,4", requests: int = 4, output: str
     app.number_input(key="requests_per_level").set_value(requests)
     app.text_input(key="output_len").set_value(output)
     app.text_input(key="input_len").set_value("64")
+    app.number_input(key="bootstrap").set_value(30)  # the interval is not under test here: keep levels quick
 
 
 def run_until(app: AppTest, done, timeout: float = 60.0) -> None:
