@@ -186,6 +186,28 @@ def sweep_command(args: argparse.Namespace, spec_path: Path, out: Path, headless
     return command
 
 
+def sim_command(spec_path: Path) -> list[str]:
+    return crossover_command("sim", str(spec_path))
+
+
+def exporter_command(spec_path: Path, port: int) -> list[str]:
+    return crossover_command("exporter", str(spec_path), "--port", str(port), "--bind", "127.0.0.1")
+
+
+def rules_command(spec_path: Path, out: Path, exporter: str | None) -> list[str]:
+    """exporter: host:port to scrape beside the instances, or None."""
+    command = crossover_command("rules", str(spec_path), "--out", str(out))
+    return command + (["--exporter-target", exporter] if exporter else [])
+
+
+def app_command(spec_path: Path, port: int, results: Path, exporter: str | None,
+                prometheus: str | None) -> list[str]:
+    command = crossover_command("app", str(spec_path), "--port", str(port), "--address", "127.0.0.1",
+                                "--results", str(results))
+    command += ["--exporter", exporter] if exporter else []
+    return command + (["--prometheus", prometheus] if prometheus else [])
+
+
 def tcp_open(url: str) -> bool:
     parts = urlsplit(url)
     try:
@@ -222,7 +244,7 @@ def start_fleet(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
     if not available("sim"):
         raise UserError("this build has no simulator (crossover sim); give a spec of real servers "
                         "with --no-sim")
-    child = sup.start("sim", crossover_command("sim", str(stack.spec_path)))
+    child = sup.start("sim", sim_command(stack.spec_path))
     urls = [url for _, url in instance_urls(spec)]
     entrypoints = [t.entrypoint.url for t in spec.topologies if t.entrypoint.url]
     sup.wait_ready(child, lambda: all(http_ok(u + "/health", 1.0) for u in urls)
@@ -235,8 +257,7 @@ def start_exporter(sup: Supervisor, stack: Stack) -> None:
         stack.notes.append("exporter: not in this build (crossover exporter), skipped")
         return
     port = pick_port("exporter", stack.usual_ports)
-    child = sup.start("exporter", crossover_command("exporter", str(stack.spec_path), "--port", str(port),
-                                                    "--bind", "127.0.0.1"))
+    child = sup.start("exporter", exporter_command(stack.spec_path, port))
     url = f"http://127.0.0.1:{port}"
     sup.wait_ready(child, lambda: http_ok(url + "/metrics"), READY_TIMEOUT_S)
     stack.urls["exporter"] = url + "/metrics"
@@ -247,10 +268,8 @@ def generate_rules(stack: Stack) -> Path | None:
         stack.notes.append("rules: not in this build (crossover rules); Prometheus scrapes without rules")
         return None
     out = stack.out / "rules"
-    command = crossover_command("rules", str(stack.spec_path), "--out", str(out))
-    if "exporter" in stack.urls:
-        command += ["--exporter-target", urlsplit(stack.urls["exporter"]).netloc]
-    result = subprocess.run(command,
+    exporter = urlsplit(stack.urls["exporter"]).netloc if "exporter" in stack.urls else None
+    result = subprocess.run(rules_command(stack.spec_path, out, exporter),
                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         stack.notes.append(f"rules: `crossover rules` failed ({result.stderr.strip()[-300:]}); "
@@ -323,13 +342,9 @@ def start_app(sup: Supervisor, stack: Stack) -> None:
         stack.notes.append("app: not in this build (crossover app), skipped")
         return
     port = pick_port("app", stack.usual_ports)
-    command = crossover_command("app", str(stack.spec_path), "--port", str(port), "--address", "127.0.0.1",
-                                "--results", str(stack.out / "app"))
-    if "exporter" in stack.urls:
-        command += ["--exporter", stack.urls["exporter"].removesuffix("/metrics")]
-    if "prometheus" in stack.urls:
-        command += ["--prometheus", stack.urls["prometheus"].split()[0]]
-    child = sup.start("app", command)
+    exporter = stack.urls["exporter"].removesuffix("/metrics") if "exporter" in stack.urls else None
+    prometheus = stack.urls["prometheus"].split()[0] if "prometheus" in stack.urls else None
+    child = sup.start("app", app_command(stack.spec_path, port, stack.out / "app", exporter, prometheus))
     url = f"http://127.0.0.1:{port}"
     sup.wait_ready(child, lambda: http_ok(url + "/_stcore/health"), 120.0)
     stack.urls["app"] = url

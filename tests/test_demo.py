@@ -338,3 +338,42 @@ def test_ctrl_c_during_the_sweep_interrupts_it_and_keeps_finished_levels(tmp_pat
     assert "crossover sweep: interrupted" in text and "crossover demo: stopped" in text, text[-2000:]
     assert any((out / "sweep" / "levels").rglob("*")), "the finished level was not kept"
     assert_nothing_left(out)
+
+
+def test_every_command_the_demo_builds_is_accepted_by_the_cli(tmp_path: Path) -> None:
+    """The demo drives the parts through their command lines: a renamed flag must fail here, not
+    at `make demo`."""
+    import argparse
+
+    from crossover import demo as demo_module
+    from crossover.cli import build_parser
+
+    parser = build_parser()
+    spec = tmp_path / "spec.yaml"
+
+    def parse(command: list[str]) -> argparse.Namespace:
+        assert command[:3] == [sys.executable, "-m", "crossover"]
+        assert demo_module.available(command[3]), f"crossover {command[3]} is not in this build"
+        return parser.parse_args(command[3:])
+
+    assert parse(demo_module.sim_command(spec)).spec == str(spec)
+    exporter = parse(demo_module.exporter_command(spec, 9411))
+    assert (exporter.port, exporter.bind) == (9411, "127.0.0.1")
+    rules = parse(demo_module.rules_command(spec, tmp_path / "rules", "127.0.0.1:9411"))
+    assert rules.exporter_target == "127.0.0.1:9411" and rules.out == str(tmp_path / "rules")
+    app = parse(demo_module.app_command(spec, 8555, tmp_path / "app", "http://127.0.0.1:9411",
+                                        "http://127.0.0.1:9099"))
+    assert (app.port, app.address, app.exporter, app.prometheus) == (
+        8555, "127.0.0.1", "http://127.0.0.1:9411", "http://127.0.0.1:9099")
+    args = demo_module_args("--concurrency", "1,2", "--requests", "5", "--input-len", "16")
+    sweep = parse(demo_module.sweep_command(args, spec, tmp_path / "sweep", headless=True))
+    assert (sweep.concurrency, sweep.requests, sweep.input_len, sweep.no_progress) == ("1,2", 5, "16", True)
+    args = demo_module_args("--rate", "0.5,1")
+    sweep = parse(demo_module.sweep_command(args, spec, tmp_path / "sweep", headless=False))
+    assert sweep.rate == "0.5,1" and sweep.concurrency is None and sweep.rounds == 4.0  # the sweep's own
+
+
+def demo_module_args(*argv: str) -> Any:
+    from crossover.cli import build_parser
+
+    return build_parser().parse_args(["demo", *argv])
