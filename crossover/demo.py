@@ -344,7 +344,9 @@ def start_app(sup: Supervisor, stack: Stack) -> None:
     port = pick_port("app", stack.usual_ports)
     exporter = stack.urls["exporter"].removesuffix("/metrics") if "exporter" in stack.urls else None
     prometheus = stack.urls["prometheus"].split()[0] if "prometheus" in stack.urls else None
-    child = sup.start("app", app_command(stack.spec_path, port, stack.out / "app", exporter, prometheus))
+    # The results folder is the demo's own: the app lists the demo's sweep (OUT/sweep) as a past run
+    # and writes the runs started from it beside it.
+    child = sup.start("app", app_command(stack.spec_path, port, stack.out, exporter, prometheus))
     url = f"http://127.0.0.1:{port}"
     sup.wait_ready(child, lambda: http_ok(url + "/_stcore/health"), 120.0)
     stack.urls["app"] = url
