@@ -232,11 +232,10 @@ def stamping_connector(**kwargs: Any) -> aiohttp.TCPConnector:
     return connector
 
 
-def _read_stamps(response: aiohttp.ClientResponse, start: int, end: int) -> list[tuple[int, float]]:
-    """The read stamps covering body bytes (start, end], oldest first; consumed ones dropped."""
-    connection = response.connection
-    protocol = connection.protocol if connection is not None else None
-    if not isinstance(protocol, StampingResponseHandler) or protocol.stamped_body is not response.content:
+def _read_stamps(protocol: object, body: object, start: int, end: int) -> list[tuple[int, float]]:
+    """The read stamps of `body` covering its bytes (start, end], oldest first; consumed ones
+    dropped. Empty when the connection does not stamp, or already carries another response."""
+    if not isinstance(protocol, StampingResponseHandler) or protocol.stamped_body is not body:
         return []
     stamps = protocol.stamps
     keep = 0
@@ -282,11 +281,14 @@ async def stream_completion(session: aiohttp.ClientSession, base_url: str, paylo
                     body = (await response.content.read(4096)).decode(errors="replace")
                     trace.error = f"HTTP {response.status}: {' '.join(body.split())[:_ERROR_BODY_CHARS]}"
                 else:
+                    # Held from the start: at the body's end aiohttp lets the connection go
+                    # (response.connection becomes None) before the last bytes are read here.
+                    protocol = response.connection.protocol if response.connection is not None else None
                     consumed = 0
                     async for chunk in response.content.iter_any():
                         now = time.time()
                         end = consumed + len(chunk)
-                        stamps = _read_stamps(response, consumed, end)
+                        stamps = _read_stamps(protocol, response.content, consumed, end)
                         _feed_stamped(parser, trace, chunk, consumed, stamps, now)
                         consumed = end
                     for data in parser.finish():

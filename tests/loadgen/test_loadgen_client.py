@@ -208,8 +208,6 @@ def test_any_reads_and_chunks_give_each_event_its_completing_read(read_sizes: li
 
     protocol = StampingResponseHandler.__new__(StampingResponseHandler)
     protocol.stamped_body = Fake.content
-    fake_response = Fake()
-    fake_response.connection = type("C", (), {"protocol": protocol})()  # type: ignore[attr-defined]
     trace = StreamTrace(send_time=0.0)
     parser = SSEParser()
     consumed, delivered = 0, 0
@@ -219,9 +217,34 @@ def test_any_reads_and_chunks_give_each_event_its_completing_read(read_sizes: li
         arrived = reads[delivered][0]
         protocol.stamps = [r for r in reads[: delivered + 1]]
         chunk = body[consumed:min(arrived, consumed + next(sizes))]
-        stamps = _read_stamps(fake_response, consumed, consumed + len(chunk))
+        stamps = _read_stamps(protocol, Fake.content, consumed, consumed + len(chunk))
         _feed_stamped(parser, trace, chunk, consumed, stamps, fallback=-1.0)
         consumed += len(chunk)
         if consumed >= arrived and delivered + 1 < len(reads):
             delivered += 1
     assert trace.chunk_times == expected
+
+
+def test_streams_use_the_read_stamps_also_on_a_reused_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    import crossover.loadgen.client as client
+
+    unstamped: list[tuple[int, int]] = []
+    original = client._read_stamps
+
+    def spy(protocol: object, body: object, start: int, end: int) -> list[tuple[int, float]]:
+        stamps = original(protocol, body, start, end)
+        if end > start and not stamps:
+            unstamped.append((start, end))
+        return stamps
+
+    monkeypatch.setattr(client, "_read_stamps", spy)
+
+    async def go(url: str) -> list[StreamTrace]:
+        async with aiohttp.ClientSession(connector=client.stamping_connector(limit=1)) as session:
+            payload = completion_payload("m", REQUEST, True)
+            return [await stream_completion(session, url, payload, 10.0) for _ in range(2)]
+
+    with FakeServer(Behaviour(tpot_s=0.005)) as server:
+        traces = asyncio.run(go(server.url))
+    assert all(t.done and not t.error for t in traces)
+    assert unstamped == []  # every body byte of both streams was matched to the read that brought it
