@@ -32,6 +32,9 @@ CHART_METRICS: tuple[ChartMetric, ...] = (
 )
 
 
+AXIS_TITLES = {"concurrency": "concurrency (requests in flight)", "rate": "request rate (req/s)"}
+
+
 @dataclass(frozen=True)
 class CrossoverMark:
     """Where one topology overtakes another, with its confidence band, in the load axis' units."""
@@ -74,12 +77,13 @@ def metric_chart(frame: pd.DataFrame, metric: ChartMetric, axis: str, per_gpu: b
     """One line per topology against load; a dashed rule and a shaded band at each crossover."""
     unit = f"{metric.unit} per GPU" if per_gpu and metric.per_gpu else metric.unit
     title = f"{metric.title} ({unit})"
-    x = alt.X("level:Q", title=axis, scale=_x_scale(frame["level"]) if len(frame) else alt.Undefined)
+    axis_title = AXIS_TITLES.get(axis, axis)
+    x = alt.X("level:Q", title=axis_title, scale=_x_scale(frame["level"]) if len(frame) else alt.Undefined)
     base = alt.Chart(frame).encode(
         x=x,
         y=alt.Y("value:Q", title=unit),
         color=alt.Color("topology:N", title="topology"),
-        tooltip=[alt.Tooltip("topology:N"), alt.Tooltip("level:Q", title=axis),
+        tooltip=[alt.Tooltip("topology:N"), alt.Tooltip("level:Q", title=axis_title),
                  alt.Tooltip("value:Q", title=unit, format=",.4~g")],
     )
     layers: list[alt.Chart] = [base.mark_line(), base.mark_point(filled=True, size=45)]

@@ -50,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--port: must be between 1 and 65535, got {args.port}")
     config = config_from_args(args)
     load_spec(config.spec_path)
-    config.results_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        config.results_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--results {config.results_dir}: cannot create the folder "
+                        f"({exc.strerror or exc})") from None
     print(f"crossover app: http://{args.address}:{args.port}  (spec {config.spec_path}, "
           f"results in {config.results_dir})", file=sys.stderr, flush=True)
     os.environ["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"

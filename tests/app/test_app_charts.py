@@ -86,7 +86,9 @@ def test_chart_titles_say_per_gpu_only_for_rates():
     empty = charts.chart_frame(pd.DataFrame(), goodput, {}, True)
     assert charts.metric_chart(empty, goodput, "rate", True).to_dict()["title"] == \
         "Goodput (requests/s within SLO) (req/s per GPU)"
-    assert charts.metric_chart(empty, ttft, "rate", True).to_dict()["title"] == "TTFT p99 (ms)"
+    ttft_spec = charts.metric_chart(empty, ttft, "rate", True).to_dict()
+    assert ttft_spec["title"] == "TTFT p99 (ms)"
+    assert ttft_spec["layer"][0]["encoding"]["x"]["title"] == "request rate (req/s)"
 
 
 def test_the_headline_is_the_best_supported_goodput_crossing_of_each_pair():

@@ -38,6 +38,12 @@ def test_bad_flags_are_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == "crossover app: --prometheus: malformed URL 'localhost:9090' " \
                                     "(want http://host:port)"
+    blocked = tmp_path / "results"
+    blocked.write_text("a file")
+    result = crossover(str(spec), "--results", str(blocked))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"crossover app: --results {blocked}: cannot create the folder "
+                                     "(File exists)")
     result = crossover(str(spec), "--port", "70000")
     assert result.returncode == 2 and "--port" in result.stderr and "Traceback" not in result.stderr
 

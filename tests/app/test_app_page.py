@@ -137,7 +137,17 @@ def test_a_sweep_runs_in_the_background_and_the_page_follows_it(monkeypatch, tmp
         assert app.button(key="start").proto.disabled is True
         assert app.button(key="stop").proto.disabled is False
         assert progress_text(app).startswith("Sweep running")
-        run_until(app, lambda a: progress_text(a).startswith("Sweep finished"))
+        rows_seen: list[int] = []
+
+        def finished(page: AppTest) -> bool:
+            if page.dataframe:
+                rows_seen.append(len(page.dataframe[0].value))
+            return progress_text(page).startswith("Sweep finished")
+
+        run_until(app, finished)
+    # the table grew level by level while the sweep ran, never shrinking
+    assert rows_seen == sorted(rows_seen) and rows_seen[-1] == 6
+    assert len(set(rows_seen)) >= 3, rows_seen
     assert not app.exception and not app.error
     assert "6 of 6" in progress_text(app)
     assert app.button(key="start").proto.disabled is False
@@ -149,6 +159,20 @@ def test_a_sweep_runs_in_the_background_and_the_page_follows_it(monkeypatch, tmp
     labels = [b.proto.label for b in app.get("download_button")]
     assert {"requests.csv", "requests.parquet", "summary.json", "crossover.json"} <= set(labels)
     assert [r.name for r in list_runs(results)] == [p.name for p in results.iterdir()]
+
+
+def test_a_sweep_that_fails_says_why_on_the_page(monkeypatch, tmp_path):
+    spec, path = spec_file_on_free_ports(tmp_path)
+    results = tmp_path / "results"
+    results.write_text("a file where the results folder should be")
+    with running_fleet(spec):
+        app = open_page(monkeypatch, str(path), "--results", str(results))
+        small_plan(app, levels="1")
+        app.button(key="start").click().run()
+        run_until(app, lambda a: progress_text(a).startswith("Sweep failed"), timeout=30)
+    assert not app.exception
+    assert "cannot create the folder" in app.error[0].value
+    assert app.button(key="start").proto.disabled is False
 
 
 def test_stop_ends_the_sweep_and_a_past_run_can_be_opened(monkeypatch, tmp_path):
