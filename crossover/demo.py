@@ -130,7 +130,7 @@ def decide_simulation(spec: FleetSpec, simulate: bool | None) -> bool:
     """
     if simulate is not None:
         return simulate
-    answering = [name for name, url in instance_urls(spec) if http_ok(url + "/health", timeout=1.0)]
+    answering = [name for name, url in instance_urls(spec) if http_ok(url + "/health", timeout=3.0)]
     if not answering:
         return True
     silent = [name for name, _ in instance_urls(spec) if name not in answering]
@@ -141,7 +141,7 @@ def decide_simulation(spec: FleetSpec, simulate: bool | None) -> bool:
 
 
 def check_real_fleet(spec: FleetSpec) -> None:
-    silent = [f"{name} ({url})" for name, url in instance_urls(spec) if not http_ok(url + "/health", 2.0)]
+    silent = [f"{name} ({url})" for name, url in instance_urls(spec) if not http_ok(url + "/health", 5.0)]
     if silent:
         raise UserError(f"--no-sim: no answer at /health from {', '.join(silent)}; start the servers "
                         "first, or drop --no-sim to simulate the fleet")
