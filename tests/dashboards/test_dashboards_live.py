@@ -27,7 +27,7 @@ def stack() -> LiveStack:
     rate = m.rate_name(catalog.GENERATION_TOKENS, "1m")
     count = len(stack.spec.topologies)
     stack.prometheus.wait_until(lambda: len(stack.prometheus.query(f"{rate} > 0")) == count,
-                                30, f"{rate} > 0 for every topology")
+                                60, f"{rate} > 0 for every topology")
     return stack
 
 

@@ -38,7 +38,7 @@ def stack() -> LiveStack:
     topologies = {t.name for t in stack.spec.topologies}
     stack.prometheus.wait_until(
         lambda: {s.labels["topology"] for s in stack.prometheus.query(f"{rate} > 0")} == topologies,
-        30, f"{rate} > 0 for every topology")
+        60, f"{rate} > 0 for every topology")
     return stack
 
 
