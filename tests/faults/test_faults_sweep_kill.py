@@ -28,13 +28,13 @@ from tests.helpers import SPECS
 pytestmark = pytest.mark.timeout(180)
 
 LEVELS = (1, 2, 3)
-REQUESTS = 4
+REQUESTS = 3
 TOPOLOGIES = ("tp4x1", "tp2x2")
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[SimFleet, FleetSpec, Path]]:
-    # Half speed, so each level lasts a few seconds: long enough to kill the sweep inside one.
+    # Half speed, so each level lasts a second or more: long enough to kill the sweep inside one.
     spec = with_overrides(spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml")), time_scale=0.5)
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
@@ -45,7 +45,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[SimFleet, FleetSpec, Path]]:
 def _sweep(spec_path: Path, out: Path, log: Path) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "crossover", "sweep", str(spec_path), "--out", str(out),
                "--concurrency", ",".join(map(str, LEVELS)), "--requests", str(REQUESTS),
-               "--input-len", "32", "--output-len", "32", "--bootstrap", "0", "--no-progress",
+               "--input-len", "32", "--output-len", "24", "--bootstrap", "0", "--no-progress",
                "--timeout", "60"]
     with log.open("wb") as sink:
         return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
