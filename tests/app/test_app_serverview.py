@@ -89,3 +89,28 @@ def test_the_source_and_level_marks():
     marks = serverview.level_marks([LevelMark(1, 60.0, "tp4x1 at 1")])
     assert marks["label"].tolist() == ["tp4x1 at 1"] and marks["time"].iloc[0].minute == 1
     assert serverview.level_marks([]).empty
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_a_real_prometheus_with_the_generated_rules_feeds_the_server_view():
+    from tests.rules.live_stack import live_stack  # the rules suite's shared fleet + Prometheus
+
+    stack = live_stack("seed-70b-h100.yaml")
+    stack.fresh_traffic()
+    poller = serverview.ServerPoller("prometheus", stack.prometheus.url, stack.spec)
+    deadline = time.monotonic() + 60
+    latest: Any = None
+    while time.monotonic() < deadline:
+        poller.poll_once()
+        history = poller.history()
+        assert history.error is None, history.error
+        if not history.frame.empty and {"output_tps", "tpot_p99_ms"} <= set(history.frame.columns):
+            latest = history.frame.groupby("topology").last()
+            if sorted(latest.index) == ["tp2x2", "tp4x1"] and (latest["output_tps"] > 0).all():
+                break
+        time.sleep(2)
+    assert latest is not None, "Prometheus never answered the recording rules with data"
+    assert sorted(latest.index) == ["tp2x2", "tp4x1"]
+    assert (latest["output_tps"] > 0).all()
+    assert (latest["tpot_p99_ms"] > 0).all()
