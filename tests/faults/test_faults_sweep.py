@@ -78,7 +78,7 @@ def test_5xx_and_resets_mid_stream_are_failed_never_good(fleet: tuple[SimFleet, 
     running.set_fault("tp2-1", Fault(drop_rate=0.6))
     started = time.monotonic()
     result = run_sweep(spec, _plan(requests=24), tmp_path, n_boot=0)
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 90  # bounded: no request waits beyond its timeout
     requests = result.requests
     # nothing lost: every planned request is a row, per topology
     assert requests.groupby("topology").size().to_dict() == {"tp2x2": 24, "tp4x1": 24}
@@ -107,7 +107,7 @@ def test_a_stalled_server_times_out_and_the_sweep_goes_on(fleet: tuple[SimFleet,
     started = time.monotonic()
     result = run_sweep(spec, _plan(requests=4, timeout_s=1.0), tmp_path, n_boot=0)
     elapsed = time.monotonic() - started
-    assert elapsed < 20, f"a 1 s timeout x 2 rounds took {elapsed:.1f} s"
+    assert elapsed < 60, f"a 1 s timeout x 2 rounds took {elapsed:.1f} s (unstalled: 120 s a request)"
     stalled = result.requests[result.requests["topology"] == "tp4x1"]
     assert len(stalled) == 4 and not stalled["ok"].any()
     assert stalled["error"].str.startswith("timeout after 1 s").all()
@@ -194,7 +194,7 @@ def test_sse_garbage_is_failed_never_good_and_never_hangs(tmp_path: Path) -> Non
         result = run_sweep(spec, _plan(requests=2 * len(GARBAGE), concurrency=3, timeout_s=1.5), tmp_path,
                            n_boot=0)
         elapsed = time.monotonic() - started
-    assert elapsed < 30, f"garbage sweep took {elapsed:.1f} s"
+    assert elapsed < 60, f"garbage sweep took {elapsed:.1f} s (the keep-alive trickle alone: 500 s)"
     requests = result.requests.assign(kind=result.requests["instance"].str.rsplit("/", n=1).str[-1])
     assert requests.groupby("kind").size().to_dict() == dict.fromkeys(GARBAGE, 2)
     assert not requests["ok"].any(), requests.loc[requests["ok"], ["kind", "error"]]
