@@ -25,7 +25,7 @@ from pathlib import Path
 import aiohttp
 
 from crossover.exporter.parse import Parser
-from crossover.exporter.service import Exporter
+from crossover.exporter.service import Exporter, tune_gc
 from crossover.netutil import free_port
 from crossover.spec import FleetSpec, load_spec
 
@@ -54,8 +54,8 @@ def bench_parse() -> list[tuple[str, int, float, float]]:
         parser = Parser()
         parser.samples(text)  # warm the label cache, as in steady state
         ours = cpu_best(lambda text=text, parser=parser: parser.series(text), 200)
-        theirs = cpu_best(lambda text=text: [s for f in text_string_to_metric_families(text) for s in f.samples],
-                          10)
+        theirs = cpu_best(
+            lambda text=text: [s for f in text_string_to_metric_families(text) for s in f.samples], 10)
         rows.append((name, len(text), ours, theirs))
     return rows
 
@@ -101,6 +101,7 @@ def fleet_spec(port: int, targets: int, per_topology: int = 100) -> FleetSpec:
 
 
 async def _cycles(spec: FleetSpec, cycles: int) -> tuple[list[float], list[float], int]:
+    tune_gc()  # as `crossover exporter` does
     exporter = Exporter(spec)
     cpu: list[float] = []
     wall: list[float] = []

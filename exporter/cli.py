@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossover.exporter.service import Exporter, serve
+    from crossover.exporter.service import Exporter, serve, tune_gc
     from crossover.spec import load_spec
 
     if not 0 < args.port < 65536:
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = load_spec(args.spec)
     exporter = Exporter(spec, spec_path=args.spec, file_sd_paths=args.file_sd)
+    tune_gc()
 
     async def main() -> None:
         await serve(exporter, args.bind, args.port, asyncio.Event())

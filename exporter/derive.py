@@ -44,6 +44,9 @@ def quantile_label(q: float) -> str:
     return f"{q:g}"
 
 
+_QUANTILE_LABELS: tuple[tuple[float, str], ...] = tuple((q, quantile_label(q)) for q in QUANTILES)
+
+
 @dataclass(frozen=True)
 class Latency:
     """Quantiles (seconds, histogram_quantile) and mean (sum/count) over the window."""
@@ -358,7 +361,7 @@ def _latency(histogram: _Histogram | None) -> Latency | None:
     if histogram is None or not histogram.bounds:
         return None
     prepared = histogram.prepared()
-    quantiles = {quantile_label(q): quantile_of(q, prepared) for q in QUANTILES}
+    quantiles = {label: quantile_of(q, prepared) for q, label in _QUANTILE_LABELS}
     count = histogram.count if histogram.has_count else max(histogram.counts)
     mean = histogram.total / count if count > 0 else math.nan
     return Latency(quantiles, mean, count)

@@ -72,6 +72,8 @@ _LINE_RE = re.compile(
     rf"({_NAME})[ \t]*(?:\{{((?:{_LABEL},)*(?:{_LABEL})?)\}})?[ \t]*(\S+)(?:[ \t]+([^ \t#]\S*))?"
     r"[ \t]*(?:#.*)?")
 _LABEL_RE = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(?:,|$)')
+# One sample line of a wanted block: name, label text without any "}", then blank and the rest.
+_BLOCK_LINE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}\n]*)\})?([ \t][^\n]*)$", re.MULTILINE)
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
@@ -190,11 +192,48 @@ class Parser:
                 continue
             wanted, needle = self._block_plan(family)
             if wanted:
-                self._lines(text, line_end, block_end, family, out)
+                if not self._block(text[line_end:block_end], family, out):
+                    self._lines(text, line_end, block_end, family, out)
             elif count("\n", line_end, block_end) != (count(needle, line_end, block_end)
                                                       + count("\n#", line_end, block_end)):
                 # A line that is neither a comment nor of this family: check every line.
                 self._lines(text, line_end, block_end, None, out)
+
+    def _block(self, block: str, family: str, out: list[tuple[str, Labels, float]]) -> bool:
+        """A wanted family's block in one regex pass (the common case); False, having added
+        nothing, when any line needs the line-by-line path (odd spacing, a quoted "}", a line of
+        another family, blank lines)."""
+        matches = _BLOCK_LINE_RE.findall(block)
+        if len(matches) != block.count("\n") - block.count("\n#"):
+            return False
+        wanted = self.wanted
+        cache = self._labels
+        found: list[tuple[str, Labels, float]] = []
+        for name, label_text, rest in matches:
+            if name not in wanted:
+                if name.startswith(family):
+                    continue  # e.g. `_created` lines of a wanted histogram
+                return False
+            labels = cache.get(label_text)
+            if labels is None:
+                labels = _parse_labels(label_text)
+                if labels is None:
+                    return False
+                if len(cache) >= self._CACHE_LIMIT:
+                    cache.clear()
+                cache[label_text] = labels
+            fields = rest.split()
+            try:
+                value = float(fields[0])
+                if len(fields) > 1 and fields[1] != "#":
+                    float(fields[1])  # a timestamp; samples are stamped with the scrape time instead
+                    if len(fields) > 2 and fields[2] != "#":
+                        raise ValueError("trailing text")
+            except (ValueError, IndexError):
+                raise ParseError(f"bad sample line: {name}{{{label_text}}}{rest[:80]!r}") from None
+            found.append((name, labels, value))
+        out.extend(found)
+        return True
 
     def _lines(self, text: str, start: int, end: int, family: str | None,
                out: list[tuple[str, Labels, float]]) -> None:
