@@ -176,6 +176,7 @@ def test_a_cardinality_burst_is_refused_and_kept_out_of_the_derivations(heavy: H
     print(f"\nburst: up={up(rows, 'burst')}, bad topology requests_running={figures['running']}, "
           f"RSS {heavy.rss[-1]:.0f} MB")
     assert up(rows, "burst") == 0.0
+    # refused for what it is, not merely timed out on a busy machine
     assert sum(v for n, lab, v in rows if n == "crossover_scrape_errors_total"
-               and lab["instance"] == "burst") > 0
+               and lab["instance"] == "burst" and lab["reason"] != "timeout") > 0
     assert not figures["running"], "the burst's 10,000 series entered requests_running"
