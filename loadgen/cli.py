@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             stop.set()
             raise
-    out = Console()
+    out = Console() if sys.stdout.isatty() else Console(width=160)  # files and pipes: no 80-column squeeze
     if not result.summary.empty:
         print_summary(result.summary, result.crossover, out)
     out.print(f"results in {result.out_dir} (requests per level under levels/, summary.csv, crossover.json)")

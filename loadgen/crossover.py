@@ -300,7 +300,11 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
                 supports[k] = len(values) / n_boot
                 if values:
                     lo, hi = np.percentile(values, [tail, 100 - tail])
-                    intervals[k] = (_from_axis(float(lo), axis), _from_axis(float(hi), axis))
+                    # a skewed bootstrap can leave the estimate itself outside the percentile
+                    # interval; a reader expects "about X (CI a-b)" to have a <= X <= b
+                    root = roots[k][0]
+                    intervals[k] = (_from_axis(min(float(lo), root), axis),
+                                    _from_axis(max(float(hi), root), axis))
         sentences = _curve_sentence(spec, axis, a, b, roots, intervals, lead, span)
         better_when = 1 if spec.higher_is_better else -1
         if not roots:
@@ -377,7 +381,7 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
                       if np.isfinite(boot[:, r]).all()]
             if points:
                 lo, hi = np.percentile(points, [tail, 100 - tail])
-                ci = (_from_axis(float(lo), axis), _from_axis(float(hi), axis))
+                ci = (_from_axis(min(float(lo), point), axis), _from_axis(max(float(hi), point), axis))
         x = _from_axis(point, axis)
         interval = (f" (95% CI {format_load(ci[0], axis)}-{format_load(ci[1], axis)})"
                     if ci[0] is not None and ci[1] is not None else "")
