@@ -96,8 +96,9 @@ def test_every_bad_target_is_down_with_its_reason_and_recovers(stack: Stack) -> 
     rows = samples(stack.url)
     for name, reason in expected.items():
         assert up(rows, name) == 0.0, name
+        # (a timeout is tolerated: on a saturated machine even a quick answer can miss 0.5 s)
         others = [(lab["reason"], v) for n, lab, v in rows if n == "crossover_scrape_errors_total"
-                  and lab["instance"] == name and lab["reason"] != reason and v > 0]
+                  and lab["instance"] == name and lab["reason"] not in (reason, "timeout") and v > 0]
         assert not others, (name, others)
     wait_for(lambda: all(up(samples(stack.url), n) == 1.0 for n in ("tp4-0", "tp2-0", "tp2-1")), 15,
              "the simulated targets up beside the bad ones")
@@ -190,6 +191,11 @@ def test_a_counter_reset_counts_from_zero_never_negative(stack: Stack) -> None:
 
 def test_legacy_metric_names_keep_the_derivations_alive(stack: Stack) -> None:
     fleet, spec, url = stack.fleet, stack.spec, stack.url
+    def broken() -> float:  # tp2-1's errors other than timeouts (a loaded machine may cause those)
+        return sum(v for n, lab, v in samples(url) if n == "crossover_scrape_errors_total"
+                   and lab["instance"] == "tp2-1" and lab["reason"] != "timeout")
+
+    before = broken()
     fleet.set_fault("tp2-1", Fault(legacy_names=True))
     try:
         assert send_requests([spec.topology("tp2x2").instances[1].url], spec.model.name, 4) == 4
@@ -198,9 +204,7 @@ def test_legacy_metric_names_keep_the_derivations_alive(stack: Stack) -> None:
         figures = group(snapshot(url), "tp2x2", "tp2-1")
         assert figures["kv_cache_usage_max"] is not None  # gpu_cache_usage_perc, the old name
         assert figures["generation_tokens_per_second"] > 0
-        rows = samples(url)
-        assert up(rows, "tp2-1") == 1.0
-        assert sum(v for n, lab, v in rows if n == "crossover_scrape_errors_total"
-                   and lab["instance"] == "tp2-1") == 0
+        wait_for(lambda: up(samples(url), "tp2-1") == 1.0, 15, "tp2-1 up with legacy names")
+        assert broken() == before
     finally:
         fleet.set_fault("tp2-1", Fault())
