@@ -67,7 +67,7 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
             fill(page, "Input tokens", "128")
             fill(page, "Output tokens", "16")
             page.get_by_text("Advanced", exact=True).click()
-            fill(page, "Bootstrap resamples (crossover interval; 0: none)", "100")
+            fill(page, "Bootstrap resamples (crossover interval; 0: none)", "50")
             page.get_by_role("button", name="Start sweep").click()
             wait_for_text(page, page.get_by_text("Sweep running").first, 15_000, screenshot)
             headline = page.locator('[data-testid="stAlertContentSuccess"]', has_text="in goodput at")
