@@ -11,12 +11,11 @@ import pytest
 from crossover.loadgen.plan import LengthDist, SweepPlan
 from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import spec_on_free_ports
+from crossover.sim import fleet as sim_fleet
+from crossover.sim import truth as sim_truth
 from crossover.spec import load_spec
 from tests.helpers import SPECS
 from tests.loadgen.loadgen_sim_process import emitted, sim_process
-
-sim_fleet = pytest.importorskip("crossover.sim.fleet")
-sim_truth = pytest.importorskip("crossover.sim.truth")
 
 INPUT_LEN, OUTPUT_LEN = 128, 16
 LEVELS = (2, 4, 8, 16)
