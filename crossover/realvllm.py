@@ -105,7 +105,10 @@ def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
     return RealServer(url=url.rstrip("/"), process=process, log_path=log_path)
 
 
-def wait_healthy(server: RealServer, timeout: float = 240.0) -> None:
+def wait_healthy(server: RealServer, timeout: float | None = None) -> None:
+    """Block until /health answers; a loaded 2-core machine needed 290 s for three servers at once."""
+    if timeout is None:
+        timeout = float(os.environ.get("VLLM_CPU_START_TIMEOUT", "900"))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
