@@ -64,7 +64,7 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
             page.get_by_text("press Start sweep").wait_for(timeout=30_000)
             fill(page, "Concurrency levels", "1,2,16")
             fill(page, "Requests per level", "16")
-            fill(page, "Input tokens", "128")
+            assert page.get_by_label("Input tokens", exact=True).input_value() == "128"  # the default
             fill(page, "Output tokens", "16")
             page.get_by_text("Advanced", exact=True).click()
             fill(page, "Bootstrap resamples (crossover interval; 0: none)", "50")
