@@ -85,45 +85,48 @@ def test_current_name_wins_when_both_are_exposed():
     assert kv == [0.5]
 
 
-TRICKY = r"""# HELP vllm:num_requests_running with } and { in help
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{model_name="a\"b}c",engine="0"} 3 1700000000000
-vllm:num_requests_running{ engine = "1" , model_name="x\\y\nz", } NaN
-# TYPE vllm:num_preemptions_total counter
-vllm:num_preemptions_total{model_name="m",engine="0"} +Inf
-vllm:num_preemptions_created{model_name="m",engine="0"} 1.7e9
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting -Inf
-"""
+RUNNING = catalog.NUM_REQUESTS_RUNNING.name
+WAITING = catalog.NUM_REQUESTS_WAITING.name
+TRICKY = r"""# HELP RUNNING with } and { in help
+# TYPE RUNNING gauge
+RUNNING{model_name="a\"b}c",engine="0"} 3 1700000000000
+RUNNING{ engine = "1" , model_name="x\\y\nz", } NaN
+# TYPE PREEMPTIONS_total counter
+PREEMPTIONS_total{model_name="m",engine="0"} +Inf
+PREEMPTIONS_created{model_name="m",engine="0"} 1.7e9
+# TYPE WAITING gauge
+WAITING -Inf
+""".replace("RUNNING", RUNNING).replace("WAITING", WAITING)
+TRICKY = TRICKY.replace("PREEMPTIONS", catalog.NUM_PREEMPTIONS.name)
 
 
 def test_escapes_order_spacing_special_values_and_timestamps():
     parser = Parser()
     got = mine(parser.samples(TRICKY))
     assert got == reference(TRICKY, set(parser.wanted))
-    assert ("vllm:num_requests_running", (("engine", "0"), ("model_name", 'a"b}c')), 3.0) in got
-    assert ("vllm:num_requests_running", (("engine", "1"), ("model_name", "x\\y\nz")), "nan") in got
-    assert ("vllm:num_requests_waiting", (), -math.inf) in got
+    assert (RUNNING, (("engine", "0"), ("model_name", 'a"b}c')), 3.0) in got
+    assert (RUNNING, (("engine", "1"), ("model_name", "x\\y\nz")), "nan") in got
+    assert (WAITING, (), -math.inf) in got
 
 
-OPENMETRICS = """# TYPE vllm:generation_tokens counter
-# HELP vllm:generation_tokens Number of generation tokens processed.
-vllm:generation_tokens_total{engine="0",model_name="m"} 42.0 1700000000.123
-vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9
-# TYPE vllm:time_to_first_token_seconds histogram
-vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 1.0 # {trace_id="a"} 0.05 1.7e9
-vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 2.0
-vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 2.0
-vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.3
+OPENMETRICS = """# TYPE GENERATION counter
+# HELP GENERATION Number of generation tokens processed.
+GENERATION_total{engine="0",model_name="m"} 42.0 1700000000.123
+GENERATION_created{engine="0",model_name="m"} 1.7e9
+# TYPE TTFT histogram
+TTFT_bucket{engine="0",le="0.1",model_name="m"} 1.0 # {trace_id="a"} 0.05 1.7e9
+TTFT_bucket{engine="0",le="+Inf",model_name="m"} 2.0
+TTFT_count{engine="0",model_name="m"} 2.0
+TTFT_sum{engine="0",model_name="m"} 0.3
 # EOF
-"""
+""".replace("GENERATION", catalog.GENERATION_TOKENS.name).replace("TTFT", catalog.TTFT.name)
 
 
 def test_openmetrics_with_exemplars_created_and_eof():
     series = Parser().series(OPENMETRICS)
     labels = (("engine", "0"), ("model_name", "m"))
-    assert series[("vllm:generation_tokens_total", labels)] == 42.0
-    assert series[("vllm:time_to_first_token_seconds_bucket",
+    assert series[(catalog.GENERATION_TOKENS.name + "_total", labels)] == 42.0
+    assert series[(catalog.TTFT.name + "_bucket",
                    (("engine", "0"), ("le", "0.1"), ("model_name", "m")))] == 1.0
     assert len(series) == 5
 
@@ -132,8 +135,8 @@ def test_openmetrics_with_exemplars_created_and_eof():
     # a line of a family the exporter does not read, inserted half-way (the simulator's fault)
     'vllm_simulator_fault{engine="0",model_name= 1.0 garbage',
     # a wanted family with a bad value, and with an unterminated label set
-    'vllm:num_requests_running{engine="0"} one',
-    'vllm:num_requests_running{engine="0" 1',
+    RUNNING + '{engine="0"} one',
+    RUNNING + '{engine="0" 1',
 ])
 def test_broken_lines_fail_the_payload(broken):
     text = REAL_PAYLOADS[0].read_text()
@@ -145,7 +148,7 @@ def test_broken_lines_fail_the_payload(broken):
 
 def test_truncated_inside_a_wanted_line_fails():
     text = REAL_PAYLOADS[0].read_text()
-    cut = text.index('vllm:time_to_first_token_seconds_bucket{') + 30
+    cut = text.index(catalog.TTFT.name + "_bucket{") + 30
     with pytest.raises(ParseError):
         Parser().samples(text[:cut])
 
@@ -191,7 +194,7 @@ def sample_lines(draw, name: str) -> str:
 
 
 FAMILY_BASES = sorted({name for metric in catalog.CATALOG.metrics for name in metric.all_names}
-                      | {"vllm:time", "vllm:num_requests_running_extra", "python_gc", "x"})
+                      | {catalog.TTFT.name[:9], RUNNING + "_extra", "python_gc", "x"})
 
 
 @st.composite
