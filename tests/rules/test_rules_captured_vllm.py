@@ -75,14 +75,14 @@ def replayed() -> Iterator[tuple[FleetSpec, RuleSet, PrometheusServer]]:
         yield spec, rules, prometheus
 
 
-def test_every_family_the_rules_read_exists_on_real_vllm(replayed) -> None:  # type: ignore[no-untyped-def]
+def test_every_family_the_rules_read_exists_on_real_vllm(replayed) -> None:
     _, rules, prometheus = replayed
     absent = next(a for a in rules.alerts if a.alert == "VllmMetricsAbsent")
     assert prometheus.query("up == 1")
     assert prometheus.query(absent.expr) == []
 
 
-def test_slo_le_matchers_hit_real_vllm_buckets(replayed) -> None:  # type: ignore[no-untyped-def]
+def test_slo_le_matchers_hit_real_vllm_buckets(replayed) -> None:
     spec, rules, prometheus = replayed
     missing = next(a for a in rules.alerts if a.alert == "VllmSloBucketMissing")
     assert prometheus.query(missing.expr) == []
@@ -92,7 +92,7 @@ def test_slo_le_matchers_hit_real_vllm_buckets(replayed) -> None:  # type: ignor
         assert all(0.0 <= s.value <= 1.0 + 1e-9 for s in shares), [(s.labels, repr(s.value)) for s in shares]
 
 
-def test_every_recording_rule_but_the_pd_ones_has_data(replayed) -> None:  # type: ignore[no-untyped-def]
+def test_every_recording_rule_but_the_pd_ones_has_data(replayed) -> None:
     _, rules, prometheus = replayed
     empty = [n for n in sorted(rules.record_names) if "nixl" not in n and not prometheus.query(n)]
     assert not empty, f"recording rules without data on real vLLM's exposition: {empty}"
