@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from crossover.loadgen.results import LIST_COLUMNS, RUN_FILE
+from crossover.loadgen.results import LIST_COLUMNS, RUN_FILE, SUMMARY_FILE
 
 FORMATS = ("csv", "parquet", "json")
 MIME = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet", "json": "application/json"}
@@ -39,6 +39,15 @@ def list_runs(results_dir: Path) -> list[PastRun]:
         if child.is_dir() and marker.is_file():
             found.append(PastRun(child, child.name, marker.stat().st_mtime))
     return sorted(found, key=lambda run: (-run.modified, run.name))
+
+
+def last_change(run_dir: Path) -> float:
+    """When a run folder last changed: its plan, or the summary loadgen rewrites after every level."""
+    files = [run_dir / name for name in (RUN_FILE, SUMMARY_FILE)]
+    times = [path.stat().st_mtime for path in files if path.exists()]
+    if not times:
+        raise FileNotFoundError(f"{run_dir}: no {RUN_FILE}")
+    return max(times)
 
 
 def new_run_dir(results_dir: Path, now: float | None = None) -> Path:

@@ -49,7 +49,7 @@ def shared_poller(source: str, url: str, spec_path: str) -> serverview.ServerPol
 
 @st.cache_resource(show_spinner=False, max_entries=4)  # read-only once built; no copy per rerun
 def open_past_run(path: str, modified: float) -> view.ResultsView:
-    """A run folder as a view; `modified` makes a rewritten run.json a new cache entry."""
+    """A run folder as a view; `modified` makes a run that changed (one still running) a new entry."""
     return view.past_view(load_run(path))
 
 
@@ -267,7 +267,7 @@ def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_ac
             results = view.live_view(status)
         else:
             path = Path(chosen)
-            results = open_past_run(str(path), (path / "run.json").stat().st_mtime)
+            results = open_past_run(str(path), runs.last_change(path))
             st.caption(f"Showing the past run {path.name}")
     except (UserError, OSError) as exc:
         st.error(f"cannot open that run: {exc}")

@@ -27,6 +27,17 @@ def test_list_runs_finds_sweep_folders_newest_first(tmp_path):
     assert [r.name for r in runs.list_runs(tmp_path)] == ["new", "old"]
 
 
+def test_last_change_follows_the_summary_rewritten_after_each_level(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        runs.last_change(tmp_path)
+    (tmp_path / "run.json").write_text("{}")
+    os.utime(tmp_path / "run.json", (1_000, 1_000))
+    assert runs.last_change(tmp_path) == 1_000
+    (tmp_path / "summary.parquet").write_bytes(b"")
+    os.utime(tmp_path / "summary.parquet", (2_000, 2_000))
+    assert runs.last_change(tmp_path) == 2_000
+
+
 def test_new_run_dir_never_reuses_a_folder(tmp_path):
     first = runs.new_run_dir(tmp_path, now=1_700_000_000)
     first.mkdir()
