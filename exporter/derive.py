@@ -280,17 +280,25 @@ def _layout(keys: tuple[SeriesKey, ...]) -> _Layout:
     return layout
 
 
+def _total(values: list[float], columns: list[int]) -> float:
+    if len(columns) == 1:
+        return values[columns[0]]
+    return math.fsum([values[c] for c in columns])
+
+
 def summarize(window: SeriesWindow) -> WindowSums:
     """Reduce one target's window (all its engines and label sets summed). Plain lists, not numpy:
     a target has about a hundred series, where a numpy call costs more than the arithmetic."""
     layout = _layout(window.keys)
     increase: list[float] = window.increase_values.tolist()
-    counted: list[bool] = window.counted.tolist()
+    # In a window whose scrapes all had the same series (the usual case) every series counts.
+    counted: list[bool] | None = None if window.complete else window.counted.tolist()
     duration = window.duration
     per_second = 1.0 / duration if duration > 0 else math.nan
     sums = WindowSums(targets=1)
     for family, columns in layout.histograms.items():
-        if not (any(counted[c] for _, c in columns.buckets) or any(counted[c] for c in columns.counts)):
+        if counted is not None and not (any(counted[c] for _, c in columns.buckets)
+                                        or any(counted[c] for c in columns.counts)):
             continue  # the series exist but none was seen twice in the window
         if columns.direct is not None:
             values = [increase[c] for c in columns.direct]
@@ -298,8 +306,8 @@ def summarize(window: SeriesWindow) -> WindowSums:
             values = [0.0] * len(columns.bounds)
             for slot, column in columns.buckets:
                 values[slot] += increase[column]
-        total = math.fsum(increase[c] for c in columns.sums)
-        count = math.fsum(increase[c] for c in columns.counts)
+        total = _total(increase, columns.sums)
+        count = _total(increase, columns.counts)
         sums.histograms[family] = _Histogram(columns.bounds, values, total, count, bool(columns.counts))
         if duration > 0:
             if columns.sums:
@@ -307,22 +315,22 @@ def summarize(window: SeriesWindow) -> WindowSums:
             if columns.counts:
                 sums.hist_rates[family + "_count"] = count * per_second
     for family, cols in layout.counters.items():
-        if any(counted[c] for c in cols):
-            sums.rates[family] = math.fsum(increase[c] for c in cols) * per_second
+        if counted is None or any(counted[c] for c in cols):
+            sums.rates[family] = _total(increase, cols) * per_second
     for reason, cols in layout.reasons.items():
-        if any(counted[c] for c in cols):
-            sums.reason_rates[reason] = math.fsum(increase[c] for c in cols) * per_second
+        if counted is None or any(counted[c] for c in cols):
+            sums.reason_rates[reason] = _total(increase, cols) * per_second
     if layout.gauges:
-        gauge: list[bool] = window.gauge.tolist()
+        gauge: list[bool] | None = None if window.complete else window.gauge.tolist()
         means: list[float] = window.mean_values.tolist()
         highest: list[float] = window.highest_values.tolist()
         for family, cols in layout.gauges.items():
-            if not all(gauge[c] for c in cols):
+            if gauge is not None and not all(gauge[c] for c in cols):
                 continue
-            family_means = [means[c] for c in cols]
-            sums.gauge_mean_sum[family] = math.fsum(family_means)
-            sums.gauge_target_means[family] = [math.fsum(family_means) / len(cols)]
-            sums.gauge_max[family] = max(highest[c] for c in cols)
+            mean_sum = _total(means, cols)
+            sums.gauge_mean_sum[family] = mean_sum
+            sums.gauge_target_means[family] = [mean_sum / len(cols)]
+            sums.gauge_max[family] = max([highest[c] for c in cols])
     return sums
 
 

@@ -75,6 +75,7 @@ class SeriesWindow:
     last_values: np.ndarray
     highest_values: np.ndarray
     mean_values: np.ndarray
+    complete: bool = False  # every scrape had the same series: all counted or gauge, none missing
 
     @property
     def duration(self) -> float:
@@ -148,7 +149,7 @@ def _stacked_window(chosen: Sequence[Scrape], keys: tuple[SeriesKey, ...]) -> Se
         highest[gauge_columns] = gauges.max(axis=0)
         mean[gauge_columns] = gauges.mean(axis=0)
     return SeriesWindow(chosen[0].timestamp, chosen[-1].timestamp, len(chosen), keys, increases,
-                        cumulative, ~cumulative, last, highest, mean)
+                        cumulative, ~cumulative, last, highest, mean, complete=True)
 
 
 def _mixed_window(chosen: Sequence[Scrape]) -> SeriesWindow:
