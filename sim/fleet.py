@@ -83,7 +83,8 @@ class SimFleet:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        for server in [*self.instances.values(), *self.proxies]:
+        servers: list[SimInstance | EntrypointProxy] = [*self.instances.values(), *self.proxies]
+        for server in servers:
             try:
                 await server.start()
             except OSError as exc:
