@@ -148,7 +148,7 @@ def test_no_observations_give_nan_quantiles_and_ratios_and_zero_rates():
     assert math.isnan(derived.latency["ttft"].quantiles["0.5"])
     assert math.isnan(derived.latency["ttft"].mean)
     assert math.isnan(derived.goodput["ttft"].ratio)
-    assert math.isnan(derived.joint_goodput_lower)
+    assert derived.joint_goodput_lower is not None and math.isnan(derived.joint_goodput_lower)
     assert derived.generation_tokens_per_second == 0.0
 
 
@@ -207,7 +207,7 @@ def test_real_vllm_payloads_give_every_colocated_series_finite():
                derived.goodput_tokens_per_second_lower, derived.goodput_tokens_per_second_upper,
                derived.generation_tokens_per_second_per_gpu]
     assert all(v is not None and math.isfinite(v) for v in scalars), scalars
-    assert derived.generation_tokens_per_second > 0
+    assert derived.generation_tokens_per_second is not None and derived.generation_tokens_per_second > 0
     assert set(derived.goodput) == {"ttft", "tpot", "itl"}
     assert all(0 <= g.ratio <= 1 for g in derived.goodput.values())
     assert derived.requests_per_second_by_reason["length"] > 0

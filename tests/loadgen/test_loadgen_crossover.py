@@ -35,6 +35,7 @@ def test_latency_metric_winner_is_the_lower_curve() -> None:
     summary = _summary({"a": [10, 20, 40, 80, 160, 320], "b": [15, 22, 30, 45, 60, 90]},
                        column="tpot_p99_ms")
     (result,) = find_crossovers(summary, None, "tpot_p99")
+    assert result.x is not None
     assert result.winner == "b" and 2 < result.x < 4
 
 
@@ -105,8 +106,10 @@ def test_capacity_interpolates_the_attainment_curve() -> None:
     summary = _summary({"a": [1, 1, 1, 0.95, 0.5, 0.1], "b": [1, 1, 1, 1, 1, 1], "c": [0.5] * 6},
                        column="attainment")
     caps = {c.topology: c for c in max_load_meeting_objective(summary, None, 0.9)}
-    assert 8 < caps["a"].x < 16 and caps["a"].censored == ""
-    assert caps["a"].per_gpu == pytest.approx(caps["a"].x / 4)
+    capacity_a = caps["a"].x
+    assert capacity_a is not None
+    assert 8 < capacity_a < 16 and caps["a"].censored == ""
+    assert caps["a"].per_gpu == pytest.approx(capacity_a / 4)
     assert "meets the 90% SLO objective up to concurrency about" in caps["a"].sentence
     assert caps["b"].censored == "above" and caps["b"].x == 32
     assert caps["c"].censored == "below" and caps["c"].x is None and "misses" in caps["c"].sentence
@@ -120,8 +123,9 @@ def test_capacity_interval_from_requests() -> None:
     summary = summarize(requests, slos, {"a": 1})
     (cap,) = max_load_meeting_objective(summary, requests, 0.9, slos_ms=slos, n_boot=100)
     # true capacity: P(0.1 c U <= 1) = 0.9 with U ~ uniform(0.7, 1.3) -> c = 10 / 1.24
+    assert cap.x is not None and cap.ci_low is not None and cap.ci_high is not None
     assert cap.censored == "" and 4 <= cap.x <= 16
-    assert cap.ci_low is not None and cap.ci_high is not None and cap.ci_low <= cap.x <= cap.ci_high
+    assert cap.ci_low <= cap.x <= cap.ci_high
     assert cap.ci_low <= 10 / 1.24 <= cap.ci_high
     assert not math.isnan(cap.ci_high)
 

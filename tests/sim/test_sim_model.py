@@ -118,6 +118,7 @@ def test_pd_decoder_waits_for_the_kv_transfer() -> None:
     assert scheduler.plan(0.0) is None  # KV in flight: nothing to compute yet
     assert scheduler.num_waiting == 1 and len(scheduler.transferring) == 1
     ready = scheduler.next_kv_ready()
+    assert ready is not None
     assert ready == pytest.approx(8192 * 128 * 1024 / 25e9 + 0.001)
     plan = scheduler.plan(ready)
     assert plan is not None and plan.load.prefill_tokens == 1  # only the last prompt token
