@@ -252,6 +252,9 @@ class Scrape(_Strict):
     bearer_token_env: str | None = None
     bearer_token_file: str | None = None
     max_body_bytes: PositiveInt = 16 * 1024 * 1024
+    # Like Prometheus's sample_limit: one vLLM engine exposes about 100 series of the families the
+    # exporter reads, so 2000 leaves room for 16 data-parallel engines and refuses a cardinality burst.
+    max_series: PositiveInt = 2000
     windows: list[str] = Field(default_factory=lambda: ["1m"], min_length=1)
 
     @field_validator("interval", "timeout")

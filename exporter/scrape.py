@@ -17,7 +17,8 @@ from crossover.exporter.parse import ParseError, Parser, SeriesKey
 from crossover.exporter.targets import Target
 
 # The `reason` label values of crossover_scrape_errors_total.
-ERROR_REASONS: tuple[str, ...] = ("timeout", "connection", "http_status", "too_large", "read", "parse")
+ERROR_REASONS: tuple[str, ...] = ("timeout", "connection", "http_status", "too_large", "read", "parse",
+                                  "too_many_series")
 
 ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,"
           "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
@@ -54,7 +55,8 @@ async def _read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes |
 
 
 async def scrape(session: aiohttp.ClientSession, target: Target, parser: Parser, *, timeout: float,
-                 max_body_bytes: int, bearer_token: str | None = None) -> ScrapeResult:
+                 max_body_bytes: int, max_series: int | None = None,
+                 bearer_token: str | None = None) -> ScrapeResult:
     started = time.perf_counter()
     headers = {"Accept": ACCEPT, "Accept-Encoding": "gzip"}
     if bearer_token:
@@ -88,4 +90,8 @@ async def scrape(session: aiohttp.ClientSession, target: Target, parser: Parser,
         series = parser.series(text)
     except ParseError as exc:
         return failed("parse", f"{target.metrics_url}: {exc}", len(body))
+    if max_series is not None and len(series) > max_series:
+        # A burst of label sets would swell the history and corrupt the topology sums: refuse it whole.
+        return failed("too_many_series", f"{target.metrics_url}: {len(series)} series of the families read, "
+                      f"over the limit of {max_series} (scrape.max_series)", len(body))
     return ScrapeResult(target, time.perf_counter() - started, series, body_bytes=len(body))

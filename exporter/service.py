@@ -132,7 +132,8 @@ class Exporter:
         records = list(self.health.values())
         results = await asyncio.gather(*(
             scrape(session, record.target, self.parser, timeout=scrape_config.timeout_seconds,
-                   max_body_bytes=scrape_config.max_body_bytes, bearer_token=token)
+                   max_body_bytes=scrape_config.max_body_bytes, max_series=scrape_config.max_series,
+                   bearer_token=token)
             for record in records))
         for record, result in zip(records, results, strict=True):
             was_up = record.up

@@ -162,8 +162,6 @@ def test_50mb_payloads_are_refused_and_the_fleet_keeps_its_data(heavy: Heavy) ->
           f"over {len(heavy.rss)} samples")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: exporter/scrape.py+state.py accept a 10,000-label-set burst: "
-                   "no per-target series limit, the target stays up and its series enter the derivation")
 def test_a_cardinality_burst_is_refused_and_kept_out_of_the_derivations(heavy: Heavy) -> None:
     url = heavy.url
     _post(heavy.heavy_url + "/admin/burst")
@@ -179,4 +177,6 @@ def test_a_cardinality_burst_is_refused_and_kept_out_of_the_derivations(heavy: H
     # refused for what it is, not merely timed out on a busy machine
     assert sum(v for n, lab, v in rows if n == "crossover_scrape_errors_total"
                and lab["instance"] == "burst" and lab["reason"] != "timeout") > 0
-    assert not figures["running"], "the burst's 10,000 series entered requests_running"
+    # Gauges are window means: the healed heavy targets, and the burst target's scrapes from before
+    # the burst, may count (the captured under-load payload: 32 running each); the burst may not.
+    assert (figures["running"] or 0) <= 32 * (len(HEAVY) + 1), "the burst's series entered requests_running"
