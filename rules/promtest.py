@@ -18,6 +18,7 @@ from typing import Any
 
 from crossover import catalog
 from crossover.catalog import Metric, MetricType
+from crossover.exporter.quantile import histogram_quantile
 from crossover.rules import model as m
 from crossover.rules.model import AlertRule, RuleSet
 from crossover.rules.render import dump, expand_annotation, header
@@ -73,26 +74,6 @@ def _fixed_shape(metric: Metric, value: float, per_s: float) -> _Shape:
     per_second = [0.0] * len(bounds)
     per_second[index] = per_s
     return _Shape(bounds, tuple(per_second), value * per_s)
-
-
-def histogram_quantile(q: float, bounds: tuple[float, ...], cumulative: list[float]) -> float:
-    """Prometheus 2.x bucketQuantile, operation for operation, so floats match exactly."""
-    observations = cumulative[-1]
-    rank = q * observations
-    b = next(i for i in range(len(cumulative) - 1) if cumulative[i] >= rank) \
-        if any(cumulative[i] >= rank for i in range(len(cumulative) - 1)) else len(cumulative) - 1
-    if b == len(bounds) - 1:
-        return bounds[-2]
-    if b == 0 and bounds[0] <= 0:
-        return bounds[0]
-    bucket_start = 0.0
-    bucket_end = bounds[b]
-    count = cumulative[b]
-    if b > 0:
-        bucket_start = bounds[b - 1]
-        count -= cumulative[b - 1]
-        rank -= cumulative[b - 1]
-    return bucket_start + (bucket_end - bucket_start) * (rank / count)
 
 
 def _instance_labels(topology: Topology, instance: Instance, index: int) -> dict[str, str]:
@@ -191,7 +172,7 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
         cumulative = [0.0]
         for per_s in ttft_shape.per_second:
             cumulative.append(cumulative[-1] + per_s * n)
-        ttft_p99 = histogram_quantile(0.99, ttft_shape.bounds, cumulative[1:])
+        ttft_p99 = histogram_quantile(0.99, zip(ttft_shape.bounds, cumulative[1:], strict=True))
         key = {"topology": topology.name, **model}
         request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
         lower = max(0.0, good * len(request_slos) - (len(request_slos) - 1))
