@@ -16,7 +16,15 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from crossover.catalog import SLO_HISTOGRAMS
 from crossover.errors import UserError
@@ -58,6 +66,16 @@ def format_duration(seconds: float) -> str:
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(gt=0)]
+
+
+def _check_name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(f"bad name {value!r} (letters, digits, _ . -; starts with a letter)")
+    return value
+
+
+# Names become Prometheus label values and file names: keep them plain.
+Name = Annotated[str, AfterValidator(_check_name)]
 
 
 class _Strict(BaseModel):
@@ -139,18 +157,11 @@ class Hardware(_Strict):
 
 
 class Instance(_Strict):
-    name: str
+    name: Name
     url: str
     role: Role = Role.COLOCATED
 
     _url = field_validator("url")(_check_url)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
-            raise ValueError(f"bad name {value!r} (letters, digits, _ . -; starts with a letter)")
-        return value
 
 
 class Entrypoint(_Strict):
@@ -173,18 +184,11 @@ class Entrypoint(_Strict):
 
 
 class Topology(_Strict):
-    name: str
+    name: Name
     gpus: PositiveInt
     tensor_parallel_size: PositiveInt
     instances: list[Instance] = Field(min_length=1)
     entrypoint: Entrypoint = Entrypoint(balance=Balance.ROUND_ROBIN)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
-            raise ValueError(f"bad name {value!r} (letters, digits, _ . -; starts with a letter)")
-        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
