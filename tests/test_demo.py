@@ -151,12 +151,16 @@ def test_interactive_stack_is_wired_and_ctrl_c_stops_everything(tmp_path: Path) 
             active = get_json(prometheus + "/api/v1/targets")["data"]["activeTargets"]
             up = {t["labels"].get("replica") for t in active if t["health"] == "up"}
             return instances <= up
-        wait_for(targets_up, 40, "Prometheus to scrape every instance")
-        groups = get_json(prometheus + "/api/v1/rules")["data"]["groups"]
-        assert sum(len(g["rules"]) for g in groups) > 0, "no generated rules loaded"
+        wait_for(targets_up, 60, "Prometheus to scrape every instance")
+        groups = wait_for(lambda: get_json(prometheus + "/api/v1/rules")["data"]["groups"], 30,
+                          "Prometheus to load the generated rules")
         assert any(r["type"] == "alerting" for g in groups for r in g["rules"])
-        managers = get_json(prometheus + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
-        assert [m["url"] for m in managers] == [alertmanager + "/api/v2/alerts"]
+        # Prometheus discovers its Alertmanager asynchronously, some time after it is ready.
+        def alertmanagers() -> list[str]:
+            managers = get_json(prometheus + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+            return [m["url"] for m in managers]
+        assert wait_for(alertmanagers, 30, "Prometheus to find Alertmanager") == [
+            alertmanager + "/api/v2/alerts"]
 
         # Alertmanager routes a page (severity critical) to the webhook, which writes alerts.jsonl.
         alert = [{"labels": {"alertname": "DemoCheck", "severity": "critical", "topology": "tp4x1"},
