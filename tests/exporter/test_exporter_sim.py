@@ -140,7 +140,13 @@ def test_pd_fleet_exports_every_documented_series(pd_fleet):
         exposed = {name for name, _, _ in samples(get(url + "/metrics"))}
         return exposed >= names.EXPORTED_NAMES
 
+    def all_scraped() -> bool:
+        # A scrape may time out on a loaded machine: wait until the last requests have been seen.
+        pd = json.loads(get(url + "/api/v1/snapshot"))["topologies"][1]
+        return bool(pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 24)
+
     wait_for(all_there)
+    wait_for(all_scraped)
     text = get(url + "/metrics")
     rows = samples(text)
     exposed = {name for name, _, _ in rows}

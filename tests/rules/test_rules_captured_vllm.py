@@ -36,7 +36,9 @@ def _replay_server(url: str) -> ThreadingHTTPServer:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = payloads[min(served[0], len(payloads) - 1)]
+            # Cycle through the payloads (a drop back to idle is a counter reset to Prometheus), so
+            # every 1m window keeps seeing growth however long the tests before this one took.
+            body = payloads[served[0] % len(payloads)]
             served[0] += 1
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
