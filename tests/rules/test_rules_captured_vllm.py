@@ -74,6 +74,10 @@ def replayed() -> Iterator[tuple[FleetSpec, RuleSet, PrometheusServer]]:
         rate = m.histogram_rate_name(m.catalog.TPOT, "count", "1m")
         prometheus.wait_until(lambda: len(prometheus.query(f"{rate} > 0")) == len(spec.topologies), 60,
                               f"{rate} > 0 for every topology")
+        # Rule groups are evaluated at their own offsets: a ratio may still hold a 0/0 from before.
+        ratios = [m.goodput_name(b.slo, "1m") for b in rules.slo_buckets]
+        prometheus.wait_until(lambda: all(len(prometheus.query(f"{ratio} >= 0")) == len(spec.topologies)
+                                          for ratio in ratios), 60, "every goodput ratio")
         yield spec, rules, prometheus
 
 
