@@ -1,5 +1,10 @@
 r"""The background sweep: one thread per sweep, owned by a runner the page keeps between reruns.
 
+The app's sweeps run in a child process (`in_child_process`): Streamlit reruns the page in the
+same interpreter, and a rerun that draws charts holds the GIL for tens of milliseconds, long
+enough to delay the client's token stamps and bias the very latencies the sweep measures. The
+thread here only relays what the child reports.
+
 The page never waits on the sweep. It calls `start` and `stop` and reads `status()`, a plain
 snapshot taken under a lock; everything the sweep reports arrives through `on_level`. The runner
 is a small state machine:
@@ -12,18 +17,22 @@ is a small state machine:
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from crossover.errors import UserError
-from crossover.loadgen.sweep import LevelDone
+from crossover.loadgen.plan import SweepPlan
+from crossover.loadgen.sweep import LevelDone, run_sweep
+from crossover.spec import FleetSpec
 
 
 class RunState(StrEnum):
@@ -77,9 +86,13 @@ class RunStatus:
 SweepFunction = Callable[[Path, Callable[[LevelDone], None], threading.Event], Any]
 
 
+class SweepProcessFailed(Exception):
+    """The child process's sweep failed; the message is already one readable line."""
+
+
 def describe_failure(exc: BaseException) -> str:
     """One readable line for any exception: the user's mistake as-is, anything else named."""
-    if isinstance(exc, UserError):
+    if isinstance(exc, UserError | SweepProcessFailed):
         return str(exc)
     text = " ".join(str(exc).split()) or type(exc).__name__
     if len(text) > 300:
@@ -154,6 +167,65 @@ class SweepRunner:
                 state = RunState.FINISHED
             self._status = replace(self._status, state=state, error=error, ended_at=time.time(),
                                    generation=self._status.generation + 1)
+
+
+def _child_main(sweep: SweepFunction, out_dir: Path, events: Connection, stop: Any) -> None:
+    """The child process: run the sweep, report each level, then how it ended. A pipe, not a
+    queue: send() returns once the report is in the pipe, so a level reported is never lost
+    to a child that dies right after."""
+    try:
+        sweep(out_dir, lambda done: events.send(("level", done)), stop)
+    except BaseException as exc:
+        events.send(("failed", describe_failure(exc)))
+    else:
+        events.send(("done", None))
+
+
+def in_child_process(sweep: SweepFunction, poll_s: float = 0.1) -> SweepFunction:
+    """The same sweep, run in a spawned child process (picklable `sweep` needed): on_level and
+    stop work as before, relayed through a queue and a process-shared event. A child that dies
+    without a word (killed, out of memory) is a failure naming its exit code; the levels it
+    finished are already on disk."""
+    def run(out_dir: Path, on_level: Callable[[LevelDone], None], stop: threading.Event) -> None:
+        context = multiprocessing.get_context("spawn")  # fork would copy Streamlit's threads' locks
+        events, child_end = context.Pipe(duplex=False)
+        child_stop = context.Event()
+        child = context.Process(target=_child_main, args=(sweep, out_dir, child_end, child_stop),
+                                name="crossover-app-sweep", daemon=True)
+        child.start()
+        child_end.close()  # the child holds its copy: EOF here once the child is gone
+        try:
+            while True:
+                if stop.is_set():
+                    child_stop.set()
+                if not events.poll(poll_s):
+                    continue
+                try:
+                    kind, payload = events.recv()
+                except EOFError:
+                    child.join(timeout=10)
+                    raise SweepProcessFailed(
+                        f"sweep failed: the sweep process ended without a result "
+                        f"(exit code {child.exitcode})") from None
+                if kind == "level":
+                    on_level(payload)
+                elif kind == "failed":
+                    raise SweepProcessFailed(payload)
+                else:
+                    return
+        finally:
+            events.close()
+            child.join(timeout=10)
+            if child.is_alive():
+                child.kill()
+                child.join()
+    return run
+
+
+def sweep_spec_plan(spec: FleetSpec, plan: SweepPlan, topologies: Sequence[str], n_boot: int,
+                    out_dir: Path, on_level: Callable[[LevelDone], None], stop: threading.Event) -> Any:
+    """run_sweep in the SweepFunction shape; module-level so that a partial of it pickles."""
+    return run_sweep(spec, plan, out_dir, topologies, on_level=on_level, stop=stop, n_boot=n_boot)
 
 
 def jobs_in(plan_levels: Sequence[float], topologies: Sequence[str]) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,10 @@ import streamlit as st
 from crossover.app import charts, form, runs, serverview, view
 from crossover.app.config import AppConfig, parse_page_args
 from crossover.app.preflight import unreachable_targets
-from crossover.app.runner import RunState, RunStatus, SweepRunner, jobs_in
+from crossover.app.runner import RunState, RunStatus, SweepRunner, in_child_process, jobs_in, sweep_spec_plan
 from crossover.errors import UserError
 from crossover.loadgen.plan import SLO_NAMES, Mode
 from crossover.loadgen.results import load_run
-from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec, load_spec
 
 REFRESH_S = 1.0
@@ -136,10 +134,8 @@ def start_sweep(runner: SweepRunner, spec: FleetSpec, config: AppConfig, values:
         raise UserError("; ".join(problems) + ". Start the fleet (e.g. `crossover sim SPEC`) and try again")
     out_dir = runs.new_run_dir(config.results_dir)
 
-    def sweep(folder: Path, on_level: Callable[[LevelDone], None], stop: threading.Event) -> Any:
-        return run_sweep(spec, request.plan, folder, request.topologies, on_level=on_level, stop=stop,
-                         n_boot=request.n_boot)
-
+    sweep = in_child_process(functools.partial(sweep_spec_plan, spec, request.plan,
+                                               list(request.topologies), request.n_boot))
     runner.start(sweep, out_dir, jobs_in(request.plan.levels, request.topologies), axis=request.plan.axis)
     st.session_state["view"] = LIVE
 

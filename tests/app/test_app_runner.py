@@ -121,3 +121,55 @@ def test_describe_failure_shortens_huge_messages():
 
 def test_jobs_in_counts_topology_level_pairs():
     assert jobs_in((1, 2, 4), ["a", "b"]) == 6
+
+
+def child_sweep(behaviour: str, out_dir: Path, on_level, stop) -> None:
+    """Runs in the spawned child: one level, then what the test asks for."""
+    import os
+    import time
+
+    on_level(level_done(1, 2))
+    (out_dir / "child-pid").write_text(str(os.getpid()))
+    if behaviour == "fail":
+        raise RuntimeError("disk full\n  somewhere")
+    if behaviour == "die":
+        os._exit(3)
+    if behaviour == "wait-for-stop":
+        while not stop.is_set():
+            time.sleep(0.01)
+        return
+    on_level(level_done(2, 2))
+
+
+@pytest.mark.parametrize(("behaviour", "state", "levels", "error"), [
+    ("finish", RunState.FINISHED, 2, None),
+    ("fail", RunState.FAILED, 1, "sweep failed: RuntimeError: disk full somewhere"),
+    ("die", RunState.FAILED, 1, "sweep failed: the sweep process ended without a result (exit code 3)"),
+])
+def test_a_sweep_in_a_child_process_reports_like_one_in_a_thread(tmp_path, behaviour, state, levels, error):
+    import functools
+    import os
+
+    from crossover.app.runner import in_child_process
+
+    runner = SweepRunner()
+    runner.start(in_child_process(functools.partial(child_sweep, behaviour)), tmp_path, levels_total=2)
+    assert runner.join(60)
+    status = runner.status()
+    assert (status.state, status.levels_done, status.error) == (state, levels, error)
+    assert status.summary is not None and status.crossover["position"] == levels
+    child = int((tmp_path / "child-pid").read_text())
+    assert child != os.getpid()  # measured away from the page's interpreter
+
+
+def test_stop_reaches_a_sweep_in_a_child_process(tmp_path):
+    import functools
+
+    from crossover.app.runner import in_child_process
+
+    runner = SweepRunner()
+    runner.start(in_child_process(functools.partial(child_sweep, "wait-for-stop")), tmp_path, levels_total=2)
+    wait_for(runner, lambda s: s.levels_done == 1, timeout=60)
+    runner.stop()
+    assert runner.join(30)
+    assert runner.status().state is RunState.STOPPED and runner.status().levels_done == 1
