@@ -9,7 +9,6 @@ not see the terminal's Ctrl-C themselves: the demo stops them in reverse start o
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -24,14 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crossover.errors import UserError
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: ask the kernel for SIGTERM when the demo dies."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+from crossover.rules.prom import die_with_parent
 
 
 def crossover_command(*args: str) -> list[str]:
@@ -112,7 +104,7 @@ class Supervisor:
                 list(command), stdout=None if passthrough else log,
                 stderr=None if passthrough else subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
-                preexec_fn=_die_with_parent)  # single-threaded here
+                preexec_fn=die_with_parent)  # single-threaded here
         except OSError as exc:
             raise UserError(f"cannot start {name} ({command[0]}): {exc.strerror}") from None
         finally:
