@@ -24,6 +24,7 @@ from crossover.errors import UserError
 from crossover.loadgen import results
 from crossover.loadgen.client import (
     Balancer,
+    ClientOptions,
     RequestRecord,
     build_record,
     completion_payload,
@@ -94,19 +95,21 @@ class _LevelRunner:
     """One (topology, level): sends the requests and returns the records."""
 
     def __init__(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
-                 on_request: RequestCallback | None) -> None:
+                 on_request: RequestCallback | None, client: ClientOptions) -> None:
         policy = Balance.ROUND_ROBIN if info.balance == "entrypoint" else Balance(info.balance)
         self.balancer = Balancer(list(info.targets), policy)
         self.info, self.model, self.plan, self.level = info, model, plan, level
         self.records: list[RequestRecord] = []
         self.on_request = on_request
         self.total = plan.requests_for(level)
+        self.client = client
 
     async def _one(self, session: aiohttp.ClientSession, request: SyntheticRequest) -> None:
         url = self.balancer.acquire()
         try:
             trace = await stream_completion(session, url, completion_payload(
-                self.model, request, self.plan.ignore_eos), self.plan.timeout_s)
+                self.model, request, self.plan.ignore_eos), self.plan.timeout_s,
+                in_protocol=self.client.in_protocol)
         finally:
             self.balancer.release(url)
         self.records.append(build_record(trace, request, self.info.name, self.level, url))
@@ -114,7 +117,7 @@ class _LevelRunner:
             self.on_request(self.info.name, self.level, len(self.records), self.total)
 
     async def run(self) -> list[RequestRecord]:
-        connector = stamping_connector(limit=0, ttl_dns_cache=300)
+        connector = stamping_connector(limit=0, ttl_dns_cache=300, kernel_stamps=self.client.kernel_stamps)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
                                          auto_decompress=False) as session:
             if self.plan.mode is Mode.CLOSED:
@@ -189,8 +192,9 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
                           topologies: Sequence[str] | None = None,
                           on_level: Callable[[LevelDone], None] | None = None,
                           stop: StopFlag | None = None, *, on_request: RequestCallback | None = None,
-                          csv: bool = False, n_boot: int = 200) -> SweepResult:
-    """The sweep on the running event loop; see run_sweep."""
+                          csv: bool = False, n_boot: int = 200,
+                          client: ClientOptions | None = None) -> SweepResult:
+    """The sweep on the running event loop; see run_sweep (client.uvloop is the caller's)."""
     folder = Path(out_dir)
     info = run_info(spec, plan, topologies)
     results.prepare(folder, info)
@@ -223,7 +227,8 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
         if stop is not None and stop.is_set():
             outcome.stopped = True
             break
-        runner = _LevelRunner(info.topologies[name], info.model, plan, level, on_request)
+        runner = _LevelRunner(info.topologies[name], info.model, plan, level, on_request,
+                              client or ClientOptions())
         records = await _run_or_stop(runner.run(), stop)
         if records is None:
             outcome.stopped = True
@@ -237,11 +242,25 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
 
 def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies: Sequence[str] | None = None,
               on_level: Callable[[LevelDone], None] | None = None, stop: StopFlag | None = None, *,
-              on_request: RequestCallback | None = None, csv: bool = False, n_boot: int = 200) -> SweepResult:
-    """Run a sweep to completion (or until `stop` is set) in a fresh event loop on this thread.
+              on_request: RequestCallback | None = None, csv: bool = False, n_boot: int = 200,
+              client: ClientOptions | None = None) -> SweepResult:
+    """Run a sweep to completion (or until `stop` is set) in a fresh event loop on this thread
+    (uvloop's where installed, unless client.uvloop is False: the client's hot path is the loop).
 
     Safe to call from a background thread (the Streamlit app does): results land in out_dir as
     each level finishes, and on_level is called on this thread after each one.
     """
-    return asyncio.run(run_sweep_async(spec, plan, out_dir, topologies, on_level, stop, on_request=on_request,
-                                       csv=csv, n_boot=n_boot))
+    options = client or ClientOptions()
+    with asyncio.Runner(loop_factory=_loop_factory(options.uvloop)) as runner:
+        return runner.run(run_sweep_async(spec, plan, out_dir, topologies, on_level, stop,
+                                          on_request=on_request, csv=csv, n_boot=n_boot, client=options))
+
+
+def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if not use_uvloop:
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

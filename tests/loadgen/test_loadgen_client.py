@@ -28,9 +28,19 @@ from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
 REQUEST = SyntheticRequest(index=3, prompt="w1 w2 w3 w4", input_len=4, output_len=9)
 
 
-def _send(server: FakeServer, timeout_s: float = 10.0) -> RequestRecord:
+@pytest.fixture(params=["plain", "stamping", "stamping-userspace"])
+def connector(request: pytest.FixtureRequest) -> str:
+    """How _send connects: aiohttp's own connector (the coroutine reads the body), or the sweep's
+    (the protocol parses the body as it arrives), with kernel or user-space read stamps."""
+    return str(request.param)
+
+
+def _send(server: FakeServer, timeout_s: float = 10.0, connector: str = "plain") -> RequestRecord:
+    from crossover.loadgen.client import stamping_connector
+
     async def go() -> StreamTrace:
-        async with aiohttp.ClientSession() as session:
+        made = None if connector == "plain" else stamping_connector(kernel_stamps=connector == "stamping")
+        async with aiohttp.ClientSession(connector=made) as session:
             payload = completion_payload("m", REQUEST, True)
             return await stream_completion(session, server.url, payload, timeout_s)
 
@@ -38,9 +48,9 @@ def _send(server: FakeServer, timeout_s: float = 10.0) -> RequestRecord:
     return build_record(trace, REQUEST, "t", 1.0, server.url)
 
 
-def test_well_behaved_stream_times_match_the_server() -> None:
+def test_well_behaved_stream_times_match_the_server(connector: str) -> None:
     with FakeServer(Behaviour(ttft_s=0.05, tpot_s=0.01)) as server:
-        record = _send(server)
+        record = _send(server, connector=connector)
     assert record.ok, record.error
     assert record.output_tokens == 9 and record.input_tokens == 4
     assert record.completion_id == "cmpl-1"
@@ -57,9 +67,9 @@ def test_well_behaved_stream_times_match_the_server() -> None:
     assert server.bodies[0]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
-def test_several_tokens_per_event_give_one_itl_per_token() -> None:
+def test_several_tokens_per_event_give_one_itl_per_token(connector: str) -> None:
     with FakeServer(Behaviour(tokens_per_event=4, tpot_s=0.01)) as server:
-        record = _send(server)
+        record = _send(server, connector=connector)
     assert record.ok, record.error
     assert record.chunk_tokens == [4, 4, 1]
     assert record.output_tokens == 9
@@ -68,18 +78,18 @@ def test_several_tokens_per_event_give_one_itl_per_token() -> None:
     assert math.isclose(sum(record.itl), record.e2e - record.ttft, rel_tol=1e-9)
 
 
-def test_without_continuous_usage_the_final_usage_sets_the_count() -> None:
+def test_without_continuous_usage_the_final_usage_sets_the_count(connector: str) -> None:
     with FakeServer(Behaviour(tokens_per_event=3, continuous_usage=False)) as server:
-        record = _send(server)
+        record = _send(server, connector=connector)
     assert record.ok, record.error
     assert record.output_tokens == 9
     assert sum(record.chunk_tokens) == 9
     assert len(record.itl) == 8
 
 
-def test_garbage_between_events_is_survived_and_counted() -> None:
+def test_garbage_between_events_is_survived_and_counted(connector: str) -> None:
     with FakeServer(Behaviour(garbage=True, crlf=True)) as server:
-        record = _send(server)
+        record = _send(server, connector=connector)
     assert record.ok, record.error
     assert record.output_tokens == 9
     assert record.garbage >= 9 * 2  # junk line and broken JSON at least, per token
@@ -91,18 +101,18 @@ def test_garbage_between_events_is_survived_and_counted() -> None:
     (Behaviour(no_done=True), "stream ended before [DONE]"),
     (Behaviour(error_event=True), "error event: engine died"),
 ])
-def test_failures_are_failed_requests_with_a_reason(behaviour: Behaviour, error: str) -> None:
+def test_failures_are_failed_requests_with_a_reason(behaviour: Behaviour, error: str, connector: str) -> None:
     with FakeServer(behaviour) as server:
-        record = _send(server)
+        record = _send(server, connector=connector)
     assert not record.ok
     assert record.error and error in record.error
     assert record.output_tokens == 0 and math.isnan(record.ttft)
 
 
-def test_a_hanging_server_times_out_and_the_client_returns() -> None:
+def test_a_hanging_server_times_out_and_the_client_returns(connector: str) -> None:
     with FakeServer(Behaviour(hang=True)) as server:
         started = time.monotonic()
-        record = _send(server, timeout_s=0.5)
+        record = _send(server, timeout_s=0.5, connector=connector)
         elapsed = time.monotonic() - started
     assert not record.ok and record.error == "timeout after 0.5 s"
     assert elapsed < 5
@@ -246,5 +256,35 @@ def test_streams_use_the_read_stamps_also_on_a_reused_connection(monkeypatch: py
 
     with FakeServer(Behaviour(tpot_s=0.005)) as server:
         traces = asyncio.run(go(server.url))
-    assert all(t.done and not t.error for t in traces)
+    assert all(t.done and not t.error for t in traces), [(t.done, t.error) for t in traces]
     assert unstamped == []  # every body byte of both streams was matched to the read that brought it
+
+
+def test_a_stamping_connection_parses_in_the_protocol_with_kernel_read_times(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's connections: the events are parsed and stamped in data_received, each with the
+    kernel's receive time of its read (which precedes the coroutine's clock, never follows it)."""
+    import crossover.loadgen.client as client
+    from crossover.loadgen.transport import KernelStampedTransport
+
+    async def never(*args: object) -> None:
+        raise AssertionError("the stream's coroutine read the body")
+
+    monkeypatch.setattr(client, "_read_in_coroutine", never)
+    stamps: list[float | None] = []
+    original = client.StampingResponseHandler.data_received
+
+    def spy(self: client.StampingResponseHandler, data: bytes) -> None:
+        assert isinstance(self.transport, KernelStampedTransport)
+        stamps.append(self.read_stamp)
+        original(self, data)
+
+    monkeypatch.setattr(client.StampingResponseHandler, "data_received", spy)
+    with FakeServer(Behaviour(ttft_s=0.02, tpot_s=0.005)) as server:
+        record = _send(server, connector="stamping")
+    assert record.ok, record.error
+    assert stamps and all(s is not None for s in stamps)
+    truth = server.recorded[0]
+    for stamp, written in zip(record.chunk_times, truth.token_times, strict=True):
+        # the kernel took the time during the server's write, which stamps after it returns
+        assert -0.05 < record.send_time + stamp - written < 0.002
