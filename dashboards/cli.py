@@ -9,7 +9,7 @@ from pathlib import Path
 
 from crossover.dashboards.generate import dashboard_files, dashboard_provisioning, datasource_provisioning
 from crossover.dashboards.lint import exporter_names, known_names, lint
-from crossover.errors import UserError
+from crossover.outdir import write_into
 from crossover.rules.model import DEFAULT_SELECTOR, RulesConfig, build_rules
 from crossover.spec import load_spec
 
@@ -41,13 +41,6 @@ def run(args: argparse.Namespace) -> int:
         files["provisioning/datasources/crossover.yml"] = datasource_provisioning(args.prometheus_url)
         files["provisioning/dashboards/crossover.yml"] = dashboard_provisioning(str(Path(args.out).resolve()))
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out: {out} exists and is not a folder")
-    try:
-        for name, text in files.items():
-            (out / name).parent.mkdir(parents=True, exist_ok=True)
-            (out / name).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"--out: cannot write into {out}: {exc.strerror}") from None
+    write_into(out, files)
     print(f"wrote {', '.join(sorted(files))} into {out}")
     return 0

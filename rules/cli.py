@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from crossover.errors import UserError
+from crossover.outdir import write_into
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import DEFAULT_SELECTOR, RulesConfig, build_rules
 from crossover.spec import load_spec
@@ -45,16 +45,9 @@ def run(args: argparse.Namespace) -> int:
     for warning in rules.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out: {out} exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        files = outputs(spec, rules, Format(args.format), args.spec, Path(args.spec).stem,
-                        args.exporter_target, args.alertmanager)
-        for name, text in files.items():
-            (out / name).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"--out: cannot write into {out}: {exc.strerror}") from None
+    files = outputs(spec, rules, Format(args.format), args.spec, Path(args.spec).stem,
+                    args.exporter_target, args.alertmanager)
+    write_into(out, files)
     print(f"wrote {', '.join(sorted(files))} into {out} ({len(rules.records)} recording rules, "
           f"{len(rules.alerts)} alerts)")
     return 0

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from crossover import __version__
 from crossover.cli import SUBCOMMANDS
+from tests.helpers import REPO
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -41,3 +45,27 @@ def test_installed_console_script_works() -> None:
     assert script is not None, "the crossover console script is not on PATH"
     result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
+
+
+@pytest.mark.parametrize("generator", ["rules", "dashboards"])
+def test_generators_refuse_an_out_that_is_a_file_in_one_line(tmp_path: Path, generator: str) -> None:
+    spec = REPO / "compose" / "specs" / "seed-70b-h100.yaml"
+    not_a_folder = tmp_path / "taken"
+    not_a_folder.write_text("a file, not a folder")
+    result = run(generator, str(spec), "--out", str(not_a_folder))
+    assert result.returncode != 0
+    assert result.stderr.strip() == f"crossover {generator}: --out: {not_a_folder} exists and is not a folder"
+    below_a_file = not_a_folder / "dashboards"
+    result = run(generator, str(spec), "--out", str(below_a_file))
+    assert result.returncode != 0
+    prefix = f"crossover {generator}: --out: cannot write into {below_a_file}: "
+    assert result.stderr.strip().startswith(prefix)
+    assert "\n" not in result.stderr.strip()
+
+
+@pytest.mark.parametrize("generator", ["rules", "dashboards"])
+def test_generators_write_into_a_new_nested_folder(tmp_path: Path, generator: str) -> None:
+    out = tmp_path / "a" / "b"
+    result = run(generator, str(REPO / "compose" / "specs" / "seed-70b-h100.yaml"), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.rglob("*") if p.is_file())
