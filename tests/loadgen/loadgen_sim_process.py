@@ -30,9 +30,10 @@ def _healthy(url: str) -> bool:
 
 
 @contextmanager
-def sim_process(spec: FleetSpec, folder: Path, time_scale: float = 1.0,
-                start_timeout: float = 60.0) -> Iterator[subprocess.Popen[bytes]]:
-    """Serve `spec` from `crossover sim` in a child process until the block ends."""
+def sim_process(spec: FleetSpec, folder: Path, time_scale: float = 1.0, start_timeout: float = 60.0,
+                cpus: set[int] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """Serve `spec` from `crossover sim` in a child process until the block ends; `cpus` pins it
+    (so that a benchmark's client and simulator do not take turns on one core)."""
     spec_path = folder / "sim-spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     log = (folder / "sim.log").open("wb")
@@ -44,6 +45,8 @@ def sim_process(spec: FleetSpec, folder: Path, time_scale: float = 1.0,
     # not the installed package (which maps sim/ and loadgen/ into it)
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                cwd=folder)
+    if cpus:
+        os.sched_setaffinity(process.pid, cpus)
     try:
         urls = [i.url for t in spec.topologies for i in t.instances]
         deadline = time.monotonic() + start_timeout
