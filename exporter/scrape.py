@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from crossover.exporter.parse import ParseError, Parser, SeriesKey
+from crossover.exporter.parse import ParsedSeries, ParseError, Parser
 from crossover.exporter.targets import Target
 
 # The `reason` label values of crossover_scrape_errors_total.
@@ -28,7 +28,7 @@ ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,"
 class ScrapeResult:
     target: Target
     duration: float  # seconds from request to parsed payload (or failure)
-    series: dict[SeriesKey, float] | None  # None when the scrape failed
+    series: ParsedSeries | None  # None when the scrape failed
     reason: str | None = None  # one of ERROR_REASONS when it failed
     error: str | None = None  # one line for logs and the snapshot
     body_bytes: int = 0
@@ -87,11 +87,13 @@ async def scrape(session: aiohttp.ClientSession, target: Target, parser: Parser,
     except (UnicodeDecodeError, LookupError):
         return failed("parse", f"body from {target.metrics_url} is not {charset} text", len(body))
     try:
-        series = parser.series(text)
+        series = parser.parse(text)
     except ParseError as exc:
         return failed("parse", f"{target.metrics_url}: {exc}", len(body))
-    if max_series is not None and len(series) > max_series:
-        # A burst of label sets would swell the history and corrupt the topology sums: refuse it whole.
-        return failed("too_many_series", f"{target.metrics_url}: {len(series)} series of the families read, "
-                      f"over the limit of {max_series} (scrape.max_series)", len(body))
+    if max_series is not None and len(series.keys) > max_series:
+        distinct = len(series.unique().keys)
+        if distinct > max_series:
+            # A burst of label sets would swell the history and corrupt the topology sums: refuse it.
+            return failed("too_many_series", f"{target.metrics_url}: {distinct} series of the families read, "
+                          f"over the limit of {max_series} (scrape.max_series)", len(body))
     return ScrapeResult(target, time.perf_counter() - started, series, body_bytes=len(body))

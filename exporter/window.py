@@ -21,7 +21,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from crossover import catalog
-from crossover.exporter.parse import SeriesKey
+from crossover.exporter.parse import ParsedSeries, SeriesKey
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,37 @@ class Scrape:
     corrected: np.ndarray  # reset-corrected running totals since the keys last changed
 
     @staticmethod
-    def of(timestamp: float, series: Mapping[SeriesKey, float],
+    def of(timestamp: float, series: Mapping[SeriesKey, float] | ParsedSeries,
            previous: Scrape | None = None) -> Scrape:
-        keys = tuple(series)
-        values = np.fromiter(series.values(), dtype=np.float64, count=len(keys))
+        if isinstance(series, ParsedSeries):
+            keys, listed = series
+        else:
+            keys, listed = tuple(series), list(series.values())
         if previous is not None and (previous.keys is keys or previous.keys == keys):
+            values = np.fromiter(listed, dtype=np.float64, count=len(keys))
             steps = values - previous.values
             steps = np.where(steps < 0, values, steps)  # a drop: the counter restarted from zero
             return Scrape(timestamp, previous.keys, values, previous.corrected + steps)
+        if isinstance(series, ParsedSeries):
+            keys, listed = series.unique()  # a repeated series: as a dict, the last value wins
+        keys = intern_keys(keys)
+        values = np.fromiter(listed, dtype=np.float64, count=len(keys))
         return Scrape(timestamp, keys, values, values.copy())
+
+
+_KEYS: dict[tuple[SeriesKey, ...], tuple[SeriesKey, ...]] = {}
+
+
+def intern_keys(keys: tuple[SeriesKey, ...]) -> tuple[SeriesKey, ...]:
+    """One shared tuple per series layout, across targets: targets of a homogeneous fleet then
+    share their per-layout caches (derivation layouts, counter masks) and the tuple's memory.
+    Called only when a target's layout changes."""
+    found = _KEYS.get(keys)
+    if found is None:
+        if len(_KEYS) > 4096:
+            _KEYS.clear()
+        _KEYS[keys] = found = keys
+    return found
 
 
 @lru_cache(maxsize=4096)
@@ -184,7 +206,7 @@ class History:
         self.keep_seconds = keep_seconds
         self.scrapes: deque[Scrape] = deque()
 
-    def add(self, timestamp: float, series: Mapping[SeriesKey, float]) -> Scrape:
+    def add(self, timestamp: float, series: Mapping[SeriesKey, float] | ParsedSeries) -> Scrape:
         previous = self.scrapes[-1] if self.scrapes else None
         scrape = Scrape.of(timestamp, series, previous)
         self.scrapes.append(scrape)

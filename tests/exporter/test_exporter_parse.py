@@ -231,6 +231,24 @@ def payloads(draw) -> str:
     return "\n".join(lines) + draw(st.sampled_from(["\n", "", "\n\n"]))
 
 
+def series_reference(parser: Parser, samples: list[tuple[str, tuple, float]]) -> dict:
+    """What `Parser.series` must give: samples keyed by current name, the current name winning
+    per family where a payload exposes both (the straightforward per-sample resolution)."""
+    best: dict[str, int] = {}
+    for name, _labels, _value in samples:
+        entry = parser.wanted[name]
+        best[entry.family] = min(best.get(entry.family, entry.alias_rank), entry.alias_rank)
+    out = {}
+    for name, labels, value in samples:
+        entry = parser.wanted[name]
+        if entry.alias_rank == best[entry.family]:
+            out[(entry.canonical, labels)] = _key(value)
+    return out
+
+
+SHARED_PARSER = Parser()  # its caches carry over from payload to payload, as in the exporter
+
+
 def _prometheus_client_reads(text: str) -> list | None:
     try:
         return reference(text)
@@ -250,3 +268,27 @@ def test_same_samples_as_prometheus_client(text):
     wanted = set(parser.wanted)
     assert mine(parser.samples(text)) == [s for s in expected_all if s[0] in wanted]
     assert mine(parse_all(text)) == expected_all
+    # The scrape path (per-block caches, no per-sample tuples) agrees with the samples.
+    expected_series = series_reference(parser, parser.samples(text))
+    for reader in (parser, SHARED_PARSER):
+        assert {k: _key(v) for k, v in reader.series(text).items()} == expected_series
+
+
+@pytest.mark.parametrize("path", REAL_PAYLOADS, ids=lambda p: p.name)
+def test_series_match_the_samples_on_real_payloads(path):
+    text = path.read_text()
+    parser = Parser()
+    for _ in range(2):  # cold and warm caches
+        parsed = parser.parse(text)
+        assert len(parsed.keys) == len(set(parsed.keys))
+        expected = series_reference(parser, parser.samples(text))
+        assert {k: _key(v) for k, v in parsed.as_dict().items()} == expected
+
+
+def test_series_of_a_payload_with_a_broken_unread_line_in_a_later_block_is_refused():
+    # The line counts are checked over all unread blocks at once: an odd block is found again.
+    text = REAL_PAYLOADS[0].read_text()
+    lines = text.split("\n")
+    lines.insert(len(lines) - 3, 'vllm_simulator_fault{engine="0"} 1.0 garbage garbage')
+    with pytest.raises(ParseError):
+        Parser().parse("\n".join(lines))
