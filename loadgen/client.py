@@ -259,6 +259,13 @@ class StampingResponseHandler(ResponseHandler):
         self.sink: _StreamSink | None = None
         self.read_stamp: float | None = None  # set by KernelStampedTransport before each read
 
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        # The body's StreamReader calls this after every read that leaves it below its low-water
+        # mark, paused or not; unpaused, aiohttp's resume only re-enters data_received(b"") (to
+        # finish a parse that a pause cut short, and a pause sets the flag) at a cost per event.
+        if self._reading_paused or getattr(self, "_buffer_paused", True):
+            super().resume_reading(resume_parser)
+
     def data_received(self, data: bytes) -> None:
         now = self.read_stamp or time.time()
         before = self._payload
