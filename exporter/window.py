@@ -11,6 +11,7 @@ choice (extrapolation would scale numerator and denominator alike).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import deque
@@ -36,6 +37,7 @@ class Scrape:
     keys: tuple[SeriesKey, ...]
     values: np.ndarray  # float64, aligned with keys
     corrected: np.ndarray  # reset-corrected running totals since the keys last changed
+    gauges: np.ndarray  # the gauge columns of values (cumulative_mask), taken once for every window
 
     @staticmethod
     def of(timestamp: float, series: Mapping[SeriesKey, float] | ParsedSeries,
@@ -48,12 +50,14 @@ class Scrape:
             values = np.fromiter(listed, dtype=np.float64, count=len(keys))
             steps = values - previous.values
             steps = np.where(steps < 0, values, steps)  # a drop: the counter restarted from zero
-            return Scrape(timestamp, previous.keys, values, previous.corrected + steps)
+            keys = previous.keys
+            gauges = values[cumulative_mask(keys)[1]]
+            return Scrape(timestamp, keys, values, previous.corrected + steps, gauges)
         if isinstance(series, ParsedSeries):
             keys, listed = series.unique()  # a repeated series: as a dict, the last value wins
         keys = intern_keys(keys)
         values = np.fromiter(listed, dtype=np.float64, count=len(keys))
-        return Scrape(timestamp, keys, values, values.copy())
+        return Scrape(timestamp, keys, values, values.copy(), values[cumulative_mask(keys)[1]])
 
 
 _KEYS: dict[tuple[SeriesKey, ...], tuple[SeriesKey, ...]] = {}
@@ -149,6 +153,10 @@ def cumulative_mask(keys: tuple[SeriesKey, ...]) -> tuple[np.ndarray, np.ndarray
     return mask, gauges
 
 
+def _timestamp(scrape: Scrape) -> float:
+    return scrape.timestamp
+
+
 def window_of(scrapes: Sequence[Scrape], end: float, seconds: float) -> SeriesWindow | None:
     """The window of `seconds` ending at `end`; None with fewer than two scrapes in it."""
     chosen = [s for s in scrapes if end - seconds - 1e-9 <= s.timestamp <= end + 1e-9]
@@ -160,14 +168,18 @@ def window_of(scrapes: Sequence[Scrape], end: float, seconds: float) -> SeriesWi
     return _mixed_window(chosen)
 
 
-def _stacked_window(chosen: Sequence[Scrape], keys: tuple[SeriesKey, ...]) -> SeriesWindow:
+def _stacked_window(chosen: Sequence[Scrape], keys: tuple[SeriesKey, ...],
+                    gauges: np.ndarray | None = None) -> SeriesWindow:
+    """A window whose scrapes all share `keys`; `gauges`, when given, holds the chosen scrapes'
+    gauge columns as rows (History keeps them stacked)."""
     cumulative, gauge_columns = cumulative_mask(keys)
     increases = np.where(cumulative, chosen[-1].corrected - chosen[0].corrected, 0.0)
     last = chosen[-1].values
     highest = last.copy()
     mean = last.copy()
     if len(gauge_columns):  # only the few gauges need every scrape of the window
-        gauges = np.vstack([s.values[gauge_columns] for s in chosen])
+        if gauges is None:
+            gauges = np.vstack([s.gauges for s in chosen])
         highest[gauge_columns] = gauges.max(axis=0)
         mean[gauge_columns] = gauges.mean(axis=0)
     return SeriesWindow(chosen[0].timestamp, chosen[-1].timestamp, len(chosen), keys, increases,
@@ -205,10 +217,23 @@ class History:
     def __init__(self, keep_seconds: float) -> None:
         self.keep_seconds = keep_seconds
         self.scrapes: deque[Scrape] = deque()
+        self._unordered = 0  # scrapes kept that were added before an earlier-stamped one (clock step)
+        # The gauge columns of scrapes[_same_from:] stacked as rows: those scrapes share one keys
+        # tuple, so a window among them reads its gauges as a slice instead of stacking every cycle.
+        self._same_from = 0
+        self._gauges: np.ndarray | None = None
 
     def add(self, timestamp: float, series: Mapping[SeriesKey, float] | ParsedSeries) -> Scrape:
         previous = self.scrapes[-1] if self.scrapes else None
         scrape = Scrape.of(timestamp, series, previous)
+        if previous is not None and timestamp < previous.timestamp:
+            self._unordered = len(self.scrapes)
+        row = scrape.gauges[np.newaxis, :]
+        if previous is not None and scrape.keys is previous.keys and self._gauges is not None:
+            self._gauges = np.concatenate((self._gauges, row))
+        else:
+            self._same_from = len(self.scrapes)
+            self._gauges = row
         self.scrapes.append(scrape)
         self.prune(timestamp)
         return scrape
@@ -217,6 +242,22 @@ class History:
         """Forget scrapes no window ending now can hold."""
         while self.scrapes and self.scrapes[0].timestamp < now - self.keep_seconds - 1e-6:
             self.scrapes.popleft()
+            self._unordered = max(0, self._unordered - 1)
+            if self._same_from:
+                self._same_from -= 1
+            elif self._gauges is not None:
+                self._gauges = self._gauges[1:]
 
     def window(self, end: float, seconds: float) -> SeriesWindow | None:
-        return window_of(self.scrapes, end, seconds)
+        scrapes = self.scrapes
+        if self._unordered or self._gauges is None:
+            return window_of(scrapes, end, seconds)
+        low = bisect.bisect_left(scrapes, end - seconds - 1e-9, key=_timestamp)
+        high = bisect.bisect_right(scrapes, end + 1e-9, low, key=_timestamp)
+        if high - low < 2:
+            return None
+        chosen = list(itertools.islice(scrapes, low, high))
+        if low < self._same_from:
+            return window_of(chosen, end, seconds)
+        start = low - self._same_from
+        return _stacked_window(chosen, chosen[0].keys, self._gauges[start:start + high - low])

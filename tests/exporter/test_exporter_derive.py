@@ -48,6 +48,39 @@ def test_history_forgets_what_no_window_can_hold():
     assert [s.timestamp for s in history.scrapes] == [45.0, 50.0, 55.0]
 
 
+def _same_window(a: SeriesWindow | None, b: SeriesWindow | None) -> None:
+    assert (a is None) == (b is None)
+    if a is None or b is None:
+        return
+    assert (a.start, a.end, a.scrapes, a.keys, a.complete) == (b.start, b.end, b.scrapes, b.keys, b.complete)
+    for name in ("increase_values", "counted", "gauge", "last_values", "highest_values", "mean_values"):
+        assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["scrape", "scrape", "scrape", "other keys", "failed", "back"]),
+                          st.floats(0, 5), st.floats(0, 3)), max_size=30))
+def test_history_windows_match_the_plain_window_over_its_scrapes(steps):
+    """History finds windows by bisection and keeps gauges stacked; the answer must be the plain
+    filter's over the same scrapes, whatever happens: layouts change, scrapes fail, the clock steps
+    back."""
+    tokens = (catalog.GENERATION_TOKENS.name + "_total", ENGINE)
+    running = (catalog.NUM_REQUESTS_RUNNING.name, ENGINE)
+    kv = (catalog.KV_CACHE_USAGE.name, ENGINE)
+    history = History(keep_seconds=20)
+    now = 0.0
+    for kind, grow, gauge in steps:
+        now += -7.0 if kind == "back" else 5.0
+        if kind == "failed":
+            history.prune(now)
+        elif kind == "other keys":
+            history.add(now, {tokens: grow, kv: gauge / 3})
+        else:
+            history.add(now, {tokens: grow * now, running: gauge})
+        for seconds in (5.0, 10.0, 20.0):
+            _same_window(history.window(now, seconds), window_of(list(history.scrapes), now, seconds))
+
+
 def test_series_that_come_and_go_use_the_scrapes_they_appear_in():
     stop = (catalog.REQUEST_SUCCESS.name + "_total", (*ENGINE, ("finished_reason", "stop")))
     length = (catalog.REQUEST_SUCCESS.name + "_total", (*ENGINE, ("finished_reason", "length")))
