@@ -367,16 +367,25 @@ def _feed_stamped(parser: SSEParser, trace: StreamTrace, chunk: bytes, start: in
             _consume_event(trace, data, fallback)
 
 
-async def _read_in_protocol(protocol: StampingResponseHandler, body: Any, parser: SSEParser,
-                            trace: StreamTrace) -> None:
-    """The body is parsed by the protocol as it arrives (_StreamSink); this waits for its end."""
-    # what arrived before the sink was attached: the protocol noted its reads
+def _attach_sink(protocol: StampingResponseHandler, body: Any, parser: SSEParser,
+                 trace: StreamTrace) -> _StreamSink | None:
+    """Parse what arrived before now by the protocol's notes of its reads, and have the protocol
+    parse the rest as it arrives; None if the body had all arrived already."""
     early = body.read_nowait(-1)
     _feed_stamped(parser, trace, early, 0, _read_stamps(protocol, body, 0, len(early)), time.time())
     if body.is_eof():  # all of it was here; the connection may already serve another response
-        return
+        return None
     sink = _StreamSink(body, parser, trace)
     protocol.sink = sink
+    return sink
+
+
+async def _read_in_protocol(protocol: StampingResponseHandler, body: Any, parser: SSEParser,
+                            trace: StreamTrace) -> None:
+    """The body is parsed by the protocol as it arrives (_StreamSink); this waits for its end."""
+    sink = _attach_sink(protocol, body, parser, trace)
+    if sink is None:
+        return
     try:
         await body.wait_eof()
         late = body.read_nowait(-1)  # raises the body's error, if it failed

@@ -288,3 +288,75 @@ def test_a_stamping_connection_parses_in_the_protocol_with_kernel_read_times(
     for stamp, written in zip(record.chunk_times, truth.token_times, strict=True):
         # the kernel took the time during the server's write, which stamps after it returns
         assert -0.05 < record.send_time + stamp - written < 0.002
+
+
+class _NullTransport(asyncio.Transport):
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=150), min_size=1, max_size=12),
+       st.integers(min_value=0, max_value=40))
+def test_events_parsed_in_the_protocol_take_their_completing_read(read_sizes: list[int],
+                                                                  attach_after: int) -> None:
+    """A chunked response cut into socket reads of random sizes (stamped 1, 2, 3...), the stream's
+    sink attached after a random number of them (the coroutine got the response late): every
+    event must take the stamp of the read that delivered its last byte, whether it was parsed
+    from the protocol's notes (before the sink) or by the sink."""
+    from crossover.loadgen.client import StampingResponseHandler, _attach_sink
+    from crossover.loadgen.sse import SSEParser
+
+    events = [b'data: {"choices": [{"text": "%d"}]}\n\n' % i for i in range(8)]
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    wire, ends = bytearray(head), []
+    for event in events:
+        wire += b"%x\r\n" % len(event)
+        wire += event
+        ends.append(len(wire))  # the event's last byte is wire[end - 1]
+        wire += b"\r\n"
+    wire += b"0\r\n\r\n"
+    reads, offset = [], 0
+    for size in itertools.cycle(read_sizes):
+        if offset >= len(wire):
+            break
+        reads.append(bytes(wire[offset:offset + size]))
+        offset += size
+    expected = []
+    for end in ends:
+        total = 0
+        for n, read in enumerate(reads, 1):
+            total += len(read)
+            if total >= end:
+                expected.append(float(n))
+                break
+
+    async def go() -> StreamTrace:
+        protocol = StampingResponseHandler(asyncio.get_running_loop())
+        protocol.connection_made(_NullTransport())
+        protocol.set_response_params(read_until_eof=False, auto_decompress=False)
+        trace = StreamTrace(send_time=0.0)
+        parser = SSEParser()
+        attached = False
+        for n, read in enumerate(reads, 1):
+            protocol.read_stamp = float(n)
+            protocol.data_received(read)
+            if n >= attach_after and not attached and protocol.stamped_body is not None:
+                attached = True
+                if _attach_sink(protocol, protocol.stamped_body, parser, trace) is None:
+                    break
+        if not attached:
+            _attach_sink(protocol, protocol.stamped_body, parser, trace)
+        return trace
+
+    trace = asyncio.run(go())
+    assert trace.chunk_times == expected
