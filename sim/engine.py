@@ -1,15 +1,16 @@
-"""The live engine: one instance's scheduler driven on the event loop's clock.
+"""The live engine: one instance's scheduler driven on the monotonic clock (the event loop's own
+under asyncio; uvloop's loop.time() is the same clock in whole milliseconds, so it is not read here).
 
-Each step is planned, slept through until its modelled end, then its tokens are handed to the
-requests' sinks in one synchronous pass (no per-token task wake-ups: that is what lets one process
-stream tens of thousands of tokens a second). Steps are chained on their scheduled end times, so
-the served cadence follows the model even when the loop wakes a little late.
+Each step is planned, its chunks formatted, and a timer set for its modelled end; the timer's callback
+hands the step's tokens to the requests' sinks in one synchronous pass (no per-token task wake-ups, no
+task at all: that is what lets one process stream tens of thousands of tokens a second). Steps are
+chained on their scheduled end times, so the served cadence follows the model even when the loop wakes
+a little late.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from array import array
 from typing import Protocol
@@ -27,6 +28,47 @@ GAP_RING = 65536  # a power of two: the hot path masks instead of dividing
 # epoll waits in whole milliseconds, rounded up, so a timer fires 0-1 ms late; aiming half a
 # millisecond early centres the emission error on zero instead of on +0.5 ms.
 _TIMER_LEAD_S = 0.0005
+# A step's tokens are written one socket write after another (one per stream, ~5 us each, mostly the
+# kernel's loopback send), so a step of 250 streams takes over a millisecond to emit. The pass starts
+# half its expected length before the step's end, centring the writes on the scheduled emission
+# instead of trailing it; the expected length is a running mean of the measured cost per write.
+_WRITE_COST_S = 5e-6  # the first estimate of one token's write, seconds
+_WRITE_COST_WEIGHT = 0.05  # weight of each step's measurement in the running mean
+_MAX_LEAD_S = 0.005
+# Bursts further than this from their step's end are not worth keeping apart (a stall is under way).
+_MAX_SHIFT_S = 0.010
+
+
+class WriteBook:
+    """The write bursts planned on one event loop (every instance of a fleet shares it): a step's burst
+    is placed where it overlaps no other, as close to its step's end as that allows. Two instances
+    whose steps end together would otherwise write one after the other, the second's tokens all late
+    by the first's burst; placed side by side around the shared end, each is off by half as much."""
+
+    __slots__ = ("bursts",)
+
+    def __init__(self) -> None:
+        self.bursts: list[tuple[float, float]] = []  # (first write, last write), expected
+
+    def place(self, end: float, length: float, now: float) -> float:
+        """Book a burst of `length` seconds of writes for tokens due at `end`; returns its start."""
+        bursts = [b for b in self.bursts if b[1] > now]
+        ideal = end - length / 2
+        best, worst = ideal, length / 2
+        if any(a < ideal + length and ideal < b for a, b in bursts):
+            best, worst = ideal, _MAX_SHIFT_S
+            for a, b in bursts:
+                for start in (a - length, b):
+                    off = max(end - start, start + length - end)
+                    if off < worst and start >= now and \
+                            not any(x < start + length and start < y for x, y in bursts):
+                        best, worst = start, off
+        bursts.append((best, best + length))
+        self.bursts = bursts
+        return best
+
+
+_BOOKS: dict[int, WriteBook] = {}  # by id(event loop)
 
 
 class TokenSink(Protocol):
@@ -49,8 +91,15 @@ class LiveEngine:
         self.time_scale = time_scale
         self.slowdown = 1.0
         self.scheduler = Scheduler(model)
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.Handle | None = None  # the pending timer or callback of the step chain
+        self._plan: StepPlan | None = None  # the step in flight (its chunks formatted) and its end
+        self._end = 0.0
+        self._next_start = 0.0
+        self._idle = False
+        self._stopped = True
+        self.write_cost = _WRITE_COST_S  # running mean of one token's write (seconds), see _due
+        self._book = WriteBook()
         # Emission gaps |actual write time - scheduled step end|, a ring the benchmark reads.
         self.emission_gaps = array("d", bytes(8 * GAP_RING))
         self.emission_count = 0
@@ -60,18 +109,33 @@ class LiveEngine:
         return QueueState(s.num_running, len(s.waiting), len(s.transferring), s.kv_usage, s.preemptions)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+        self._loop = asyncio.get_running_loop()
+        self._book = _BOOKS.setdefault(id(self._loop), WriteBook())
+        self._stopped = False
+        self._next_start = time.monotonic()
+        self._handle = self._loop.call_soon(self._arm)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        self._stopped = True
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._plan = None
 
     def submit(self, request: SimRequest) -> None:
         self.scheduler.add(request)
-        self._wake.set()
+        if self._idle:
+            self._wake_up()
+
+    def _wake_up(self) -> None:
+        """Leave the idle state: plan a step now (a new request, or KV that has arrived)."""
+        if self._stopped or self._loop is None:
+            return
+        self._idle = False
+        if self._handle is not None:
+            self._handle.cancel()
+        self._next_start = time.monotonic()
+        self._handle = self._loop.call_soon(self._arm)
 
     def abort(self, request: SimRequest) -> None:
         self.scheduler.abort(request)
@@ -89,49 +153,76 @@ class LiveEngine:
         self.emission_gaps[self.emission_count % GAP_RING] = gap if gap >= 0 else -gap
         self.emission_count += 1
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_start = loop.time()
-        while True:
-            now = loop.time()
-            start = next_start if now - next_start < _MAX_CATCH_UP_S else now
-            plan = self.scheduler.plan(start)
-            if plan is None:
-                ready = self.scheduler.next_kv_ready()
-                self._wake.clear()
-                if ready is None:
-                    await self._wake.wait()
-                else:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), max(0.0, ready - now))
-                next_start = loop.time()
-                continue
-            end = start + plan.seconds * self.slowdown / self.time_scale
-            self._prepare(plan)
-            delay = end - loop.time() - _TIMER_LEAD_S
-            if delay > 0:
-                await asyncio.sleep(delay)
-            scheduler = self.scheduler
-            outcome = scheduler.complete(plan, end)
-            self._emit(outcome, end)
-            next_start = end
+    def _arm(self) -> None:
+        """Plan the step that starts at the previous one's scheduled end, format its chunks, and set a
+        timer for its end; with nothing to run, go idle until a request (or in-flight KV) arrives."""
+        self._handle = None
+        loop = self._loop
+        if self._stopped or loop is None:
+            return
+        now = time.monotonic()
+        next_start = self._next_start
+        start = next_start if now - next_start < _MAX_CATCH_UP_S else now
+        plan = self.scheduler.plan(start)
+        if plan is None:
+            self._idle = True
+            ready = self.scheduler.next_kv_ready()
+            if ready is not None:
+                self._handle = loop.call_at(max(ready, now), self._wake_up)
+            return
+        end = start + plan.seconds * self.slowdown / self.time_scale
+        emitting = self._prepare(plan)
+        self._plan = plan
+        self._end = end
+        now = time.monotonic()
+        length = self.write_cost * emitting
+        if length / 2 > _MAX_LEAD_S:
+            length = 2 * _MAX_LEAD_S
+        fire = self._book.place(end, length, now) - _TIMER_LEAD_S
+        if fire > now:
+            self._handle = loop.call_at(fire, self._due)
+        else:
+            self._due()
+
+    def _due(self) -> None:
+        """The step's end: its tokens are written in this callback, and planning the next step waits
+        for a fresh callback, so that the writes of other instances' steps that fell due at the same
+        time go first (each step's writes are what its clients time)."""
+        self._handle = None
+        plan, end, loop = self._plan, self._end, self._loop
+        self._plan = None
+        if plan is None or loop is None or self._stopped:
+            return
+        outcome = self.scheduler.complete(plan, end)
+        self._next_start = end
+        self._handle = loop.call_soon(self._arm)
+        emitted = outcome.emitted
+        if emitted:
+            began = time.monotonic()
+            for request in emitted:
+                if request.sink is not None:
+                    request.sink.on_token(request, end)
+            cost = (time.monotonic() - began) / len(emitted)
+            self.write_cost += _WRITE_COST_WEIGHT * (cost - self.write_cost)
+        self._account(outcome, end)
 
     @staticmethod
-    def _prepare(plan: StepPlan) -> None:
+    def _prepare(plan: StepPlan) -> int:
         """Format every chunk this step will emit before it ends, so that at the step's end only the
-        socket writes remain between the scheduled and the actual emission."""
+        socket writes remain between the scheduled and the actual emission; returns their number."""
+        emitting = 0
         for request, tokens in plan.work:
             sink = request.sink
             if sink is None or request.computed + tokens < request.prefill_target:
                 continue  # a prefill chunk that does not finish the prompt emits nothing
             index = request.generated + 1
             sink.prepare(request, index, index >= request.output_tokens)
+            emitting += 1
+        return emitting
 
-    def _emit(self, outcome: StepOutcome, end: float) -> None:
-        # Writes first (they are what clients time), bookkeeping after.
-        for request in outcome.emitted:
-            if request.sink is not None:
-                request.sink.on_token(request, end)
+    def _account(self, outcome: StepOutcome, end: float) -> None:
+        """A step's bookkeeping, after its writes (they are what clients time): metrics, finished
+        requests' handlers."""
         metrics = self.metrics
         itl = metrics.itl
         for request in outcome.emitted:
@@ -156,5 +247,5 @@ class LiveEngine:
 
 
 def loop_to_unix_offset() -> float:
-    """Add to an event-loop time to get a unix time (both clocks read back to back)."""
-    return time.time() - asyncio.get_running_loop().time()
+    """Add to an engine time (monotonic) to get a unix time (both clocks read back to back)."""
+    return time.time() - time.monotonic()
