@@ -8,6 +8,7 @@ import gc
 import signal
 import sys
 
+from crossover.sim.eventloop import LOOPS, loop_factory
 from crossover.sim.fleet import SimFleet, with_overrides
 from crossover.spec import load_spec
 
@@ -24,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", default=None, metavar="HOST",
                         help="listen on HOST for every instance (e.g. 0.0.0.0 inside a container whose "
                         "URLs name services); default: each URL's own host, which must be loopback")
+    parser.add_argument("--loop", choices=LOOPS, default="auto",
+                        help="event loop: uvloop (auto: when installed, the faster one) or asyncio's own")
 
 
 async def serve(fleet: SimFleet) -> None:
@@ -50,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     spec = with_overrides(load_spec(args.spec), seed=args.seed, vllm_version=args.vllm_version,
                           time_scale=args.time_scale)
     fleet = SimFleet(spec, bind_host=args.bind)
-    asyncio.run(serve(fleet))
+    with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
+        runner.run(serve(fleet))
     print("crossover sim: stopped", file=sys.stderr)
     return 0
 

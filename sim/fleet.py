@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from crossover.errors import UserError
+from crossover.sim.eventloop import new_event_loop
 from crossover.sim.metrics import legacy_mode
 from crossover.sim.proxy import EntrypointProxy
 from crossover.sim.server import SimInstance
@@ -162,7 +163,7 @@ class SimFleet:
 def running_fleet(spec: FleetSpec, start_timeout: float = 30.0) -> Iterator[SimFleet]:
     """Run a SimFleet on a background thread's event loop for the duration of a `with` block."""
     fleet = SimFleet(spec)
-    loop = asyncio.new_event_loop()
+    loop = new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="sim-fleet", daemon=True)
     thread.start()
     try:
