@@ -18,10 +18,11 @@ timestamps, OpenMetrics `# EOF`, `_created` lines and exemplars are handled. A p
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -99,8 +100,21 @@ _LINE_RE = re.compile(
     rf"({_NAME})[ \t]*(?:\{{((?:{_LABEL},)*(?:{_LABEL})?)\}})?[ \t]*(\S+)(?:[ \t]+([^ \t#]\S*))?"
     r"[ \t]*(?:#.*)?")
 _LABEL_RE = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(?:,|$)')
-# One sample line of a wanted block: name, label text without any "}", then blank and the rest.
-_BLOCK_LINE_RE = re.compile(r"^(([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}\n]*)\})?)([ \t][^\n]*)$", re.MULTILINE)
+# One sample line of a wanted block: its head (name and label text without any "}"), then blank
+# and the rest.
+_BLOCK_LINE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}\n]*\})?)([ \t][^\n]*)$", re.MULTILINE)
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
+# A wanted block's shape: how to pick the kept lines' values (None: all lines), and per run of one
+# (family, alias rank) group: the group, its keys, and its slice of the kept values.
+_Shape = tuple[Callable[[Sequence[Any]], Sequence[Any]] | None,
+               tuple[tuple[tuple[str, int], tuple[SeriesKey, ...], int, int], ...]]
+
+
+def _split_head(head: str) -> tuple[str, str]:
+    """`name{labels}` -> (name, label text); `name` -> (name, "")."""
+    brace = head.find("{")
+    return (head, "") if brace == -1 else (head[:brace], head[brace + 1:-1])
 _NAME_RE = re.compile(_NAME)
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
@@ -215,6 +229,7 @@ class Parser:
     (it caches parsed label sets and sample heads, which repeat from scrape to scrape)."""
 
     _CACHE_LIMIT = 200_000
+    _SHAPE_LIMIT = 16_384
 
     def __init__(self, wanted: Mapping[str, WantedName] | None = None) -> None:
         self.wanted: Mapping[str, WantedName] = wanted_names() if wanted is None else wanted
@@ -224,6 +239,8 @@ class Parser:
         # sample head `name{labels}` -> (series key, (family, alias rank)) for wanted names
         self._heads: dict[str, tuple[SeriesKey, tuple[str, int]]] = {}
         self._groups: dict[tuple[str, int], tuple[str, int]] = {}
+        # (family, the block's sample heads in order) -> the block's shape
+        self._shapes: dict[tuple[str, tuple[str, ...]], _Shape] = {}
 
     # -- public ---------------------------------------------------------------------------------------
     def samples(self, text: str) -> list[tuple[str, Labels, float]]:
@@ -330,7 +347,8 @@ class Parser:
         wanted = self.wanted
         cache = self._labels
         found: list[tuple[str, Labels, float]] = []
-        for _head, name, label_text, rest in matches:
+        for head, rest in matches:
+            name, label_text = _split_head(head)
             if name not in wanted:
                 if name.startswith(family):
                     continue  # e.g. `_created` lines of a wanted histogram
@@ -348,61 +366,84 @@ class Parser:
         return lines
 
     def _block_series(self, block: str, family: str, sink: _SeriesSink) -> int | None:
-        """`_block` for `parse`: straight into the sink's key and value lists, one cached head
-        lookup per sample."""
+        """`_block` for `parse`, without a Python step per sample in the common case: the block's
+        sample heads (`name{labels}`, in order) name a cached shape (which lines are kept, their
+        keys), and the values are read by one `map(float, ...)`. A value that float() refuses
+        (a timestamp, an exemplar, a bad value) takes the per-sample path."""
         matches = _BLOCK_LINE_RE.findall(block)
         lines = block.count("\n") - block.count("\n#")
         if len(matches) != lines:
             return None
+        shape_key = (family, tuple(map(_FIRST, matches)))
+        shape = self._shapes.get(shape_key)
+        if shape is None:
+            shape = self._shape(family, matches)
+            if shape is None:
+                return None
+            if len(self._shapes) >= self._SHAPE_LIMIT:
+                self._shapes.clear()
+            self._shapes[shape_key] = shape
+        pick, segments = shape
+        if not segments:
+            return lines
+        try:
+            read = list(map(float, map(_SECOND, matches)))
+            values: Sequence[float] = read if pick is None else pick(read)
+        except ValueError:
+            kept = [matches[i] for i in range(len(matches))] if pick is None else pick(matches)
+            values = [_value(*_split_head(head), rest) for head, rest in kept]
+        groups = sink.groups
+        for group, keys, start, end in segments:
+            pair = groups.get(group)
+            if pair is None:
+                pair = groups[group] = ([], [])
+            pair[0].extend(keys)
+            pair[1].extend(values if len(segments) == 1 else values[start:end])
+        return lines
+
+    def _shape(self, family: str, matches: list[tuple[str, str]]) -> _Shape | None:
+        """Which lines of a wanted block are kept and under which keys and (family, alias rank)
+        groups; None when a line needs the line-by-line path."""
         heads = self._heads
         wanted = self.wanted
-        groups = sink.groups
+        kept: list[int] = []
+        segments: list[tuple[tuple[str, int], tuple[SeriesKey, ...], int, int]] = []
         current: tuple[str, int] | None = None
-        created: list[tuple[str, int]] = []
-        touched: list[tuple[list[SeriesKey], list[float], int]] = []
-
-        def undo() -> None:
-            for keys, values, length in touched:
-                del keys[length:], values[length:]
-            for group in created:
-                del groups[group]
-
-        for head, name, label_text, rest in matches:
+        keys: list[SeriesKey] = []
+        start = 0
+        for index, (head, _rest) in enumerate(matches):
             hit = heads.get(head)
             if hit is None:
+                name, label_text = _split_head(head)
                 entry = wanted.get(name)
                 if entry is None:
                     if name.startswith(family):
                         continue  # e.g. `_created` lines of a wanted histogram
-                    undo()
                     return None
                 labels = self._labels.get(label_text)
                 if labels is None:
                     labels = _parse_labels(label_text)
-                if labels is None:
-                    undo()
-                    return None
+                    if labels is None:
+                        return None
                 hit = ((entry.canonical, labels), self._group(entry))
                 if len(heads) >= self._CACHE_LIMIT:
                     heads.clear()
                 heads[head] = hit
-            try:
-                value = float(rest)
-            except ValueError:
-                value = _value(name, label_text, rest)
-            group = hit[1]
-            if group is not current:
-                current = group
-                pair = groups.get(group)
-                if pair is None:
-                    pair = groups[group] = ([], [])
-                    created.append(group)
-                keys, values = pair
-                touched.append((keys, values, len(keys)))
-                add_key, add_value = keys.append, values.append
-            add_key(hit[0])
-            add_value(value)
-        return lines
+            if hit[1] is not current:
+                if current is not None:
+                    segments.append((current, tuple(keys), start, len(kept)))
+                current, keys, start = hit[1], [], len(kept)
+            kept.append(index)
+            keys.append(hit[0])
+        if current is not None:
+            segments.append((current, tuple(keys), start, len(kept)))
+        pick: Callable[[Sequence[Any]], Sequence[Any]] | None = None
+        if len(kept) == 1:
+            only = kept[0]
+            pick = lambda items: (items[only],)  # noqa: E731
+        elif 1 < len(kept) < len(matches):
+            pick = operator.itemgetter(*kept)
+        return pick, tuple(segments)
 
     def _lines(self, text: str, start: int, end: int, family: str | None,
                out: list[tuple[str, Labels, float]] | _SeriesSink) -> None:

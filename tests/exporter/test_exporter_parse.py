@@ -292,3 +292,26 @@ def test_series_of_a_payload_with_a_broken_unread_line_in_a_later_block_is_refus
     lines.insert(len(lines) - 3, 'vllm_simulator_fault{engine="0"} 1.0 garbage garbage')
     with pytest.raises(ParseError):
         Parser().parse("\n".join(lines))
+
+
+def test_cached_block_shapes_follow_values_timestamps_and_mixed_families():
+    """The scrape path caches each wanted block's shape by its sample heads: the same heads with
+    new values, with timestamps (float() refuses them), with a bad `_created` value (not read) or
+    with lines of two wanted families in one block must read as the per-sample path does."""
+    parser = Parser()
+    run = catalog.NUM_REQUESTS_RUNNING.name
+    wait = catalog.NUM_REQUESTS_WAITING.name
+    ttft = catalog.TTFT.name
+    block = (f'# TYPE {ttft} histogram\n'
+             f'{ttft}_bucket{{le="0.1"}} {{a}}\n{ttft}_bucket{{le="+Inf"}} {{b}}\n'
+             f'{ttft}_count {{b}}\n{ttft}_sum 0.5\n{ttft}_created {{c}}\n'
+             f'# TYPE {run} gauge\n{run} 3\n{wait} {{w}}\n')
+    for a, b, c, w in [("1", "2", "1.7e9", "4"), ("5", "9", "1.7e9", "0"),
+                       ("6 1700000000", "10 1700000000", "1.7e9", "1"), ("7", "11", "oops", "2")]:
+        text = block.replace("{a}", a).replace("{b}", b).replace("{c}", c).replace("{w}", w)
+        got = {k: _key(v) for k, v in parser.series(text).items()}
+        assert got == series_reference(parser, parser.samples(text))
+        assert got[(ttft + "_bucket", (("le", "+Inf"),))] == float(b.split()[0])
+        assert got[(wait, ())] == float(w)
+    with pytest.raises(ParseError):
+        parser.parse(block.replace("{a}", "1").replace("{b}", "x").replace("{c}", "1").replace("{w}", "1"))
