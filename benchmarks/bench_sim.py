@@ -120,9 +120,11 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
     # server's loop for ~0.3 s, past the engine's catch-up limit, and every instance would restart
     # its step chain at the same moment (phase-locked) after it.
     await asyncio.sleep(SETTLE_S)  # the server accepts the connections first, so that the first
-    for group in groups:            # requests below reach it when they are sent, not in a bunch
+    first = time.monotonic()        # requests below reach it when they are sent, not in a bunch
+    for index, group in enumerate(groups):  # on an absolute grid: one late wake-up does not shift the rest
+        await asyncio.sleep(max(0.0, first + index * step_s / len(urls) - time.monotonic()))
         group[0].start()
-        await asyncio.sleep(step_s / len(urls))
+    await asyncio.sleep(step_s / len(urls))
     rest = [stream for index in range(1, max(map(len, groups))) for group in groups if index < len(group)
             for stream in (group[index],)]
     batches = max(1, int(RAMP_S / 0.01))
