@@ -11,11 +11,16 @@ means and ratios (what Prometheus answers) and 0 for rates.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TypeVar
+
+import numpy as np
 
 from crossover import catalog
 from crossover.exporter.parse import SeriesKey
@@ -176,7 +181,7 @@ class _Histogram:
 
     def add(self, other: _Histogram) -> None:
         if other.bounds is self.bounds or other.bounds == self.bounds:
-            self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+            self.counts = list(map(operator.add, self.counts, other.counts))
         else:  # different layouts (e.g. --custom-histogram-buckets on one target): the union
             merged = dict(zip(self.bounds, self.counts, strict=True))
             for bound, count in zip(other.bounds, other.counts, strict=True):
@@ -278,6 +283,11 @@ def _layout(keys: tuple[SeriesKey, ...]) -> _Layout:
         _LAYOUTS.clear()
     _LAYOUTS[id(keys)] = (keys, layout)
     return layout
+
+
+def layout_of(keys: tuple[SeriesKey, ...]) -> _Layout:
+    """Where each family's series sit in a keys tuple (cached per tuple)."""
+    return _layout(keys)
 
 
 def _total(values: list[float], columns: list[int]) -> float:
@@ -456,3 +466,245 @@ def _kv_transfer(sums: WindowSums) -> KvTransfer | None:
         bytes_per_transfer_second=bandwidth,
         failures_per_second=failures,
     )
+
+
+# --- many targets of one layout at once ------------------------------------------------------------------
+_NIXL = frozenset({catalog.NIXL_XFER_TIME.name, catalog.NIXL_BYTES.name, catalog.NIXL_FAILED_TRANSFERS.name})
+
+
+def _column_total(matrix: np.ndarray, columns: list[int]) -> np.ndarray:
+    """`_total` of every row: the one column as it is, several summed with math.fsum."""
+    if len(columns) == 1:
+        return matrix[:, columns[0]]
+    return np.array([math.fsum(row) for row in matrix[:, columns].tolist()], dtype=np.float64)
+
+
+def _sequential_rows(matrix: np.ndarray, rows: Sequence[int]) -> list[float]:
+    """The rows of a 2-D array added one after another in the given order, as merge() adds
+    targets (numpy's own sums may pair them differently and round differently)."""
+    total = matrix[rows[0]].copy()
+    for row in rows[1:]:
+        total += matrix[row]
+    result: list[float] = total.tolist()
+    return result
+
+
+def _sequential(values: np.ndarray, rows: Sequence[int]) -> float:
+    """The entries of a 1-D array added one after another in the given order."""
+    picked: list[float] = values[list(rows)].tolist()
+    return functools.reduce(operator.add, picked)
+
+
+def _quantile_rows(q: float, bounds: tuple[float, ...], monotonic: np.ndarray) -> np.ndarray:
+    """quantile_of for every row of prepared (monotonic) bucket counts, the same arithmetic."""
+    rows = monotonic.shape[0]
+    observations = monotonic[:, -1]
+    rank = q * observations
+    last = len(bounds) - 1
+    reached = monotonic[:, :last] >= rank[:, None]
+    index = np.where(reached.any(axis=1), reached.argmax(axis=1), last)
+    every = np.arange(rows)
+    bounds_array = np.asarray(bounds, dtype=np.float64)
+    previous_count = np.where(index > 0, monotonic[every, np.maximum(index - 1, 0)], 0.0)
+    bucket_start = np.where(index > 0, bounds_array[np.maximum(index - 1, 0)], 0.0)
+    inner = np.minimum(index, last - 1)
+    bucket_end = bounds_array[inner]
+    count = monotonic[every, inner] - previous_count
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = bucket_start + (bucket_end - bucket_start) * ((rank - previous_count) / count)
+    value = np.where(index == last, bounds[-2], value)
+    if bounds[0] <= 0:
+        value = np.where(index == 0, bounds[0], value)
+    return np.where((observations == 0) | np.isnan(observations), math.nan, value)
+
+
+def _fraction_rows(threshold: float, bounds: tuple[float, ...], monotonic: np.ndarray,
+                   total: np.ndarray) -> tuple[np.ndarray, bool, np.ndarray]:
+    """fraction_of for every row: (values, exact, rows without observations: NaN and exact)."""
+    empty = (total == 0) | np.isnan(total)
+    finite = len(bounds) - 1
+    index = bisect.bisect_left(bounds, threshold, 0, finite)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if index < finite and math.isclose(bounds[index], threshold, rel_tol=1e-9, abs_tol=0.0):
+            return monotonic[:, index] / total, True, empty
+        if index > 0 and math.isclose(bounds[index - 1], threshold, rel_tol=1e-9, abs_tol=0.0):
+            return monotonic[:, index - 1] / total, True, empty
+        if index == finite:
+            return monotonic[:, finite - 1] / total, False, empty
+        if index == 0 and bounds[0] <= 0:
+            return np.zeros(len(total)), False, empty
+        if index > 0:
+            lower_bound, lower_count = bounds[index - 1], monotonic[:, index - 1]
+        else:
+            lower_bound, lower_count = 0.0, np.zeros(len(total))
+        share = (threshold - lower_bound) / (bounds[index] - lower_bound)
+        interpolated = lower_count + (monotonic[:, index] - lower_count) * max(0.0, share)
+        return interpolated / total, False, empty
+
+
+class WindowBatch:
+    """The windows of several targets that share one layout (a homogeneous fleet), each reduced
+    as `summarize` reduces one, as arrays with one row per target. Instances are derived from the
+    rows at once (`derive_rows`), and groups from rows added in member order (`sums`): the same
+    numbers as the per-target path, in the same order of operations."""
+
+    def __init__(self, windows: Sequence[SeriesWindow], layout: _Layout) -> None:
+        increase = np.vstack([w.increase_values for w in windows])
+        durations = np.array([w.duration for w in windows], dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            self.per_second = np.where(durations > 0, 1.0 / durations, math.nan)
+        self.positive = durations > 0
+        self.rows = len(windows)
+        self.histograms: dict[str, tuple[tuple[float, ...], np.ndarray, np.ndarray, np.ndarray, bool]] = {}
+        for family, columns in layout.histograms.items():
+            if columns.direct is not None:
+                counts = increase[:, columns.direct] if columns.direct else np.zeros((self.rows, 0))
+            else:
+                counts = np.zeros((self.rows, len(columns.bounds)))
+                for slot, column in columns.buckets:
+                    counts[:, slot] += increase[:, column]
+            zero = np.zeros(self.rows)
+            total = _column_total(increase, columns.sums) if columns.sums else zero
+            count = _column_total(increase, columns.counts) if columns.counts else zero
+            self.histograms[family] = (columns.bounds, counts, total, count, bool(columns.counts))
+        self.rates = {family: _column_total(increase, cols) * self.per_second
+                      for family, cols in layout.counters.items()}
+        self.reason_rates = {reason: _column_total(increase, cols) * self.per_second
+                             for reason, cols in layout.reasons.items()}
+        self.gauge_mean_sum: dict[str, np.ndarray] = {}
+        self.gauge_target_mean: dict[str, np.ndarray] = {}
+        self.gauge_max: dict[str, np.ndarray] = {}
+        if layout.gauges:
+            means = np.vstack([w.mean_values for w in windows])
+            highest = np.vstack([w.highest_values for w in windows])
+            for family, cols in layout.gauges.items():
+                mean_sum = _column_total(means, cols)
+                self.gauge_mean_sum[family] = mean_sum
+                self.gauge_target_mean[family] = mean_sum / len(cols)
+                self.gauge_max[family] = highest[:, cols].max(axis=1)
+
+    @staticmethod
+    def usable(windows: Sequence[SeriesWindow], layout: _Layout) -> bool:
+        """Complete windows of one layout without NIXL families and with finite numbers only (the
+        per-target path's NaN and infinity handling is not repeated here)."""
+        if any(family in _NIXL for family in (*layout.histograms, *layout.counters)):
+            return False
+        if not all(w.complete for w in windows):
+            return False
+        for name in ("increase_values", "mean_values", "highest_values"):
+            if not np.isfinite(np.vstack([getattr(w, name) for w in windows])).all():
+                return False
+        return True
+
+    def sums(self, rows: Sequence[int]) -> WindowSums:
+        """merge() of the rows' WindowSums, in the order given."""
+        out = WindowSums(targets=len(rows))
+        for family, (bounds, counts, total, count, has_count) in self.histograms.items():
+            out.histograms[family] = _Histogram(bounds, _sequential_rows(counts, rows) if bounds else [],
+                                                _sequential(total, rows), _sequential(count, rows), has_count)
+        for into, rates in ((out.rates, self.rates), (out.reason_rates, self.reason_rates),
+                            (out.gauge_mean_sum, self.gauge_mean_sum)):
+            for name, values in rates.items():
+                into[name] = _sequential(values, rows)
+        for family, highest in self.gauge_max.items():
+            out.gauge_max[family] = max(highest[list(rows)].tolist())
+        for family, means in self.gauge_target_mean.items():
+            out.gauge_target_means[family] = means[list(rows)].tolist()
+        return out
+
+    def derive_rows(self, gpus: Sequence[int], *, slos_seconds: Mapping[str, float],
+                    window_seconds: float) -> list[Derived]:
+        """derive_sums of each row's own WindowSums (one instance per row)."""
+        rows = self.rows
+        latency: dict[str, tuple[list[list[float]], list[float], list[float]]] = {}
+        prepared: dict[str, np.ndarray | None] = {}
+        for short, metric in LATENCY_FAMILIES.items():
+            found = self.histograms.get(metric.name)
+            if found is None or not found[0]:
+                continue
+            bounds, counts, total, count, has_count = found
+            monotonic = (np.maximum.accumulate(counts, axis=1)
+                         if len(bounds) >= 2 and bounds[-1] == math.inf else None)
+            prepared[metric.name] = monotonic
+            if monotonic is None:
+                quantiles = [[math.nan] * rows for _ in QUANTILES]
+            else:
+                quantiles = [_quantile_rows(q, bounds, monotonic).tolist() for q in QUANTILES]
+            observations = count if has_count else counts.max(axis=1)
+            mean = np.full(rows, math.nan)
+            np.divide(total, observations, out=mean, where=observations > 0)
+            latency[short] = ([list(row) for row in zip(*quantiles, strict=True)], mean.tolist(),
+                              observations.tolist())
+        # SLO -> (threshold, ratio per row, exact, per row: no observations (NaN and exact))
+        goodput: dict[str, tuple[float, list[float], bool, list[bool]]] = {}
+        for slo, threshold in slos_seconds.items():
+            slo_metric = catalog.SLO_HISTOGRAMS.get(slo)
+            found = self.histograms.get(slo_metric.name) if slo_metric is not None else None
+            if slo_metric is None or found is None or not found[0]:
+                continue
+            bounds, counts, _total_sum, count, has_count = found
+            if slo_metric.name in prepared:
+                monotonic = prepared[slo_metric.name]
+            elif len(bounds) >= 2 and bounds[-1] == math.inf:
+                monotonic = np.maximum.accumulate(counts, axis=1)
+            else:
+                monotonic = None
+            if monotonic is None:
+                goodput[slo] = (threshold, [math.nan] * rows, False, [False] * rows)
+                continue
+            denominator = count if has_count else monotonic[:, -1]
+            values, exact, empty = _fraction_rows(threshold, bounds, monotonic, denominator)
+            goodput[slo] = (threshold, np.where(empty, math.nan, values).tolist(), exact, empty.tolist())
+        joint_slos = tuple(s for s in PER_REQUEST_SLOS if s in slos_seconds)
+        joint = bool(joint_slos) and all(s in goodput for s in joint_slos)
+        generation = self.rates.get(catalog.GENERATION_TOKENS.name)
+        generation_list = generation.tolist() if generation is not None else None
+        requests = self.rates.get(catalog.REQUEST_SUCCESS.name)
+        requests_list = requests.tolist() if requests is not None else None
+        prompt = self.rates.get(catalog.PROMPT_TOKENS.name)
+        prompt_list = prompt.tolist() if prompt is not None else None
+        preemptions = self.rates.get(catalog.NUM_PREEMPTIONS.name)
+        preemptions_list = preemptions.tolist() if preemptions is not None else None
+        reasons = sorted(self.reason_rates)
+        reason_lists = [self.reason_rates[r].tolist() for r in reasons]
+        kv = catalog.KV_CACHE_USAGE.name
+        kv_max = self.gauge_max[kv].tolist() if kv in self.gauge_max else None
+        kv_mean = self.gauge_target_mean[kv].tolist() if kv in self.gauge_target_mean else None
+        running = self.gauge_mean_sum.get(catalog.NUM_REQUESTS_RUNNING.name)
+        running_list = running.tolist() if running is not None else None
+        waiting = self.gauge_mean_sum.get(catalog.NUM_REQUESTS_WAITING.name)
+        waiting_list = waiting.tolist() if waiting is not None else None
+        out: list[Derived] = []
+        for row in range(rows):
+            row_latency = {short: Latency(dict(zip(_LABELS, quantiles[row], strict=True)), means[row],
+                                          obs[row])
+                           for short, (quantiles, means, obs) in latency.items()}
+            row_goodput = {slo: SloAttainment(threshold, values[row], exact or empty[row])
+                           for slo, (threshold, values, exact, empty) in goodput.items()}
+            lower = upper = None
+            if joint:
+                lower, upper = joint_bounds(row_goodput[s].ratio for s in joint_slos)
+            tokens = generation_list[row] if generation_list is not None else None
+            good_lower = good_upper = None
+            if tokens is not None and lower is not None and upper is not None:
+                good_lower, good_upper = tokens * lower, tokens * upper
+            out.append(Derived(
+                window_seconds=window_seconds, targets=1, gpus=gpus[row], latency=row_latency,
+                prompt_tokens_per_second=prompt_list[row] if prompt_list is not None else None,
+                generation_tokens_per_second=tokens,
+                requests_per_second=requests_list[row] if requests_list is not None else None,
+                requests_per_second_by_reason={r: values[row] for r, values in zip(reasons, reason_lists,
+                                                                                   strict=True)},
+                kv_cache_usage_max=kv_max[row] if kv_max is not None else None,
+                kv_cache_usage_mean=kv_mean[row] if kv_mean is not None else None,
+                running=running_list[row] if running_list is not None else None,
+                waiting=waiting_list[row] if waiting_list is not None else None,
+                preemptions_per_second=preemptions_list[row] if preemptions_list is not None else None,
+                goodput=row_goodput, joint_slos=joint_slos, joint_goodput_lower=lower,
+                joint_goodput_upper=upper, goodput_tokens_per_second_lower=good_lower,
+                goodput_tokens_per_second_upper=good_upper, kv_transfer=None,
+            ))
+        return out
+
+
+_LABELS = tuple(label for _, label in _QUANTILE_LABELS)

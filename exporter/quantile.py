@@ -10,6 +10,7 @@ classic Prometheus histogram does. Order does not matter (they are sorted here).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,9 @@ def prepare_sorted(bounds: Sequence[float], counts: Sequence[float]) -> Prepared
     """`prepare` for buckets already sorted by distinct bounds (the exporter's own sums)."""
     if len(bounds) < 2 or bounds[-1] != INF:
         return None
+    total = sum(counts)
+    if total == total:  # no NaN: the running maximum, in C (equal values keep the earlier one)
+        return Prepared(tuple(bounds), tuple(itertools.accumulate(counts, max)))
     monotonic = list(counts)
     highest = -INF
     for i, count in enumerate(monotonic):

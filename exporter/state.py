@@ -13,10 +13,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from crossover.exporter.derive import Derived, WindowSums, derive_sums, merge, quantile_label, summarize
+from crossover.exporter.derive import (
+    Derived,
+    WindowBatch,
+    WindowSums,
+    derive_sums,
+    layout_of,
+    merge,
+    quantile_label,
+    summarize,
+)
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
 from crossover.exporter.targets import Target
-from crossover.exporter.window import History
+from crossover.exporter.window import History, SeriesWindow
 from crossover.spec import FleetSpec, format_duration
 
 
@@ -100,25 +109,79 @@ def slos_seconds(spec: FleetSpec) -> dict[str, float]:
     return {name: ms / 1000.0 for name, ms in spec.slos.thresholds_ms.items()}
 
 
+class _WindowDerivation:
+    """Every group's figures over one window. Targets whose windows share one layout (a
+    homogeneous fleet) are reduced and derived together, as a WindowBatch; a group whose targets
+    with a window all sit in one batch is summed from the batch's rows. Other targets take the
+    per-target path (summarize, merge). Both give the same numbers."""
+
+    def __init__(self, health: Sequence[TargetHealth], now: float, seconds: float,
+                 slos: Mapping[str, float]) -> None:
+        self.seconds = seconds
+        self.slos = slos
+        self.windows: dict[tuple[str, str], SeriesWindow | None] = {
+            record.target.key: record.history.window(now, seconds) for record in health}
+        self._sums: dict[tuple[str, str], WindowSums] = {}
+        self.rows: dict[tuple[str, str], tuple[WindowBatch, int]] = {}
+        self.instances: dict[tuple[str, str], Derived] = {}
+        layouts: dict[int, list[TargetHealth]] = {}
+        for record in health:
+            window = self.windows[record.target.key]
+            if window is not None and window.complete:
+                layouts.setdefault(id(window.keys), []).append(record)
+        for records in layouts.values():
+            if len(records) < 2:
+                continue
+            windows = [self.windows[r.target.key] for r in records]
+            complete = [w for w in windows if w is not None]
+            layout = layout_of(complete[0].keys)
+            if not WindowBatch.usable(complete, layout):
+                continue
+            batch = WindowBatch(complete, layout)
+            derived = batch.derive_rows([r.target.gpus for r in records], slos_seconds=slos,
+                                        window_seconds=seconds)
+            for row, (record, figures) in enumerate(zip(records, derived, strict=True)):
+                self.rows[record.target.key] = (batch, row)
+                self.instances[record.target.key] = figures
+
+    def _target_sums(self, key: tuple[str, str]) -> WindowSums:
+        sums = self._sums.get(key)
+        if sums is None:
+            window = self.windows[key]
+            sums = self._sums[key] = summarize(window) if window is not None else WindowSums()
+        return sums
+
+    def instance(self, target: Target) -> Derived:
+        found = self.instances.get(target.key)
+        if found is not None:
+            return found
+        return derive_sums(self._target_sums(target.key), gpus=target.gpus, slos_seconds=self.slos,
+                           window_seconds=self.seconds)
+
+    def group(self, members: Sequence[Target], gpus: int) -> Derived:
+        present = [t for t in members if self.windows[t.key] is not None]
+        placed = [self.rows.get(t.key) for t in present]
+        batch = placed[0][0] if placed and placed[0] is not None else None
+        if batch is not None and all(p is not None and p[0] is batch for p in placed):
+            sums = batch.sums([p[1] for p in placed if p is not None])
+        else:
+            sums = merge(self._target_sums(t.key) for t in members)
+        return derive_sums(sums, gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
+
+
 def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, *,
                    cycle_seconds: float = 0.0, spec_reloads: Mapping[str, int] | None = None) -> Snapshot:
     """Derive every group over every window from the targets' histories, as of `now`."""
     windows = window_names(spec)
     slos = slos_seconds(spec)
-    # Each target's window is summarised once, then merged into each group holding it.
-    sums: dict[str, dict[tuple[str, str], WindowSums]] = {}
-    for name, seconds in windows.items():
-        per_target: dict[tuple[str, str], WindowSums] = {}
-        for record in health:
-            window = record.history.window(now, seconds)
-            per_target[record.target.key] = summarize(window) if window is not None else WindowSums()
-        sums[name] = per_target
+    derivations = {name: _WindowDerivation(health, now, seconds, slos) for name, seconds in windows.items()}
 
     def group(members: Sequence[Target], topology: str, role: str | None, instance: str | None) -> GroupView:
         gpus = sum(t.gpus for t in members)
-        derived = {name: derive_sums(merge(sums[name][t.key] for t in members), gpus=gpus,
-                                     slos_seconds=slos, window_seconds=seconds)
-                   for name, seconds in windows.items()}
+        if instance is not None:
+            derived = {name: d.instance(members[0]) for name, d in derivations.items()}
+        else:
+            derived = {name: d.group(members, gpus) for name, d in derivations.items()}
         return GroupView(topology, role, instance, gpus, derived)
 
     targets = [record.target for record in health]

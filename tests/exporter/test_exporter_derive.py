@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -10,10 +12,13 @@ from hypothesis import strategies as st
 
 from crossover import catalog
 from crossover.exporter.derive import derive
-from crossover.exporter.parse import Parser, SeriesKey
+from crossover.exporter.parse import ParsedSeries, Parser, SeriesKey
 from crossover.exporter.quantile import histogram_quantile
-from crossover.exporter.window import History, SeriesWindow, counter_increase, window_of
-from tests.helpers import FIXTURES
+from crossover.exporter.state import TargetHealth, build_snapshot, slos_seconds, window_names
+from crossover.exporter.targets import spec_targets
+from crossover.exporter.window import History, SeriesWindow, counter_increase, is_cumulative, window_of
+from crossover.spec import FleetSpec, load_spec
+from tests.helpers import FIXTURES, SPECS
 
 ENGINE = (("engine", "0"), ("model_name", "m"))
 INF = math.inf
@@ -262,3 +267,70 @@ def test_window_increase_equals_prometheus_reset_semantics(values, span):
         assert window is None
     else:
         assert window is not None and window.increase[key] == counter_increase([float(v) for v in chosen])
+
+
+# --- many targets at once (WindowBatch) against the per-target path ---------------------------------------
+def _plain(value: object) -> object:
+    """Derived as nested plain data, NaN comparable."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return value
+
+
+def _fleet_histories(seed: int) -> tuple[FleetSpec, list[TargetHealth], float]:
+    """Two topologies of real vLLM payloads with per-target and per-series scaling (buckets out of
+    order, ranks in the +Inf bucket), a reset, a target with a short history and one with its own
+    layout (a missing finished_reason); twelve targets a topology so that the order of sums shows."""
+    rng = random.Random(seed)
+    spec = load_spec(SPECS / "seed-70b-h100.yaml").model_dump(mode="json")
+    spec["topologies"] = [
+        {"name": f"t{t}", "gpus": 12, "tensor_parallel_size": 1,
+         "instances": [{"name": f"i{t}-{i}", "url": f"http://127.0.0.1:1/{t}-{i}"} for i in range(12)]}
+        for t in range(2)]
+    spec["scrape"].update({"interval": "5s", "timeout": "5s", "windows": ["30s", "1m"]})
+    fleet = FleetSpec.model_validate(spec)
+    parser = Parser()
+    payloads = [parser.parse((FIXTURES / f"vllm-0.32.0-{n}.prom").read_text())
+                for n in ("idle", "under-load", "after-requests")]
+    health = [TargetHealth(t, History(70.0)) for t in spec_targets(fleet)]
+    for index, record in enumerate(health):
+        scale = rng.uniform(0.5, 3.0) * 10.0 ** rng.randint(-3, 3)
+        factors = [rng.choice([1.0, 1.0, rng.uniform(0.3, 3.0)]) for _ in payloads[0].keys]
+        for step in range(12 if index != 3 else 1):
+            base = payloads[min(step // 4, 2)]
+            grow = (step + 1) * scale
+            reset = index == 5 and step == 7
+            values = [v * grow * f * (0.1 if reset else 1.0) if is_cumulative(k[0]) else v * rng.uniform(0, 2)
+                      for k, v, f in zip(base.keys, base.values, factors, strict=True)]
+            keys = base.keys
+            if index == 6:  # its own layout: one finished_reason series fewer
+                keep = [i for i, k in enumerate(keys) if dict(k[1]).get("finished_reason") != "abort"]
+                keys, values = tuple(keys[i] for i in keep), [values[i] for i in keep]
+            record.history.add(step * 5.0, ParsedSeries(keys, values))
+    return fleet, health, 55.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_derivation_gives_the_per_target_numbers_exactly(seed):
+    spec, health, now = _fleet_histories(seed)
+    snapshot = build_snapshot(spec, health, now)
+    slos = slos_seconds(spec)
+    windows = {name: {r.target.key: r.history.window(now, seconds) for r in health}
+               for name, seconds in window_names(spec).items()}
+    seconds = window_names(spec)
+    batched = 0
+    for view in (*snapshot.topologies, *snapshot.instances):
+        members = [r.target for r in health if r.target.topology == view.topology
+                   and (view.instance is None or r.target.instance == view.instance)]
+        for name, derived in view.windows.items():
+            expected = derive([windows[name][t.key] for t in members], gpus=view.gpus, slos_seconds=slos,
+                              window_seconds=seconds[name])
+            assert _plain(derived) == _plain(expected), (view.topology, view.instance, name)
+            batched += 1
+    assert batched == 2 * (2 + 24)
