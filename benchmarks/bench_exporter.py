@@ -24,10 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-import aiohttp
-
 from crossover.exporter.parse import ParsedSeries, Parser
-from crossover.exporter.service import Exporter, event_loop_factory, tune_gc
+from crossover.exporter.service import Exporter, client_session, event_loop_factory, tune_gc
 from crossover.exporter.state import build_snapshot
 from crossover.exporter.window import is_cumulative
 from crossover.netutil import free_port
@@ -126,8 +124,7 @@ async def _cycles(spec: FleetSpec, cycles: int,
     exporter = Exporter(spec)
     cpu: list[float] = []
     wall: list[float] = []
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with client_session() as session:  # the exporter's own client settings
         now = time.time()
         if fill is not None:
             fill_histories(exporter, fill, now)

@@ -59,6 +59,14 @@ def event_loop_factory(kind: str = "auto") -> Callable[[], asyncio.AbstractEvent
     return asyncio.new_event_loop
 
 
+def client_session() -> aiohttp.ClientSession:
+    """The scrape client: no connection limit, DNS answers cached, gzip bodies decompressed, and
+    aiohttp's own timeouts off: each scrape runs under its own `scrape.timeout` (asyncio.timeout),
+    so a second timer per request would only cost CPU."""
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    return aiohttp.ClientSession(connector=connector, auto_decompress=True, timeout=aiohttp.ClientTimeout())
+
+
 class Exporter:
     def __init__(self, spec: FleetSpec, *, spec_path: str | Path | None = None,
                  file_sd_paths: list[str] | None = None) -> None:
@@ -163,8 +171,7 @@ class Exporter:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Cycle every scrape interval until `stop` is set; a slow cycle starts the next at once."""
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
+        async with client_session() as session:
             while not stop.is_set():
                 started = time.monotonic()
                 try:
