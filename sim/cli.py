@@ -8,11 +8,11 @@ import gc
 import signal
 import sys
 
+from crossover.errors import UserError
+from crossover.sim import gcpause
 from crossover.sim.eventloop import LOOPS, loop_factory
 from crossover.sim.fleet import SimFleet, with_overrides
 from crossover.spec import load_spec
-
-GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections (CPython default 700)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "URLs name services); default: each URL's own host, which must be loopback")
     parser.add_argument("--loop", choices=LOOPS, default="auto",
                         help="event loop: uvloop (auto: when installed, the faster one) or asyncio's own")
+    parser.add_argument("--gc", default=str(gcpause.DEFAULT_YOUNG), metavar="POLICY",
+                        help="garbage collector: N (automatic, a young collection every N allocations; "
+                        f"default {gcpause.DEFAULT_YOUNG}) or idle[:MS[:S]] (the engine collects the young "
+                        "generation every MS ms between write bursts, everything every S s)")
 
 
-async def serve(fleet: SimFleet) -> None:
+async def serve(fleet: SimFleet, gc_policy: str = str(gcpause.DEFAULT_YOUNG)) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -40,7 +44,9 @@ async def serve(fleet: SimFleet) -> None:
     # lists die by reference counting), so collector pauses stay off the emission path. Measured in
     # docs/performance.md (simulator section).
     gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, 50, 100)
+    gcpause.apply(gc_policy)
+    gcpause.install()
+    gcpause.watchdog(loop)
     try:
         for line in fleet.lines():
             print(line, flush=True)
@@ -50,18 +56,21 @@ async def serve(fleet: SimFleet) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        gcpause.parse(args.gc)
+    except ValueError:
+        raise UserError(f"--gc must be an integer or idle[:MS[:S]], not {args.gc!r}") from None
     spec = with_overrides(load_spec(args.spec), seed=args.seed, vllm_version=args.vllm_version,
                           time_scale=args.time_scale)
     fleet = SimFleet(spec, bind_host=args.bind)
     with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
-        runner.run(serve(fleet))
+        runner.run(serve(fleet, args.gc))
     print("crossover sim: stopped", file=sys.stderr)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m crossover.sim.cli SPEC`: the same as `crossover sim`, without the other subcommands."""
-    from crossover.errors import UserError
 
     parser = argparse.ArgumentParser(prog="crossover sim", description="serve a simulated vLLM fleet")
     add_arguments(parser)

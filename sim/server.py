@@ -23,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
+from crossover.sim import gcpause
 from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
 from crossover.sim.model import PerfModel
@@ -503,8 +504,10 @@ class SimInstance:
 
     async def get_stats(self, request: web.Request) -> web.Response:
         """Emission-gap percentiles and queue sizes; `?reset=1` starts a new measurement window."""
+        reset = request.query.get("reset") in ("1", "true")
         stats = {"instance": self.name, "emission_gaps": self.emission_stats(),
-                 "running": self.engine.scheduler.num_running, "waiting": self.engine.scheduler.num_waiting}
-        if request.query.get("reset") in ("1", "true"):
+                 "running": self.engine.scheduler.num_running, "waiting": self.engine.scheduler.num_waiting,
+                 "gc": gcpause.stats(reset)}  # process-wide: every instance of the process shares it
+        if reset:
             self.engine.emission_count = 0
         return web.json_response(stats)
