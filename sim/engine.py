@@ -11,6 +11,7 @@ a little late.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from array import array
 from typing import Protocol
@@ -22,8 +23,9 @@ from crossover.sim.scheduler import Scheduler, SimRequest, StepOutcome, StepPlan
 
 # Steps are chained on scheduled ends, so a late wake-up (a burst of arrivals, a collector pause) is
 # caught up and the instance keeps its own cadence and phase. Only after a stall longer than this (s)
-# does the chain restart from now: restarting every instance "now" after a shared stall would
-# phase-lock them all, piling every instance's writes onto the same instant from then on.
+# does the chain skip ahead, by whole steps of the last step's length: restarting every instance "now"
+# after a shared stall would phase-lock them all, piling every instance's writes onto the same instant
+# from then on (seen after a 0.6 s stall of the machine: p50 from 1 ms to 12 ms for the rest of a run).
 _MAX_CATCH_UP_S = 0.25
 GAP_RING = 65536  # a power of two: the hot path masks instead of dividing
 # epoll waits in whole milliseconds, rounded up, so a timer fires 0-1 ms late; aiming half a
@@ -102,6 +104,7 @@ class LiveEngine:
         self._plan: StepPlan | None = None  # the step in flight (its chunks formatted) and its end
         self._end = 0.0
         self._next_start = 0.0
+        self._period = 0.0  # the last step's length (s)
         self._idle = False
         self._stopped = True
         self.write_cost = _WRITE_COST_S  # running mean of one token's write (seconds), see _due
@@ -168,7 +171,10 @@ class LiveEngine:
             return
         now = time.monotonic()
         next_start = self._next_start
-        start = next_start if now - next_start < _MAX_CATCH_UP_S else now
+        start = next_start
+        if now - next_start >= _MAX_CATCH_UP_S:
+            period = self._period
+            start = next_start + math.ceil((now - next_start) / period) * period if period > 0 else now
         plan = self.scheduler.plan(start)
         if plan is None:
             self._idle = True
@@ -177,6 +183,7 @@ class LiveEngine:
                 self._handle = loop.call_at(max(ready, now), self._wake_up)
             return
         end = start + plan.seconds * self.slowdown / self.time_scale
+        self._period = end - start
         emitting = self._prepare(plan)
         self._plan = plan
         self._end = end

@@ -67,3 +67,39 @@ def test_write_book_quiet() -> None:
     assert book.quiet(1.000) == pytest.approx(0.009)
     assert book.quiet(1.0095) == 0.0  # under way
     assert book.quiet(1.020) == pytest.approx(1.0)  # none booked
+
+
+def test_engine_keeps_its_phase_after_a_long_stall() -> None:
+    """After a stall past the catch-up limit the step chain skips whole steps, staying on its grid
+    (restarting at "now" would phase-lock every instance of the loop after a shared stall)."""
+    import asyncio
+    import sys
+    import time
+    from pathlib import Path
+
+    from crossover.sim.scheduler import SimRequest
+    from crossover.sim.server import SimInstance
+    from crossover.spec import FleetSpec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_sim
+
+    spec = FleetSpec.model_validate(bench_sim.bench_spec(1, 20))
+    topology = spec.topologies[0]
+    engine = SimInstance(spec, topology, topology.instances[0]).engine
+
+    async def run() -> tuple[float, float, float]:
+        engine.start()
+        engine.submit(SimRequest("r", 4, 1000, time.monotonic(), "length"))
+        await asyncio.sleep(0.1)
+        grid, period = engine._end, engine._period
+        time.sleep(0.4)  # the loop stalls for 20 steps
+        await asyncio.sleep(0.05)
+        end = engine._end
+        await engine.stop()
+        return grid, period, end
+
+    grid, period, end = asyncio.run(run())
+    assert period == pytest.approx(0.02, rel=0.01)
+    steps = (end - grid) / period
+    assert steps > 20 and steps == pytest.approx(round(steps), abs=1e-6)
