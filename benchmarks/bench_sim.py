@@ -1,12 +1,17 @@
 """Simulator throughput benchmark: concurrent streams, streamed tokens/s per server core, and the gap
 between each token's scheduled emission (its step's modelled end) and the moment it was written.
 
-    python benchmarks/bench_sim.py [--streams 2000] [--instances 8] [--step-ms 40] [--duration 20]
-                                   [--loops uvloop,asyncio] [--client-loop auto]
+    python benchmarks/bench_sim.py [--streams 2000] [--instances 8,16] [--step-ms 40] [--duration 20]
+                                   [--loops uvloop,asyncio] [--gc 20000,idle] [--client-loop auto]
+                                   [--report-every 10]
 
 One `crossover sim` server process (N colocated instances of a synthetic spec whose steps take a fixed
 time) and one client process (this one: asyncio protocols, closed loop, keep-alive, counting SSE
-chunks). `--loops` runs each stream count once per server event loop, side by side.
+chunks). `--loops`, `--gc` (the server's collector policy) and `--instances` (the same streams spread
+over that many instances: the burst of writes per step shrinks) each add columns, side by side.
+`--report-every S` prints each S seconds of the window as it ends (gap percentiles, collector pauses,
+server RSS), for long runs: the gap ring holds the last 65,536 tokens of an instance, so S must stay
+under ~10 s at 250 streams per instance; the column's percentiles are then the worst interval's.
 Server CPU comes from /proc, so tokens per server CPU-second is measured, not assumed.
 Targets (issue 3): >= 2,000 concurrent streams, >= 50,000 streamed tokens/s per core, p99 gap <= 2 ms.
 """
@@ -60,6 +65,13 @@ def bench_spec(instances: int, step_ms: float) -> dict[str, object]:
     }
 
 
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -96,8 +108,31 @@ class Stream(asyncio.Protocol):
         self.counts[2] += 1
 
 
+async def read_stats(urls: list[str], reset: bool) -> list[dict[str, object]]:
+    loop = asyncio.get_running_loop()
+    query = "?reset=1" if reset else ""
+    return [json.loads(await loop.run_in_executor(None, fetch, url + "/admin/stats" + query)) for url in urls]
+
+
+def gap_figures(stats: list[dict[str, object]]) -> dict[str, float]:
+    """The worst instance's gap percentiles, and the collector's pauses (process-wide, from the first
+    instance's reply: a reset by the first read empties it for the others)."""
+    gaps = [cast(dict[str, float], s["emission_gaps"]) for s in stats]
+    gc_stats = cast(dict[str, list[float]], stats[0]["gc"]) if "gc" in stats[0] else {}
+    out = {"gap_p50_ms": 1000 * max(g.get("p50_s", 0.0) for g in gaps),
+           "gap_p99_ms": 1000 * max(g.get("p99_s", 0.0) for g in gaps),
+           "gap_max_ms": 1000 * max(g.get("max_s", 0.0) for g in gaps)}
+    if gc_stats:
+        for generation in range(3):
+            out[f"gc{generation}_n"] = gc_stats["collections"][generation]
+            out[f"gc{generation}_max_ms"] = 1000 * gc_stats["max_s"][generation]
+            out[f"gc{generation}_ms"] = 1000 * gc_stats["seconds"][generation]
+    return out
+
+
 async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float, duration: float,
-                server_pid: int, step_s: float = 0.04) -> dict[str, float]:
+                server_pid: int, step_s: float = 0.04, report_every: float = 0.0,
+                label: str = "") -> dict[str, float]:
     loop = asyncio.get_running_loop()
     counts = [0, 0, 0]
     rng = random.Random(0)
@@ -137,13 +172,38 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
         await loop.run_in_executor(None, fetch, url + "/admin/stats?reset=1")
     tokens0, requests0, cpu0, wall0 = counts[0], counts[1], cpu_seconds(server_pid), time.monotonic()
     client_cpu0 = time.process_time()
-    await asyncio.sleep(duration)
+    intervals: list[dict[str, float]] = []
+    if report_every > 0:
+        rss0 = rss_mib(server_pid)
+        print(f"{label}: interval end (s), gap p50 / p99 / max (ms, worst instance), collections gen0 gen1 "
+              f"gen2 (longest, ms), server RSS (MiB; {rss0:.0f} at the start), load average", flush=True)
+        while time.monotonic() - wall0 < duration - 1e-3:
+            await asyncio.sleep(max(0.0, min(report_every * (len(intervals) + 1), duration)
+                                    - (time.monotonic() - wall0)))
+            figures = gap_figures(await read_stats(urls, reset=True))
+            figures["rss_mib"] = rss_mib(server_pid)
+            intervals.append(figures)
+            print(f"{label}: {time.monotonic() - wall0:6.0f} {figures['gap_p50_ms']:6.2f} "
+                  f"{figures['gap_p99_ms']:6.2f} {figures['gap_max_ms']:7.1f}   "
+                  + "  ".join(f"{figures.get(f'gc{g}_n', 0):.0f} ({figures.get(f'gc{g}_max_ms', 0):.1f})"
+                              for g in range(3))
+                  + f"   {figures['rss_mib']:.0f}   {os.getloadavg()[0]:.2f}", flush=True)
+    else:
+        await asyncio.sleep(duration)
     tokens1, requests1, cpu1, wall1 = counts[0], counts[1], cpu_seconds(server_pid), time.monotonic()
     client_cpu = time.process_time() - client_cpu0
     # The window's gaps, read while the streams still run: closing 2,000 connections at once stalls
     # the server's loop, and the tokens it emits meanwhile must not count.
-    gaps = [json.loads(await loop.run_in_executor(None, fetch, url + "/admin/stats"))["emission_gaps"]
-            for url in urls]
+    if intervals:
+        window = {key: max(i[key] for i in intervals) for key in intervals[0]}
+        for generation in range(3):
+            for key in (f"gc{generation}_n", f"gc{generation}_ms"):
+                if key in window:
+                    window[key] = sum(i[key] for i in intervals)
+        window["rss_growth_mib"] = intervals[-1]["rss_mib"] - rss0
+        window["gap_p99_median_ms"] = sorted(i["gap_p99_ms"] for i in intervals)[len(intervals) // 2]
+    else:
+        window = gap_figures(await read_stats(urls, reset=False))
     for group in groups:
         for stream in group:
             if stream.transport is not None:
@@ -153,10 +213,7 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
             "requests_per_s": (requests1 - requests0) / elapsed,
             "server_cores": (sum(cpu1) - sum(cpu0)) / elapsed, "client_cores": client_cpu / elapsed,
             "server_kernel_share": (cpu1[1] - cpu0[1]) / max(sum(cpu1) - sum(cpu0), 1e-9),
-            "tokens": tokens1 - tokens0, "dropped_connections": counts[2],
-            "gap_p50_ms": 1000 * max(g.get("p50_s", 0.0) for g in gaps),
-            "gap_p99_ms": 1000 * max(g.get("p99_s", 0.0) for g in gaps),
-            "gap_max_ms": 1000 * max(g.get("max_s", 0.0) for g in gaps)}
+            "tokens": tokens1 - tokens0, "dropped_connections": counts[2], **window}
 
 
 def fetch(url: str) -> bytes:
@@ -199,9 +256,10 @@ def place_server(cpu: int | None) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
-def run_level(args: argparse.Namespace, streams: int, loop: str) -> dict[str, float]:
+def run_level(args: argparse.Namespace, streams: int, loop: str, gc_policy: str,
+              instances: int) -> dict[str, float]:
     """One fresh server on event loop `loop`, `streams` closed-loop streams: the figures of one column."""
-    spec = bench_spec(args.instances, args.step_ms)
+    spec = bench_spec(instances, args.step_ms)
     urls = [i["url"] for i in spec["topologies"][0]["instances"]]  # type: ignore[index]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
         yaml.safe_dump(spec, handle)
@@ -212,7 +270,7 @@ def run_level(args: argparse.Namespace, streams: int, loop: str) -> dict[str, fl
         cwd = os.path.abspath(args.base)
         env = {**os.environ, "PYTHONPATH": cwd}
     else:
-        command += ["--loop", loop]
+        command += ["--loop", loop, "--gc", gc_policy]
     server = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True,
                               preexec_fn=partial(place_server, server_cpu))
@@ -220,7 +278,8 @@ def run_level(args: argparse.Namespace, streams: int, loop: str) -> dict[str, fl
         wait_healthy(urls, server)
         with asyncio.Runner(loop_factory=loop_factory(args.client_loop)) as runner:
             result = runner.run(drive(urls, streams, args.output_tokens, args.warmup, args.duration,
-                                      server.pid, args.step_ms / 1000))
+                                      server.pid, args.step_ms / 1000, args.report_every,
+                                      f"{streams}/{instances} {loop} gc {gc_policy}"))
         result["loadavg"] = os.getloadavg()[0]
     finally:
         server.terminate()
@@ -235,7 +294,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streams", default=f"500,1000,{TARGET_STREAMS}",
                         help="comma-separated stream counts, one fresh server each (columns)")
-    parser.add_argument("--instances", type=int, default=8)
+    parser.add_argument("--instances", default="8",
+                        help="comma-separated instance counts of the server (the streams spread over them)")
     parser.add_argument("--step-ms", type=float, default=40.0)
     parser.add_argument("--output-tokens", type=int, default=200)
     parser.add_argument("--warmup", type=float, default=5.0)
@@ -248,23 +308,29 @@ def main() -> int:
     parser.add_argument("--loops", default="auto",
                         help=f"comma-separated server event loops ({', '.join(LOOPS)}), "
                         "a column each per stream count")
+    parser.add_argument("--gc", default="20000",
+                        help="comma-separated server collector policies (crossover sim --gc), a column each")
+    parser.add_argument("--report-every", type=float, default=0.0, metavar="S",
+                        help="print the window's figures every S seconds as it runs (long runs)")
     parser.add_argument("--client-loop", choices=LOOPS, default="auto", help="the client's event loop")
     parser.add_argument("--base", default=None, metavar="DIR",
                         help="also run, as loop `base`, the simulator of an older checkout: DIR holds its "
                         "`crossover` package tree (crossover/ with sim/ inside), first on the server's path")
     args = parser.parse_args()
-    columns = [(int(n), loop) for n in args.streams.split(",") for loop in args.loops.split(",")]
+    columns = [(int(n), loop, policy, int(k)) for n in args.streams.split(",")
+               for k in args.instances.split(",") for loop in args.loops.split(",")
+               for policy in args.gc.split(",")]
     if args.base is not None:
-        columns += [(n, "base") for n in sorted({n for n, _ in columns}, key=[n for n, _ in columns].index)]
+        columns += [(n, "base", "-", k) for n, k in dict.fromkeys((n, k) for n, _, _, k in columns)]
         columns.sort(key=lambda column: column[0])
-    for _, loop in columns:
+    for _, loop, _, _ in columns:
         if loop != "base":
             loop_factory(loop)  # an unknown name or a missing uvloop fails here, before any server starts
     if args.client_cpu is not None:
         os.sched_setaffinity(0, {args.client_cpu})
     if args.nice is not None:
         raise_priority(args.nice)
-    results = [run_level(args, streams, loop) for streams, loop in columns]
+    results = [run_level(args, *column) for column in columns]
     pinned = "" if args.server_cpu is None else f" pinned to CPU {args.server_cpu}"
     if args.nice is not None:
         pinned += f", nice {args.nice:+d} (the client too)"
@@ -286,19 +352,32 @@ def main() -> int:
         ("emission gap p50 (ms)", "gap_p50_ms", "{:.2f}"),
         ("emission gap p99 (ms, worst instance)", "gap_p99_ms", "{:.2f}"),
         ("  ratio to the 2 ms target", "gap_ratio", "{:.2f}x"),
+        ("  median interval's p99 (--report-every)", "gap_p99_median_ms", "{:.2f}"),
         ("emission gap max (ms)", "gap_max_ms", "{:.1f}"),
+        ("collections gen0 / gen1 / gen2", "gc_n", "{}"),
+        ("  longest pause gen0 / gen1 / gen2 (ms)", "gc_max", "{}"),
+        ("  collector time, share of the window", "gc_share", "{:.1%}"),
+        ("server RSS growth over the window (MiB)", "rss_growth_mib", "{:+.0f}"),
         ("dropped connections", "dropped_connections", "{:.0f}"),
         ("load average (1 min, column's end)", "loadavg", "{:.2f}"),
     ]
-    for (level, _), result in zip(columns, results, strict=True):
+    for (level, _, _, _), result in zip(columns, results, strict=True):
         result["streams"] = level
+        result["gc_n"] = " / ".join(f"{result.get(f'gc{g}_n', 0):.0f}" for g in range(3))  # type: ignore[assignment]
+        result["gc_max"] = " / ".join(f"{result.get(f'gc{g}_max_ms', 0):.1f}" for g in range(3))  # type: ignore[assignment]
+        result["gc_share"] = sum(result.get(f"gc{g}_ms", 0.0) for g in range(3)) / 1000 / args.duration
+        result.setdefault("rss_growth_mib", float("nan"))
+        result.setdefault("gap_p99_median_ms", float("nan"))
         result["per_core_ratio"] = result["per_core"] / TARGET_TOKENS_PER_CORE
         result["gap_ratio"] = result["gap_p99_ms"] / (TARGET_GAP_P99_S * 1000)
-    one_loop = len({loop for _, loop in columns}) == 1
-    heads = [f"{n} streams" if one_loop else f"{n} {loop}" for n, loop in columns]
-    print(f"{'figure':<40}" + "".join(f"{head:>16}" for head in heads))
-    for label, key, fmt in rows:
-        print(f"{label:<40}" + "".join(f"{fmt.format(r[key]):>16}" for r in results))
+    varied = [len({column[i] for column in columns}) > 1 for i in range(4)]
+    heads = [" ".join([f"{n}"] + [f"{k}i"] * varied[3] + [loop] * varied[1] + [f"gc {policy}"] * varied[2])
+             if any(varied[1:]) else f"{n} streams" for n, loop, policy, k in columns]
+    cells = [[fmt.format(r[key]) for r in results] for _, key, fmt in rows]
+    width = max(16, *(len(cell) + 2 for cell in [*heads, *(c for row in cells for c in row)]))
+    print(f"{'figure':<40}" + "".join(f"{head:>{width}}" for head in heads))
+    for (label, _, _), row in zip(rows, cells, strict=True):
+        print(f"{label:<40}" + "".join(f"{cell:>{width}}" for cell in row))
     return 0
 
 
