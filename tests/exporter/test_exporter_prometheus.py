@@ -173,11 +173,19 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
         final = {h.target.instance: h.history.scrapes[-1] for h in exporter.health.values()}
 
         def prometheus_has_final_state() -> bool:
-            for row in prometheus.query(f'{count_name}{{job="vllm"}}'):
-                scrape = final[row["metric"]["replica"]]
-                mine = sum(v for k, v in zip(scrape.keys, scrape.values, strict=True) if k[0] == count_name)
-                if float(row["value"][1]) != mine:
+            # Every compared family's count, not just TTFT's: a scrape taken after the last first
+            # token but before the last request finished has the final TTFT count and not the rest.
+            for metric in LATENCY_FAMILIES.values():
+                family_count = metric.name + "_count"
+                rows = prometheus.query(f'{family_count}{{job="vllm"}}')
+                if len(rows) != len(final):
                     return False
+                for row in rows:
+                    scrape = final[row["metric"]["replica"]]
+                    mine = sum(v for k, v in zip(scrape.keys, scrape.values, strict=True)
+                               if k[0] == family_count)
+                    if float(row["value"][1]) != mine:
+                        return False
             return True
 
         wait_until(prometheus_has_final_state)
