@@ -363,9 +363,13 @@ def main() -> int:
     ]
     for (level, _, _, _), result in zip(columns, results, strict=True):
         result["streams"] = level
-        result["gc_n"] = " / ".join(f"{result.get(f'gc{g}_n', 0):.0f}" for g in range(3))  # type: ignore[assignment]
-        result["gc_max"] = " / ".join(f"{result.get(f'gc{g}_max_ms', 0):.1f}" for g in range(3))  # type: ignore[assignment]
-        result["gc_share"] = sum(result.get(f"gc{g}_ms", 0.0) for g in range(3)) / 1000 / args.duration
+        recorded = "gc0_n" in result  # an older simulator (--base) does not report its collector
+        result["gc_n"] = " / ".join(f"{result[f'gc{g}_n']:.0f}" for g in range(3)) \
+            if recorded else "n/a"  # type: ignore[assignment]
+        result["gc_max"] = " / ".join(f"{result[f'gc{g}_max_ms']:.1f}" for g in range(3)) \
+            if recorded else "n/a"  # type: ignore[assignment]
+        result["gc_share"] = sum(result[f"gc{g}_ms"] for g in range(3)) / 1000 / args.duration \
+            if recorded else float("nan")
         result.setdefault("rss_growth_mib", float("nan"))
         result.setdefault("gap_p99_median_ms", float("nan"))
         result["per_core_ratio"] = result["per_core"] / TARGET_TOKENS_PER_CORE
