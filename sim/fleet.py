@@ -13,7 +13,7 @@ from crossover.errors import UserError
 from crossover.sim.eventloop import new_event_loop
 from crossover.sim.metrics import legacy_mode
 from crossover.sim.proxy import EntrypointProxy
-from crossover.sim.server import SimInstance
+from crossover.sim.server import SimInstance, record_view
 from crossover.spec import Fault, FleetSpec
 
 T = TypeVar("T")
@@ -148,8 +148,7 @@ class SimFleet:
     def requests(self, instance_name: str) -> list[dict[str, Any]]:
         """The emission timeline of the instance's finished requests (what /admin/requests returns)."""
         def snapshot() -> list[dict[str, Any]]:
-            return [{**r, "token_times": r["token_times"].tolist()}
-                    for r in self.instance(instance_name).records]
+            return [record_view(r) for r in self.instance(instance_name).records]
         result: list[dict[str, Any]] = self._call(snapshot)
         return result
 

@@ -103,3 +103,30 @@ def test_engine_keeps_its_phase_after_a_long_stall() -> None:
     assert period == pytest.approx(0.02, rel=0.01)
     steps = (end - grid) / period
     assert steps > 20 and steps == pytest.approx(round(steps), abs=1e-6)
+
+
+def test_finished_request_records_are_not_tracked_by_the_collector() -> None:
+    """The ring of finished requests (20,000 per instance) must not feed the young collection."""
+    import sys
+    from array import array
+    from pathlib import Path
+
+    from crossover.sim.scheduler import SimRequest
+    from crossover.sim.server import SimInstance, record_view
+    from crossover.spec import FleetSpec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_sim
+
+    spec = FleetSpec.model_validate(bench_sim.bench_spec(1, 20))
+    topology = spec.topologies[0]
+    instance = SimInstance(spec, topology, topology.instances[0])
+    record = {"id": "cmpl-1", "arrival": 1.0, "token_times": array("d", [2.0, 3.0]), "prompt_tokens": 4,
+              "output_tokens": 0}
+    sim = SimRequest("cmpl-1", 4, 2, 0.0, "length")
+    sim.generated = 2
+    instance._record(record, sim)
+    kept = instance.records[-1]
+    assert not gc.is_tracked(kept)
+    assert record_view(kept) == {"id": "cmpl-1", "arrival": 1.0, "token_times": [2.0, 3.0],
+                                 "prompt_tokens": 4, "output_tokens": 2}
