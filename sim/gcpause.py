@@ -16,10 +16,14 @@ Two policies (`crossover sim --gc`):
   milliseconds (default 100) when no instance's write burst is due for 1 ms plus 1.5x the mean young
   pause (`maybe_collect`), so the young generation only holds what was allocated since (the streams
   started meanwhile and the steps in flight: 1-3 ms measured at 2,000 streams on a loaded machine),
-  and its survivors move on. Everything (`gc.collect()`) is collected every S seconds (default 600):
-  that full scan (~170-190 ms at 2,000 streams) is the long pause left, and it finds the cyclic
-  garbage of every generation, so nothing waits longer than S to be freed. A watchdog timer on the
-  loop collects when the engine has not for 10x MS (an idle fleet still serving admin requests).
+  and its survivors move on; at 2,000 streams over 8 instances such gaps are rare and most came from
+  the backstop (collect regardless after 10x MS: 10-20 ms). Everything (`gc.collect()`) is collected
+  every S seconds (default 600): that full scan (170-190 ms at 2,000 streams, measured while the
+  request records were still tracked) is the long pause left, and it finds the cyclic garbage of
+  every generation, so nothing waits longer than S to be freed. A watchdog timer on the loop
+  collects when the engine has not for 10x MS (an idle fleet still serving admin requests).
+The default stays the automatic collector: the idle policy did not win in measured runs
+(docs/performance.md, simulator section).
 """
 
 from __future__ import annotations
