@@ -24,8 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+from crossover.eventloop import loop_factory
 from crossover.exporter.parse import ParsedSeries, Parser
-from crossover.exporter.service import Exporter, client_session, event_loop_factory, tune_gc
+from crossover.exporter.service import Exporter, client_session, tune_gc
 from crossover.exporter.state import build_snapshot
 from crossover.exporter.window import is_cumulative
 from crossover.netutil import free_port
@@ -151,7 +152,7 @@ def bench_cycle(targets: int, cycles: int, compress: bool, loop: str = "auto",
     try:
         if not ready.wait(30):
             raise SystemExit("benchmark server did not start")
-        with asyncio.Runner(loop_factory=event_loop_factory(loop)) as runner:
+        with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
             cpu, wall, up, derive_cpu = runner.run(_cycles(fleet_spec(port, targets), cycles,
                                                            payload if fill else None))
     finally:

@@ -36,7 +36,7 @@ from typing import cast
 
 import yaml
 
-from crossover.sim.eventloop import LOOPS, loop_factory
+from crossover.eventloop import LOOPS, loop_factory
 
 TARGET_STREAMS = 2000
 TARGET_TOKENS_PER_CORE = 50_000

@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crossover.exporter.service import Exporter, event_loop_factory, serve, tune_gc
+    from crossover.eventloop import loop_factory
+    from crossover.exporter.service import Exporter, serve, tune_gc
     from crossover.spec import load_spec
 
     if not 0 < args.port < 65536:
@@ -34,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         await serve(exporter, args.bind, args.port, asyncio.Event())
 
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(main())
     return 0

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -43,20 +43,6 @@ def tune_gc() -> None:
     cycle, measured in benchmarks/bench_exporter.py). Almost all of it is freed by reference
     counting, so collect far less often."""
     gc.set_threshold(100_000, 50, 100)
-
-
-def event_loop_factory(kind: str = "auto") -> Callable[[], asyncio.AbstractEventLoop]:
-    """New event loops for the exporter: uvloop when it is installed ("auto"; its transports cost
-    less CPU per scrape than asyncio's), or asyncio's own ("asyncio")."""
-    if kind != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            if kind == "uvloop":
-                raise
-        else:
-            return uvloop.new_event_loop
-    return asyncio.new_event_loop
 
 
 def client_session() -> aiohttp.ClientSession:

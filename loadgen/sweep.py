@@ -21,6 +21,7 @@ import aiohttp
 import pandas as pd
 
 from crossover.errors import UserError
+from crossover.eventloop import loop_factory
 from crossover.loadgen import results
 from crossover.loadgen.client import (
     Balancer,
@@ -251,16 +252,6 @@ def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies:
     each level finishes, and on_level is called on this thread after each one.
     """
     options = client or ClientOptions()
-    with asyncio.Runner(loop_factory=_loop_factory(options.uvloop)) as runner:
+    with asyncio.Runner(loop_factory=loop_factory("auto" if options.uvloop else "asyncio")) as runner:
         return runner.run(run_sweep_async(spec, plan, out_dir, topologies, on_level, stop,
                                           on_request=on_request, csv=csv, n_boot=n_boot, client=options))
-
-
-def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    if not use_uvloop:
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop

@@ -9,8 +9,8 @@ import signal
 import sys
 
 from crossover.errors import UserError
+from crossover.eventloop import LOOPS, loop_factory
 from crossover.sim import gcpause
-from crossover.sim.eventloop import LOOPS, loop_factory
 from crossover.sim.fleet import SimFleet, with_overrides
 from crossover.spec import load_spec
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from crossover.errors import UserError
-from crossover.sim.eventloop import new_event_loop
+from crossover.eventloop import new_event_loop
 from crossover.sim.metrics import legacy_mode
 from crossover.sim.proxy import EntrypointProxy
 from crossover.sim.server import SimInstance, record_view

@@ -1,5 +1,6 @@
-"""The simulator's event loop: uvloop where it is installed (its transport writes and timers cost a
-fraction of asyncio's, and the token path is one socket write per token), else asyncio's own."""
+"""The event loop of the hot processes (simulator, exporter, load generator): uvloop where it is
+installed (its transports and timers cost a fraction of asyncio's per write, read and timer), else
+asyncio's own."""
 
 from __future__ import annotations
 
