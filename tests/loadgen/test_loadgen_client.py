@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import statistics
 import time
 
 import aiohttp
@@ -285,9 +286,16 @@ def test_a_stamping_connection_parses_in_the_protocol_with_kernel_read_times(
     assert record.ok, record.error
     assert stamps and all(s is not None for s in stamps)
     truth = server.recorded[0]
-    for stamp, written in zip(record.chunk_times, truth.token_times, strict=True):
-        # the kernel took the time during the server's write, which stamps after it returns
-        assert -0.05 < record.send_time + stamp - written < 0.002
+    errors = [record.send_time + stamp - written
+              for stamp, written in zip(record.chunk_times, truth.token_times, strict=True)]
+    # The kernel took the time during the server's write, which stamps after it returns: a hair
+    # early, never late, unless the client fell a whole token behind (this test shares its
+    # process and GIL with the server, and CI loads the machine): then one read carries two
+    # events and both get its time, so an event is stamped no later than the next one's write.
+    assert all(error > -0.05 for error in errors), errors
+    assert statistics.median(errors) < 0.002, errors
+    for k, error in enumerate(errors[:-1]):
+        assert truth.token_times[k] + error < truth.token_times[k + 1] + 0.002, (k, errors)
 
 
 class _NullTransport(asyncio.Transport):
