@@ -28,6 +28,25 @@ _TIMESPEC = struct.Struct("@qq") if struct.calcsize("@l") == 8 else None
 _CMSG_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 
 
+_HOLDER: socket.socket | None = None
+
+
+def keep_kernel_stamping_on() -> None:
+    """Hold one socket with SO_TIMESTAMPNS for the life of the process. Linux stamps received
+    packets only while some socket asks for it, and it turns stamping on from a work queue a moment
+    after the first such socket appears (and off after the last one closes): without a holder, the
+    first reads of every fresh burst of connections come without a kernel time."""
+    global _HOLDER
+    if _HOLDER is None and SO_TIMESTAMPNS is not None:
+        holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            holder.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        except OSError:
+            holder.close()
+            return
+        _HOLDER = holder
+
+
 def kernel_stamps_available() -> bool:
     return SO_TIMESTAMPNS is not None and _TIMESPEC is not None and _CMSG_SPACE > 0 and \
         hasattr(socket.socket, "recvmsg")
@@ -62,6 +81,7 @@ class KernelStampedTransport(asyncio.Transport):
         sock.setblocking(False)
         assert SO_TIMESTAMPNS is not None
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        keep_kernel_stamping_on()
         protocol.connection_made(self)
         self.resume_reading()
 

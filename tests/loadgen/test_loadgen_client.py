@@ -266,7 +266,10 @@ def test_a_stamping_connection_parses_in_the_protocol_with_kernel_read_times(
     """The sweep's connections: the events are parsed and stamped in data_received, each with the
     kernel's receive time of its read (which precedes the coroutine's clock, never follows it)."""
     import crossover.loadgen.client as client
-    from crossover.loadgen.transport import KernelStampedTransport
+    from crossover.loadgen.transport import KernelStampedTransport, keep_kernel_stamping_on
+
+    keep_kernel_stamping_on()  # Linux turns stamping on a moment after the first socket asks
+    time.sleep(0.1)
 
     async def never(*args: object) -> None:
         raise AssertionError("the stream's coroutine read the body")

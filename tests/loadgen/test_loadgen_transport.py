@@ -85,6 +85,16 @@ def test_reads_carry_the_kernel_receive_time_and_the_peer_close_ends_once(run: R
         client, server = await _pair()
         protocol = Recorder()
         KernelStampedTransport(asyncio.get_running_loop(), client, protocol)
+        # Linux turns receive stamping on from a work queue a moment after the first socket asks
+        # (the transport keeps a holder socket from then on): wait for the first stamped read.
+        deadline = time.monotonic() + 5
+        while not protocol.reads or protocol.reads[-1][1] is None:
+            assert time.monotonic() < deadline, "the kernel never stamped a read"
+            server.send(b"warm-up\n")
+            await _until(lambda: bool(protocol.reads) and protocol.reads[-1][0].endswith(b"warm-up\n"))
+            if protocol.reads[-1][1] is None:
+                await asyncio.sleep(0.01)
+        protocol.reads.clear()
         written: list[tuple[float, float]] = []
         for n in range(3):
             before = time.time()
