@@ -465,6 +465,7 @@ class Parser:
                 continue
             if brace == -1:
                 labels: Labels = ()
+                label_text = ""
                 rest = line[len(name):]
             else:
                 close = line.find("}", brace)
@@ -483,19 +484,10 @@ class Parser:
                     cache[label_text] = cached
                 labels = cached
                 rest = line[close + 1:]
-            fields = rest.split()
-            if not fields or rest[0] not in " \t":
+            if not rest or rest[0] not in " \t" or rest.isspace():
                 append(strict_line(line))
                 continue
-            try:
-                value = float(fields[0])
-                if len(fields) > 1 and fields[1] != "#":
-                    float(fields[1])  # a timestamp; samples are stamped with the scrape time instead
-                    if len(fields) > 2 and fields[2] != "#":
-                        raise ValueError("trailing text")
-            except ValueError:
-                raise ParseError(f"bad sample line: {line[:120]!r}") from None
-            append((name, labels, value))
+            append((name, labels, _value(name, label_text, rest)))
 
     def _strict(self, line: str, out: list[tuple[str, Labels, float]] | _SeriesSink) -> None:
         if not line.strip(" \t\r"):
