@@ -144,12 +144,19 @@ def running_daemon(server: type[D], argv: list[str], port: int, log: Path,
         daemon.wait_until(lambda: _ready(daemon.url), start_timeout, "/-/ready")
         yield daemon
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_process(process)
+
+
+def stop_process(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; waits for the exit either way."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace_s)
 
 
 @contextmanager

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from crossover.netutil import free_port
+from crossover.rules.prom import stop_process
 from crossover.sim.fleet import running_fleet
 from crossover.spec import FleetSpec
 from tests.faults.faults_exporter import (
@@ -86,16 +87,6 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
                                 cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-
-
 @pytest.fixture(scope="module")
 def heavy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Heavy]:
     folder = tmp_path_factory.mktemp("heavy")
@@ -119,9 +110,9 @@ def heavy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Heavy]:
                 yield Heavy(spec, url, heavy_url, exporter.pid)
                 assert exporter.poll() is None, (folder / "exporter.log").read_text()[-3000:]
             finally:
-                _stop(exporter)
+                stop_process(exporter)
     finally:
-        _stop(server)
+        stop_process(server)
 
 
 def test_50mb_payloads_are_refused_and_the_fleet_keeps_its_data(heavy: Heavy) -> None:
