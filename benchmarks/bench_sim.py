@@ -2,7 +2,7 @@
 between each token's scheduled emission (its step's modelled end) and the moment it was written.
 
     python benchmarks/bench_sim.py [--streams 2000] [--instances 8,16] [--step-ms 40] [--duration 20]
-                                   [--loops uvloop,asyncio] [--gc 20000,idle] [--client-loop auto]
+                                   [--loops uvloop,asyncio] [--gc 20000,5000] [--client-loop auto]
                                    [--report-every 10]
 
 One `crossover sim` server process (N colocated instances of a synthetic spec whose steps take a fixed
@@ -309,7 +309,8 @@ def main() -> int:
                         help=f"comma-separated server event loops ({', '.join(LOOPS)}), "
                         "a column each per stream count")
     parser.add_argument("--gc", default="20000",
-                        help="comma-separated server collector policies (crossover sim --gc), a column each")
+                        help="comma-separated young-generation thresholds of the server "
+                             "(crossover sim --gc), a column each")
     parser.add_argument("--report-every", type=float, default=0.0, metavar="S",
                         help="print the window's figures every S seconds as it runs (long runs)")
     parser.add_argument("--client-loop", choices=LOOPS, default="auto", help="the client's event loop")

@@ -16,7 +16,6 @@ import time
 from array import array
 from typing import Protocol
 
-from crossover.sim import gcpause
 from crossover.sim.metrics import InstanceMetrics, QueueState
 from crossover.sim.model import PerfModel
 from crossover.sim.scheduler import Scheduler, SimRequest, StepOutcome, StepPlan
@@ -69,11 +68,6 @@ class WriteBook:
         bursts.append((best, best + length))
         self.bursts = bursts
         return best
-
-    def quiet(self, now: float) -> float:
-        """Seconds from `now` until the next booked burst starts (0 while one is under way)."""
-        nearest = min((a for a, b in self.bursts if b > now), default=now + 1.0)
-        return max(0.0, nearest - now)
 
 
 _BOOKS: dict[int, WriteBook] = {}  # by id(event loop)
@@ -194,8 +188,6 @@ class LiveEngine:
         fire = self._book.place(end, length, now) - _TIMER_LEAD_S
         if fire > now:
             self._handle = loop.call_at(fire, self._due)
-            if gcpause.idle_threshold():  # the idle collector policy: collect between bursts
-                gcpause.maybe_collect(self._book.quiet(now) - _TIMER_LEAD_S)
         else:
             self._due()
 
