@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -45,6 +46,19 @@ def streamlit_command(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def check_port_free(address: str, port: int) -> None:
+    """A UserError when the page could not listen there: Streamlit itself would only log
+    "Port N is not available" with a timestamp and exit 1."""
+    try:
+        family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind((address, port))
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UserError(f"--address {address} --port {port}: cannot listen there ({reason})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UserError(f"--port: must be between 1 and 65535, got {args.port}")
@@ -55,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UserError(f"--results {config.results_dir}: cannot create the folder "
                         f"({exc.strerror or exc})") from None
+    check_port_free(args.address, args.port)
     print(f"crossover app: http://{args.address}:{args.port}  (spec {config.spec_path}, "
           f"results in {config.results_dir})", file=sys.stderr, flush=True)
     os.environ["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -46,6 +47,23 @@ def test_bad_flags_are_one_line(tmp_path):
                                      "(File exists)")
     result = crossover(str(spec), "--port", "70000")
     assert result.returncode == 2 and "--port" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_port_in_use_or_a_bad_address_is_one_line(tmp_path):
+    _, spec = spec_file_on_free_ports(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = crossover(str(spec), "--port", str(port), "--results", str(tmp_path / "r"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"crossover app: --address 127.0.0.1 --port {port}: cannot listen "
+                                     "there (Address already in use)")
+    result = crossover(str(spec), "--address", "no-such-host.invalid", "--results", str(tmp_path / "r"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("crossover app: --address no-such-host.invalid --port 8501: "
+                                    "cannot listen")
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_the_app_serves_on_the_given_port(tmp_path):
