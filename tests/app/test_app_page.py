@@ -3,6 +3,7 @@ shown as st.error, against a real simulated fleet where traffic is needed."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,15 @@ def small_plan(app: AppTest, levels: str = "1,4", requests: int = 4, output: str
     app.text_input(key="output_len").set_value(output)
     app.text_input(key="input_len").set_value("64")
     app.number_input(key="bootstrap").set_value(30)  # the interval is not under test here: keep levels quick
+
+
+def chart_titles(app: AppTest) -> list[str]:
+    """The titles of the charts drawn, from their Vega-Lite specs."""
+    titles = []
+    for chart in app.get("vega_lite_chart"):
+        title = json.loads(chart.proto.spec).get("title")
+        titles.append(title.get("text", "") if isinstance(title, dict) else str(title))
+    return titles
 
 
 def run_until(app: AppTest, done, timeout: float = 60.0) -> None:
@@ -159,6 +169,15 @@ def test_a_sweep_runs_in_the_background_and_the_page_follows_it(monkeypatch, tmp
     labels = [b.proto.label for b in app.get("download_button")]
     assert {"requests.csv", "requests.parquet", "summary.json", "crossover.json"} <= set(labels)
     assert [r.name for r in list_runs(results)] == [p.name for p in results.iterdir()]
+    # the Per GPU toggle redraws the rates per GPU and leaves the latencies alone
+    titles = chart_titles(app)
+    assert len(titles) == 6 and not any("per GPU" in t for t in titles), titles
+    app.toggle(key="per_gpu").set_value(True).run()
+    assert not app.exception and not app.error
+    per_gpu = chart_titles(app)
+    rates = [t for t in titles if "/s" in t]
+    assert len(rates) == 3, titles
+    assert sorted(per_gpu) == sorted(t[:-1] + " per GPU)" if t in rates else t for t in titles), per_gpu
 
 
 def test_a_sweep_that_fails_says_why_on_the_page(monkeypatch, tmp_path):
