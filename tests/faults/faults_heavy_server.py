@@ -9,6 +9,7 @@
                       scrape (a request id leaking into labels); a real payload before that
     /healthy/metrics  a real vLLM 0.32.0 payload
     /admin/heal       POST: the 50 MB paths serve the healthy payload from now on
+    /admin/calm       POST: the burst ends; /burst/metrics serves the healthy payload again
 
 Loopback only. It exits when its parent (the test) dies, so no process is left behind.
 """
@@ -99,6 +100,10 @@ def make_app() -> web.Application:
         state["burst"] = True
         return web.Response(text="bursting\n")
 
+    async def calm(request: web.Request) -> web.Response:
+        state["burst"] = False
+        return web.Response(text="calm\n")
+
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -110,6 +115,7 @@ def make_app() -> web.Application:
     app.router.add_get("/healthy/metrics", lambda r: healthy_or(r, None))
     app.router.add_post("/admin/heal", heal)
     app.router.add_post("/admin/burst", start_burst)
+    app.router.add_post("/admin/calm", calm)
     app.router.add_get("/health", health)
     return app
 

@@ -1,7 +1,7 @@
 """Security: a bearer token reaches the targets that need it and nowhere else (not the exporter's
 log, /metrics, /api/v1/snapshot, the app's server view, the sweep's results or its requests); the
 exporter listens on loopback unless told otherwise; the sweep sends traffic only to the spec's
-targets (entrypoint when there is one, else the instances).
+targets (entrypoint when there is one, else the instances), and so does the app.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from aiohttp import web
+from streamlit.testing.v1 import AppTest
 
 from crossover.app.serverview import ServerPoller
 from crossover.cli import build_parser
@@ -208,3 +210,64 @@ def test_the_sweep_sends_traffic_only_to_the_spec_targets(tmp_path: Path) -> Non
             hits[path.split("/")[1]] = hits.get(path.split("/")[1], 0) + 1
     assert result.requests["ok"].all()
     assert hits == {"entry": 8, "replica-0": 4, "replica-1": 4}, hits
+
+
+def _page_text(app: AppTest) -> str:
+    """Everything the page shows as text, tables included (as CSV)."""
+    parts: list[str] = []
+    for kind in ("title", "caption", "markdown", "subheader", "header", "error", "warning", "success", "info",
+                 "text", "code", "json"):
+        parts.extend(str(element.value) for element in getattr(app, kind))
+    parts.extend(bar.proto.text for bar in app.get("progress"))
+    parts.extend(frame.value.to_csv() for frame in app.dataframe)
+    return "\n".join(parts)
+
+
+def test_the_app_sends_traffic_only_to_the_spec_targets_and_shows_no_token(
+        secured: Secured, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app's own path (form, pre-flight check, sweep in a child process, page): requests reach
+    only the spec's targets, and the scrape token is on neither the page nor in the results."""
+    monkeypatch.setenv(TOKEN_ENV, secured.token)
+    routes = {("POST", f"/{name}/v1/completions"): _completion
+              for name in ("entry", "behind-0", "behind-1", "replica-0", "replica-1")}
+    results = tmp_path / "results"
+    with serving(routes) as server:
+        spec = _spec([
+            {"name": "proxied", "gpus": 2, "tensor_parallel_size": 1,
+             "entrypoint": {"url": f"{server.url}/entry"},
+             "instances": [{"name": "behind-0", "url": f"{server.url}/behind-0"},
+                           {"name": "behind-1", "url": f"{server.url}/behind-1"}]},
+            {"name": "balanced", "gpus": 2, "tensor_parallel_size": 1,
+             "entrypoint": {"balance": "round_robin"},
+             "instances": [{"name": "replica-0", "url": f"{server.url}/replica-0"},
+                           {"name": "replica-1", "url": f"{server.url}/replica-1"}]},
+        ], {"bearer_token_env": TOKEN_ENV})
+        spec_path = tmp_path / "spec.yaml"
+        spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        monkeypatch.setattr(sys, "argv", ["page.py", str(spec_path), "--results", str(results),
+                                          "--exporter", secured.exporter_url])
+        app = AppTest.from_file(str(REPO / "app" / "page.py"), default_timeout=30)
+        app.run()
+        app.text_input(key="levels").set_value("1,2")
+        app.number_input(key="requests_per_level").set_value(4)
+        app.text_input(key="input_len").set_value("3")
+        app.text_input(key="output_len").set_value("2")
+        app.number_input(key="bootstrap").set_value(0)
+        app.button(key="start").click().run()
+        assert not app.exception and not app.error, _page_text(app)
+        deadline = time.monotonic() + 60
+        while "Sweep finished" not in _page_text(app):
+            assert time.monotonic() < deadline, _page_text(app)
+            time.sleep(0.5)
+            app.run()
+        hits: dict[str, int] = {}
+        for _method, path, _headers in server.seen:
+            hits[path.split("/")[1]] = hits.get(path.split("/")[1], 0) + 1
+    assert not app.exception and not app.error, _page_text(app)
+    assert hits == {"entry": 8, "replica-0": 4, "replica-1": 4}, hits
+    shown = _page_text(app)
+    assert "proxied" in shown and "balanced" in shown, "the page shows no results: nothing was checked"
+    written = {str(p.relative_to(results)): p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    assert written, "the sweep wrote no results"
+    leaks = [where for where, content in written.items() if secured.token.encode() in content]
+    assert secured.token not in shown and not leaks, leaks
