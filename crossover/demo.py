@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -116,6 +117,19 @@ def pick_port(name: str, usual: bool = True) -> int:
 
 def default_out_dir() -> Path:
     return Path("results") / f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_out(out: Path) -> Path:
+    """The results folder, created; a file in its place or no permission is the user's mistake."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out: cannot create {out}: {exc.strerror}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UserError(f"--out: cannot write into {out}: permission denied")
+    return out.resolve()
 
 
 def instance_urls(spec: FleetSpec) -> list[tuple[str, str]]:
@@ -404,9 +418,7 @@ def run(args: argparse.Namespace) -> int:
     simulated = decide_simulation(spec, args.simulate)
     if simulated:
         spec = spec_on_free_ports(spec)
-    out = Path(args.out) if args.out else default_out_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    out = out.resolve()
+    out = prepare_out(Path(args.out) if args.out else default_out_dir())
     stack = Stack(out=out, spec_path=write_spec(spec, out / "spec.yaml"), simulated=simulated,
                   usual_ports=not args.free_ports)
 
@@ -430,6 +442,10 @@ def run(args: argparse.Namespace) -> int:
                 say(f"crossover demo: crossover written to {summary}")
             if args.headless:
                 return code
+            if "app" in stack.urls and summary.exists():
+                # The app starts on a blank sweep form; the demo's own sweep is one of its past runs.
+                say(f"crossover demo: to see this sweep in the app ({stack.urls['app']}), pick "
+                    f"'{summary.parent.name}' under Past runs and press Open run")
             say("crossover demo: everything keeps running; press Ctrl-C to stop it all")
             return wait_for_interrupt(sup)
         except KeyboardInterrupt:

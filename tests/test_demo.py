@@ -108,6 +108,17 @@ def test_bad_spec_is_one_line() -> None:
     assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0
 
 
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_out_that_cannot_be_a_folder_is_one_line(tmp_path: Path, where: str) -> None:
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a folder")
+    out = blocker if where == "file" else blocker / "run"
+    result = demo("--headless", "--out", str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("crossover demo: --out: ") and str(out) in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+
+
 def test_no_sim_without_servers_says_what_to_do(tmp_path: Path) -> None:
     spec = tmp_path / "real.yaml"
     spec.write_text(yaml.safe_dump(spec_on_free_ports(load_spec(SEED)).model_dump(mode="json")))
