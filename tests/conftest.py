@@ -11,6 +11,7 @@ import pytest
 from crossover.netutil import spec_on_free_ports
 from crossover.realvllm import RealServer, make_tiny_model, running_servers, vllm_available
 from crossover.spec import FleetSpec, load_spec
+from tests.ci_guard import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 from tests.helpers import SPECS, require
 
 # One instance on both cores, two instances pinned to one core each: the seed's question at CPU scale.
@@ -30,7 +31,10 @@ class RealFleet:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("tokenizers")
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        require(False, "tokenizers is not installed (pip install -e '.[test]')")
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
