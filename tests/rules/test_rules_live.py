@@ -215,37 +215,90 @@ def test_quantiles_and_kv_bandwidth_match_the_python_derivation(stack: LiveStack
 
 # ---- the exporter, deriving the same quantities from its own scrapes -------------------------
 
+# Stated tolerances, rules vs exporter, when both 1m windows are full and hold the whole burst:
+# rates divide the same increase by spans that differ by at most one scrape interval (2 s of 60 s,
+# measured 0.1%); ratios of rates (quantiles, means, shares, bandwidth) divide the same increases, and
+# only the per-target span weighting of a multi-instance sum differs (measured below 1e-6).
+EXPORTER_RATE_REL = 0.05
+EXPORTER_RATIO_REL = 0.02
+EXPORTER_WINDOW = "1m"
+SETTLE_S = 12.0  # after a burst: the last fleet scrape, an exporter cycle, its scrape, a rule evaluation
+
+
+def _exporter_pairs(stack: LiveStack) -> list[tuple[str, str, str, str]]:
+    """(recording rule, exporter suffix, extra matchers, how compared) for every recorded quantity
+    the exporter also derives at the topology level. how: rate, ratio, exact (an on-boundary SLO
+    share), or lower (the rules round an off-boundary SLO down, so theirs is an upper limit)."""
+    w = EXPORTER_WINDOW
+    tokens_per_gpu = "generation_tokens_per_second_per_gpu"
+    pairs = [(m.rate_name(catalog.GENERATION_TOKENS, w), "generation_tokens_per_second", "", "rate"),
+             (m.rate_name(catalog.PROMPT_TOKENS, w), "prompt_tokens_per_second", "", "rate"),
+             (m.rate_name(catalog.REQUEST_SUCCESS, w), "requests_per_second", "", "rate"),
+             (m.rate_name(catalog.NUM_PREEMPTIONS, w), "preemptions_per_second", "", "rate"),
+             (m.per_gpu_name(catalog.GENERATION_TOKENS, w), tokens_per_gpu, "", "rate"),
+             (m.histogram_rate_name(catalog.NIXL_BYTES, "sum", w), "kv_transfer_bytes_per_second", "",
+              "rate"),
+             (m.histogram_rate_name(catalog.NIXL_XFER_TIME, "count", w), "kv_transfers_per_second", "",
+              "rate"),
+             (m.rate_name(catalog.NIXL_FAILED_TRANSFERS, w), "kv_transfer_failures_per_second", "", "rate"),
+             (m.nixl_bandwidth_name(w), "kv_transfer_bandwidth_bytes_per_second", "", "ratio")]
+    for metric, short in ((catalog.TTFT, "ttft"), (catalog.TPOT, "tpot"), (catalog.ITL, "itl"),
+                          (catalog.E2E_LATENCY, "e2el"), (catalog.NIXL_XFER_TIME, "kv_transfer")):
+        pairs += [(m.quantile_name(metric, q, w), f"{short}_seconds", f',quantile="{q:g}"', "ratio")
+                  for q in m.QUANTILES]
+        pairs.append((m.mean_name(metric, w), f"{short}_mean_seconds", "", "ratio"))
+    for bucket in stack.rules.slo_buckets:
+        pairs.append((m.goodput_name(bucket.slo, w), "slo_attainment_ratio", f',slo="{bucket.slo}"',
+                      "exact" if bucket.exact else "lower"))
+    joint = "exact" if all(b.exact for b in stack.rules.slo_buckets if b.slo in m.REQUEST_SLOS) else "lower"
+    pairs += [(m.joint_goodput_name("lower", w), "joint_goodput_lower_ratio", "", joint),
+              (m.joint_goodput_name("upper", w), "joint_goodput_upper_ratio", "", joint),
+              (m.goodput_tokens_name(w), "goodput_tokens_per_second_lower", "", joint),
+              (m.goodput_tokens_name(w, per_gpu=True), "goodput_tokens_per_second_per_gpu_lower", "", joint)]
+    return pairs
+
+
 def test_recorded_values_agree_with_the_exporter(stack: LiveStack) -> None:
     """Same window, same traffic, two samplers: Prometheus (rules over its scrapes) and the
-    exporter (its own scrapes). Compared: p99 ITL and p50 TTFT within 10%, the share within an
-    on-boundary SLO within 0.02. Not compared: rates and anything derived from an off-boundary
-    SLO. Rates differ by definition while a window is not yet full of samples (Prometheus divides
-    the extrapolated increase by the window, the exporter by the span it saw), and for an
-    off-boundary SLO the exporter interpolates inside the bucket while the rules round down."""
+    exporter (its own scrapes, served to the same Prometheus). Read at one instant when both 1m
+    windows are full of samples and hold a whole burst, every rate agrees within 5% and every
+    quantile, mean, SLO share, joint bound and bandwidth within 2%. An off-boundary SLO's share
+    (and what derives from it) may only be lower in the rules, which round down to the stricter
+    bucket while the exporter interpolates. Not compared: the instantaneous gauges (queue depth,
+    KV usage), which the exporter reports as window aggregates of its own sampling instants."""
     require(stack.exporter_url is not None, "the exporter (crossover.exporter.service) is not available")
     from crossover.exporter import names
 
-    stack.fresh_traffic()
-    time.sleep(3.0)  # an exporter cycle, a Prometheus scrape of it and a rule evaluation
-    window = "1m"
+    prom = stack.prometheus
+    window_s = parse_duration(EXPORTER_WINDOW)
+    interval_s = stack.spec.scrape.interval_seconds
+    # Every target (fleet and exporter) scraped for a whole window, so neither sampler's span is short.
+    full = window_s / interval_s - 1
+    scrapes = f"count_over_time(up[{EXPORTER_WINDOW}])"
+    prom.wait_until(lambda: min(s.value for s in prom.query(scrapes)) >= full, window_s + 30,
+                    f"a full {EXPORTER_WINDOW} of scrapes of every target")
+    started = time.time()
+    stack.fresh_traffic(max_age_s=0.0)
+    ended = time.time()
+    at = ended + SETTLE_S
+    assert at - started < window_s - 2 * interval_s, f"a {ended - started:.0f}s burst is not inside a window"
+    time.sleep(max(0.0, at + interval_s - time.time()))
 
-    def pair(recorded: str, suffix: str, extra: str = "") -> list[tuple[str, float, float]]:
-        exported = names.derived_name("topology", suffix)
-        ours = {s.labels["topology"]: s.value for s in stack.prometheus.query(recorded)}
-        theirs = {s.labels["topology"]: s.value
-                  for s in stack.prometheus.query(f'{exported}{{window="{window}"{extra}}}')}
+    compared = 0
+    for recorded, suffix, extra, how in _exporter_pairs(stack):
+        exported = f'{names.derived_name("topology", suffix)}{{window="{EXPORTER_WINDOW}"{extra}}}'
+        ours = {s.labels["topology"]: s.value for s in prom.query(recorded, at)}
+        theirs = {s.labels["topology"]: s.value for s in prom.query(exported, at)}
         assert ours and set(ours) == set(theirs), (recorded, ours, theirs)
-        return [(t, ours[t], theirs[t]) for t in sorted(ours)]
-
-    for topology, ours, theirs in pair(m.quantile_name(catalog.ITL, 0.99, window), "itl_seconds",
-                                       ',quantile="0.99"'):
-        assert _close(ours, theirs, 0.10), ("itl p99", topology, ours, theirs)
-    for topology, ours, theirs in pair(m.quantile_name(catalog.TTFT, 0.5, window), "ttft_seconds",
-                                       ',quantile="0.5"'):
-        assert _close(ours, theirs, 0.10), ("ttft p50", topology, ours, theirs)
-    exact = [b for b in stack.rules.slo_buckets if b.exact]
-    assert exact, "the P/D spec has an on-boundary SLO (itl 50 ms)"
-    for bucket in exact:
-        for topology, ours, theirs in pair(m.goodput_name(bucket.slo, window), "slo_attainment_ratio",
-                                           f',slo="{bucket.slo}"'):
-            assert abs(ours - theirs) <= 0.02, (bucket.slo, topology, ours, theirs)
+        for topology in sorted(ours):
+            a, b = ours[topology], theirs[topology]
+            where = (recorded, topology, a, b)
+            assert math.isfinite(a) and math.isfinite(b), where
+            if how == "rate":
+                assert _close(a, b, EXPORTER_RATE_REL), where
+            elif how in ("ratio", "exact"):
+                assert _close(a, b, EXPORTER_RATIO_REL), where
+            else:  # rounded down to the stricter bucket: never above the interpolated share
+                assert a <= b * (1 + EXPORTER_RATE_REL) + 1e-9, where
+            compared += 1
+    assert compared >= 50, compared  # 55 for the P/D spec
