@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
+from crossover.errors import UserError
 from crossover.outdir import write_into
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import DEFAULT_SELECTOR, RulesConfig, build_rules
@@ -36,7 +38,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send alerts to this Alertmanager (plain format)")
 
 
+# A DNS name, an IPv4 address or a bracketed IPv6 address, then a port: what Prometheus accepts
+# as a static target.
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):([0-9]{1,5})")
+
+
+def host_port(value: str, flag: str, example: str) -> str:
+    match = _HOST_PORT.fullmatch(value)
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise UserError(f"{flag}: {value!r} is not HOST:PORT (e.g. {example})")
+    return value
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    for flag, value, example in (("--exporter-target", args.exporter_target, "exporter:9400"),
+                                 ("--alertmanager", args.alertmanager, "alertmanager:9093")):
+        if value is None:
+            continue
+        host_port(value, flag, example)
+        if args.format != Format.PLAIN.value:
+            # Dropping it silently would leave the operator without the scrape job or alerting
+            # they asked for; on Kubernetes those come from their own resources.
+            raise UserError(f"{flag}: only with --format plain "
+                            "(the operator format writes no prometheus.yml)")
+    if not args.runbook_base.strip() or "#" in args.runbook_base:
+        raise UserError(f"--runbook-base: {args.runbook_base!r} must be a non-empty URL or path without '#' "
+                        "(each alert appends #<its name>)")
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_flags(args)
     spec = load_spec(args.spec)
     config = RulesConfig(selector=args.selector, window_scale=args.window_scale,
                          kv_transfer_p99_ms=args.kv_transfer_p99_ms,

@@ -129,3 +129,14 @@ def test_cli_missing_spec_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["dashboards", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("url", ["notaurl", "ftp://prometheus:9090", "http://:9090", "http://p:0", "http://p:abc"])
+def test_cli_refuses_a_bad_prometheus_url_in_one_line(url: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dashboards", str(SPECS / "seed-70b-h100.yaml"), "--out", str(tmp_path), "--provisioning",
+                 "--prometheus-url", url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"crossover dashboards: --prometheus-url: {url!r} is not an http(s) URL " \
+                  "(e.g. http://prometheus:9090)"
+    assert not any(tmp_path.iterdir())

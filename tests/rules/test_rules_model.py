@@ -210,6 +210,12 @@ def test_cli_warns_on_stderr_when_rounding(capsys: pytest.CaptureFixture[str], t
     (["--window-scale", "0"], "--window-scale"),
     (["--kv-transfer-p99-ms", "-1"], "--kv-transfer-p99-ms"),
     (["--selector", "nope"], "--selector"),
+    (["--exporter-target", "nonsense"], "--exporter-target: 'nonsense' is not HOST:PORT"),
+    (["--alertmanager", ":9093"], "--alertmanager: ':9093' is not HOST:PORT"),
+    (["--alertmanager", "am:99999"], "is not HOST:PORT"),
+    (["--format", "operator", "--alertmanager", "am:9093"], "only with --format plain"),
+    (["--runbook-base", ""], "--runbook-base"),
+    (["--runbook-base", "https://x/runbooks.md#top"], "--runbook-base"),
 ])
 def test_cli_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
                        tmp_path: Path) -> None:
@@ -223,3 +229,11 @@ def test_cli_out_is_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     target.write_text("x")
     assert main(["rules", str(SEED), "--out", str(target)]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_cli_accepts_host_port_forms(tmp_path: Path) -> None:
+    assert main(["rules", str(SEED), "--out", str(tmp_path), "--exporter-target", "exporter:9400",
+                 "--alertmanager", "[::1]:9093"]) == 0
+    config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
+    assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["[::1]:9093"]
+    assert config["scrape_configs"][1]["static_configs"][0]["targets"] == ["exporter:9400"]
