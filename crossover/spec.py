@@ -407,6 +407,10 @@ def _location(loc: tuple[int | str, ...], data: Any) -> str:
     return ".".join(parts) or "(top level)"
 
 
+# Keys a user might reach for to put a secret in the spec itself (Prometheus spells it bearer_token).
+_INLINE_SECRET_KEYS = {"bearer_token", "token", "authorization", "password", "api_key"}
+
+
 def _one_line(exc: ValidationError, data: Any) -> str:
     problems = []
     for error in exc.errors():
@@ -415,6 +419,9 @@ def _one_line(exc: ValidationError, data: Any) -> str:
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown key"
+            if loc[:1] == ("scrape",) and str(loc[-1]) in _INLINE_SECRET_KEYS:
+                message += ("; a token is never written in the spec: give bearer_token_env (an "
+                            "environment variable) or bearer_token_file")
         elif error["type"] == "missing":
             message = "required field is missing"
         message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
