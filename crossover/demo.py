@@ -408,7 +408,9 @@ def run(args: argparse.Namespace) -> int:
     spec_source = args.spec or str(DEFAULT_SPEC.relative_to(REPO) if DEFAULT_SPEC.exists() else DEFAULT_SPEC)
     spec_file = Path(args.spec) if args.spec else DEFAULT_SPEC
     if not spec_file.exists():
-        raise UserError(f"--spec: {spec_file} does not exist" + ("" if args.spec else " (pass --spec)"))
+        raise UserError(f"--spec: {spec_file} does not exist" if args.spec else
+                        f"no --spec given and the default {spec_file} is not there (the example specs "
+                        "live in the repository's compose/specs/, not in a pip install): pass --spec FILE")
     spec = load_spec(spec_file)
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests: must be at least 1, got {args.requests}")
