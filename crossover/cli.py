@@ -7,7 +7,7 @@ import argparse
 import importlib
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from crossover import __version__
 from crossover.errors import UserError
@@ -25,7 +25,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; `commands` limits which subcommands' modules are imported (None: all).
+
+    The others still appear in --help (from SUBCOMMANDS) but take no arguments: main() imports
+    only the module of the command being run, so `--help` and `validate` skip numpy and aiohttp.
+    """
     parser = argparse.ArgumentParser(
         prog="crossover",
         description="Find where one vLLM topology overtakes another on goodput: simulate, scrape, "
@@ -35,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         subparser = sub.add_parser(name, help=help_text, description=help_text)
+        if commands is not None and name not in commands:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -55,8 +62,15 @@ def console_main() -> int:
     return main()
 
 
+def requested_command(argv: Sequence[str]) -> list[str]:
+    """The subcommand named on the command line, if any (the top level has no option taking a value)."""
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    return [first] if first in SUBCOMMANDS else []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(requested_command(argv))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

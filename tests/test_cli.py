@@ -68,3 +68,15 @@ def test_generators_write_into_a_new_nested_folder(tmp_path: Path, generator: st
     result = run(generator, str(REPO / "compose" / "specs" / "seed-70b-h100.yaml"), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["validate", "SPEC"]])
+def test_help_and_validate_import_no_heavy_library(argv: list[str]) -> None:
+    """Only the module of the command being run is imported: `--help` and `validate` stay quick."""
+    argv = [str(REPO / "compose" / "specs" / "seed-70b-h100.yaml") if a == "SPEC" else a for a in argv]
+    probe = ("import sys\nfrom crossover.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+             "    pass\nheavy = [m for m in ('numpy', 'pandas', 'aiohttp', 'streamlit', 'scipy') "
+             "if m in sys.modules]\nprint('HEAVY', heavy)\n")
+    result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout, result.stdout[-500:]
