@@ -111,3 +111,22 @@ def test_free_ports_keep_everything_else() -> None:
     new = {i.url for t in moved.topologies for i in t.instances}
     assert not old & new
     assert moved.topologies[1].entrypoint.url != spec.topologies[1].entrypoint.url
+
+
+def test_readme_spec_table_names_every_field() -> None:
+    """The README is the spec reference: a field added to the loader must appear there."""
+    from pydantic import BaseModel
+
+    import crossover.spec as spec_module
+    from tests.helpers import REPO
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| section | fields"):readme.index("Errors are one line")]
+    fields = {name for model in vars(spec_module).values()
+              if isinstance(model, type) and issubclass(model, BaseModel)
+              and model.__module__ == spec_module.__name__
+              for name in model.model_fields}
+    host_overheads = {f for f in fields if f.startswith("host_overhead_")}
+    missing = sorted(f for f in fields - host_overheads if f"`{f}`" not in table and f"`{f}[]`" not in table)
+    assert not missing, f"README's spec table lacks {missing}"
+    assert host_overheads and "`host_overhead_*_us`" in table
