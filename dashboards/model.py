@@ -286,12 +286,45 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
               queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, "topology_role")),
                              "{{topology}} {{role}}"),), min=0),
     )
+    role_level = "topology_role"
+    request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
+    twice = ("A P/D request is one request on the prefill instance (max_tokens 1) and one on the decode "
+             "instance, so the overlay's topology-level figure of a P/D topology mixes both; read it here "
+             "per role.")
+    per_role: list[Panel] = [
+        Panel(title="Finished requests/s per role", scope="pd",
+              description=f"Requests finished per second on each role of each topology. {twice}",
+              unit="reqps",
+              queries=(Query(_sel(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, role_level)),
+                             "{{topology}} {{role}}"),), min=0),
+        Panel(title="TTFT p99 per role", scope="pd",
+              description="p99 time to first token per role. On the decode role it covers the wait for the "
+                          "KV transfer, on the prefill role the prefill itself; a user sees about their "
+                          f"sum. {twice}",
+              unit="s",
+              queries=(Query(_sel(m.quantile_name(catalog.TTFT, 0.99, WINDOW, role_level)),
+                             "{{topology}} {{role}}"),), min=0),
+        Panel(title="End-to-end latency p99 per role", scope="pd",
+              description=f"p99 end-to-end request latency per role. {twice}",
+              unit="s",
+              queries=(Query(_sel(m.quantile_name(catalog.E2E_LATENCY, 0.99, WINDOW, role_level)),
+                             "{{topology}} {{role}}"),), min=0),
+    ]
+    if request_slos:
+        per_role.append(Panel(
+            title="Goodput ratio per role and SLO", scope="pd",
+            description="Share of requests within each per-request SLO on each role (rate of the SLO "
+                        f"bucket over the rate of the count, summed per role first). {twice}",
+            unit="percentunit",
+            queries=tuple(Query(_sel(m.goodput_name(b.slo, WINDOW, role_level)),
+                                f"{{{{topology}}}} {{{{role}}}} {b.slo}") for b in request_slos),
+            lines=(Line(rules.spec.slos.objective),), min=0, max=1))
     return DashboardModel(
         uid=_uid(stem, "pd"),
         title=f"vLLM crossover: P/D disaggregation ({stem})",
         description="KV-cache transfers between prefill and decode instances and what they buy: decode "
                     "inter-token latency beside the colocated topology's.",
-        rows=(Row("KV transfer (NIXL)", kv), Row("Decode", decode)),
+        rows=(Row("KV transfer (NIXL)", kv), Row("Decode", decode), Row("Per role", tuple(per_role))),
         windows=rules.dashboard_windows)
 
 

@@ -41,6 +41,11 @@ RATE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.PROMPT_T
                                      catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS)
 NIXL_COUNTERS: tuple[Metric, ...] = (catalog.NIXL_FAILED_TRANSFERS,)
 GAUGES_SUMMED: tuple[Metric, ...] = (catalog.NUM_REQUESTS_RUNNING, catalog.NUM_REQUESTS_WAITING)
+# A P/D request is one request on the prefill instance (max_tokens 1) and one on the decode instance,
+# so topology-level request figures of a P/D topology count it twice and mix two populations; these
+# are also recorded per role (level topology_role) for fleets with a P/D topology.
+ROLE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.REQUEST_SUCCESS)
+ROLE_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.E2E_LATENCY)
 # Families whose absence on an up target means a vLLM rename (or a broken exporter of them).
 WATCHED_FAMILIES: tuple[Metric, ...] = (
     catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS, catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS,
@@ -192,13 +197,13 @@ def rate_name(metric: Metric, window: str, level: str = "topology") -> str:
     return f"{level}:{metric.rule_stem}:rate{window}"
 
 
-def histogram_rate_name(metric: Metric, part: str, window: str) -> str:
+def histogram_rate_name(metric: Metric, part: str, window: str, level: str = "topology") -> str:
     """part is bucket, count or sum."""
-    return f"topology:{metric.rule_stem}_{part}:rate{window}"
+    return f"{level}:{metric.rule_stem}_{part}:rate{window}"
 
 
-def quantile_name(metric: Metric, quantile: float, window: str) -> str:
-    return f"topology:{metric.rule_stem}:p{round(quantile * 100):d}_{window}"
+def quantile_name(metric: Metric, quantile: float, window: str, level: str = "topology") -> str:
+    return f"{level}:{metric.rule_stem}:p{round(quantile * 100):d}_{window}"
 
 
 def mean_name(metric: Metric, window: str) -> str:
@@ -218,8 +223,8 @@ def kv_usage_name(operation: str) -> str:
     return f"topology:{catalog.KV_CACHE_USAGE.rule_stem}:{operation}"
 
 
-def goodput_name(slo: str, window: str) -> str:
-    return f"topology:vllm_goodput_{slo}:ratio_rate{window}"
+def goodput_name(slo: str, window: str, level: str = "topology") -> str:
+    return f"{level}:vllm_goodput_{slo}:ratio_rate{window}"
 
 
 def joint_goodput_name(bound: str, window: str) -> str:
@@ -347,6 +352,8 @@ def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str 
     groups = (
         RuleGroup("crossover-topology", builder.topology_rules(dashboard_windows)),
         RuleGroup("crossover-goodput", builder.goodput_rules(dashboard_windows, sli_windows)),
+        *((RuleGroup("crossover-roles", builder.role_rules(dashboard_windows)),)
+          if disaggregated_topologies(spec) else ()),
         RuleGroup("crossover-kv-transfer", builder.nixl_rules(tuple(dict.fromkeys((*dashboard_windows,
                                                                                    kv_window))))),
         RuleGroup("crossover-slo-alerts", builder.slo_alerts()),
@@ -420,10 +427,32 @@ class _Builder:
         rules.append(RecordingRule(mean_name(metric, window), f"{total} / {count}"))
         return rules
 
-    def goodput_ratio(self, bucket: SloBucket, window: str) -> str:
+    def goodput_ratio(self, bucket: SloBucket, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
         good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
         every = self.sel(bucket.metric.name + "_count")
-        return f"{self.summed_rate(good, window)}\n/\n{self.summed_rate(every, window)}"
+        return f"{self.summed_rate(good, window, by)}\n/\n{self.summed_rate(every, window, by)}"
+
+    def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+        """Request figures per P/D role: the decode side is what users see after the first token
+        (its TTFT covers the KV-transfer wait), the prefill side the prefill work."""
+        level = "topology_role"
+        rules: list[RecordingRule] = []
+        for window in windows:
+            for metric in ROLE_COUNTERS:
+                rules.append(RecordingRule(rate_name(metric, window, level),
+                                           self.summed_rate(self.sel(metric.promql_name), window, ROLE_BY)))
+            for metric in ROLE_HISTOGRAMS:
+                bucket = histogram_rate_name(metric, "bucket", window, level)
+                rules.append(RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
+                                                                    (*ROLE_BY, "le"))))
+                for quantile in QUANTILES:
+                    rules.append(RecordingRule(quantile_name(metric, quantile, window, level),
+                                               f"histogram_quantile({quantile}, {bucket})"))
+            for slo_bucket in self.buckets:
+                if slo_bucket.slo in REQUEST_SLOS:
+                    rules.append(RecordingRule(goodput_name(slo_bucket.slo, window, level),
+                                               self.goodput_ratio(slo_bucket, window, ROLE_BY)))
+        return tuple(rules)
 
     def goodput_rules(self, dashboard_windows: tuple[str, ...],
                       sli_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:

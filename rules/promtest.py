@@ -193,6 +193,14 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             expectations.append((m.goodput_tokens_name(window), key, gen_rate * lower))
         if topology.disaggregated:
             expectations.append((m.nixl_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
+        if m.disaggregated_topologies(spec):  # the per-role rules exist for every topology
+            for role in dict.fromkeys(i.role.value for i in topology.instances):
+                count = sum(i.role.value == role for i in topology.instances)
+                role_key = {"topology": topology.name, "role": role, **model}
+                expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, "topology_role"), role_key,
+                                     REQUESTS_PER_S * count))
+                for bucket in request_slos:
+                    expectations.append((m.goodput_name(bucket.slo, window, "topology_role"), role_key, good))
         for name, labels, value in expectations:
             selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
             promql_tests.append({"expr": f"{name}{{{selector}}}", "eval_time": format_duration(eval_s),

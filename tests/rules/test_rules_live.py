@@ -258,6 +258,31 @@ def _exporter_pairs(stack: LiveStack) -> list[tuple[str, str, str, str]]:
     return pairs
 
 
+def _exporter_role_pairs(stack: LiveStack) -> list[tuple[str, str, str, str]]:
+    """The same for the per-role rules of P/D topologies (the exporter's role level)."""
+    w, level = EXPORTER_WINDOW, "topology_role"
+    pairs = [(m.rate_name(catalog.REQUEST_SUCCESS, w, level), "requests_per_second", "", "rate"),
+             (m.rate_name(catalog.GENERATION_TOKENS, w, level), "generation_tokens_per_second", "", "rate")]
+    for metric, short in ((catalog.TTFT, "ttft"), (catalog.TPOT, "tpot"), (catalog.E2E_LATENCY, "e2el")):
+        pairs += [(m.quantile_name(metric, q, w, level), f"{short}_seconds", f',quantile="{q:g}"', "ratio")
+                  for q in m.QUANTILES]
+    for bucket in stack.rules.slo_buckets:
+        if bucket.slo in m.REQUEST_SLOS:
+            pairs.append((m.goodput_name(bucket.slo, w, level), "slo_attainment_ratio",
+                          f',slo="{bucket.slo}"', "exact" if bucket.exact else "lower"))
+    return pairs
+
+
+def _agree(how: str, a: float, b: float) -> bool:
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return False
+    if how == "rate":
+        return _close(a, b, EXPORTER_RATE_REL)
+    if how in ("ratio", "exact"):
+        return _close(a, b, EXPORTER_RATIO_REL)
+    return a <= b * (1 + EXPORTER_RATE_REL) + 1e-9  # rounded down to the stricter bucket
+
+
 def test_recorded_values_agree_with_the_exporter(stack: LiveStack) -> None:
     """Same window, same traffic, two samplers: Prometheus (rules over its scrapes) and the
     exporter (its own scrapes, served to the same Prometheus). Read at one instant when both 1m
@@ -265,7 +290,8 @@ def test_recorded_values_agree_with_the_exporter(stack: LiveStack) -> None:
     quantile, mean, SLO share, joint bound and bandwidth within 2%. An off-boundary SLO's share
     (and what derives from it) may only be lower in the rules, which round down to the stricter
     bucket while the exporter interpolates. Not compared: the instantaneous gauges (queue depth,
-    KV usage), which the exporter reports as window aggregates of its own sampling instants."""
+    KV usage), which the exporter reports as window aggregates of its own sampling instants. The
+    per-role rules of P/D topologies are compared with the exporter's role level the same way."""
     require(stack.exporter_url is not None, "the exporter (crossover.exporter.service) is not available")
     from crossover.exporter import names
 
@@ -285,20 +311,17 @@ def test_recorded_values_agree_with_the_exporter(stack: LiveStack) -> None:
     time.sleep(max(0.0, at + interval_s - time.time()))
 
     compared = 0
-    for recorded, suffix, extra, how in _exporter_pairs(stack):
-        exported = f'{names.derived_name("topology", suffix)}{{window="{EXPORTER_WINDOW}"{extra}}}'
-        ours = {s.labels["topology"]: s.value for s in prom.query(recorded, at)}
-        theirs = {s.labels["topology"]: s.value for s in prom.query(exported, at)}
-        assert ours and set(ours) == set(theirs), (recorded, ours, theirs)
-        for topology in sorted(ours):
-            a, b = ours[topology], theirs[topology]
-            where = (recorded, topology, a, b)
-            assert math.isfinite(a) and math.isfinite(b), where
-            if how == "rate":
-                assert _close(a, b, EXPORTER_RATE_REL), where
-            elif how in ("ratio", "exact"):
-                assert _close(a, b, EXPORTER_RATIO_REL), where
-            else:  # rounded down to the stricter bucket: never above the interpolated share
-                assert a <= b * (1 + EXPORTER_RATE_REL) + 1e-9, where
-            compared += 1
-    assert compared >= 50, compared  # 55 for the P/D spec
+    levels = (("topology", "", _exporter_pairs(stack)),
+              ("role", ',role!="colocated"', _exporter_role_pairs(stack)))
+    for level, only_pd, pairs in levels:
+        for recorded, suffix, extra, how in pairs:
+            exported = f'{names.derived_name(level, suffix)}{{window="{EXPORTER_WINDOW}"{extra}}}'
+            ours = {(s.labels["topology"], s.labels.get("role", "")): s.value
+                    for s in prom.query(f"{recorded}{{{only_pd.lstrip(',')}}}", at)}
+            theirs = {(s.labels["topology"], s.labels.get("role", "")): s.value
+                      for s in prom.query(exported, at)}
+            assert ours and set(ours) == set(theirs), (recorded, ours, theirs)
+            for key in sorted(ours):
+                assert _agree(how, ours[key], theirs[key]), (recorded, key, ours[key], theirs[key])
+                compared += 1
+    assert compared >= 70, compared  # 55 + 22 for the P/D spec

@@ -113,12 +113,17 @@ def test_names_follow_level_metric_operations() -> None:
 
 def test_ratios_sum_numerator_and_denominator_before_dividing() -> None:
     rules = build_rules(load_spec(PD))
+    checked = 0
     for rule in rules.records:
-        if ":ratio_rate" in rule.record and rule.record.startswith("topology:vllm_goodput_"):
+        level = rule.record.split(":")[0]
+        if ":ratio_rate" in rule.record and rule.record.split(":")[1].startswith("vllm_goodput_"):
+            by = {"topology": "topology, model_name", "topology_role": "topology, role, model_name"}[level]
             numerator, denominator = rule.expr.split("\n/\n")
-            assert numerator.startswith("sum by (topology, model_name) (rate(")
-            assert denominator.startswith("sum by (topology, model_name) (rate(")
+            assert numerator.startswith(f"sum by ({by}) (rate(")
+            assert denominator.startswith(f"sum by ({by}) (rate(")
+            checked += 1
         assert "avg_over_time" not in rule.expr
+    assert checked > 20
 
 
 def test_windows_cover_the_spec_and_the_alerts() -> None:
@@ -237,3 +242,14 @@ def test_cli_accepts_host_port_forms(tmp_path: Path) -> None:
     config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
     assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["[::1]:9093"]
     assert config["scrape_configs"][1]["static_configs"][0]["targets"] == ["exporter:9400"]
+
+
+def test_pd_fleets_record_request_figures_per_role() -> None:
+    """A P/D request is one request on each role, so the topology level counts it twice; the
+    per-role rules exist for P/D fleets only (colocated fleets keep their rule files unchanged)."""
+    names = build_rules(load_spec(PD)).record_names
+    assert {m.rate_name(catalog.REQUEST_SUCCESS, "1m", "topology_role"),
+            m.quantile_name(catalog.TTFT, 0.99, "5m", "topology_role"),
+            m.goodput_name("ttft", "1m", "topology_role")} <= names
+    seed = build_rules(load_spec(SEED)).record_names
+    assert not any(n.startswith("topology_role:") and ":rate" in n for n in seed)
