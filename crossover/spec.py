@@ -363,25 +363,31 @@ class FleetSpec(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> FleetSpec:
-        names = [t.name for t in self.topologies]
-        seen: set[str] = set()
-        for name in names:
-            if name in seen:
-                raise ValueError(f"duplicate topology name {name!r}")
-            seen.add(name)
-        instance_names: set[str] = set()
-        urls: set[str] = set()
-        for topology in self.topologies:
-            for instance in topology.instances:
+        # Errors of the whole spec have no pydantic location; each message starts with the path of
+        # the offending field instead (the loader prints it as it is, see _one_line).
+        first_topology: dict[str, int] = {}
+        for index, topology in enumerate(self.topologies):
+            if topology.name in first_topology:
+                raise ValueError(f"topologies[{index}]({topology.name}).name: duplicate topology name "
+                                 f"{topology.name!r} (also topologies[{first_topology[topology.name]}])")
+            first_topology[topology.name] = index
+        instance_names: dict[str, str] = {}
+        urls: dict[str, str] = {}
+        for index, topology in enumerate(self.topologies):
+            for number, instance in enumerate(topology.instances):
+                path = f"topologies[{index}]({topology.name}).instances[{number}]({instance.name})"
                 if instance.name in instance_names:
-                    raise ValueError(f"instance name {instance.name!r} is used twice")
-                instance_names.add(instance.name)
+                    raise ValueError(f"{path}.name: instance name {instance.name!r} is used twice "
+                                     f"(also in {instance_names[instance.name]})")
+                instance_names[instance.name] = topology.name
                 if instance.url in urls:
-                    raise ValueError(f"instance URL {instance.url} is used twice")
-                urls.add(instance.url)
-        unknown = set(self.simulator.faults) - instance_names
+                    raise ValueError(f"{path}.url: instance URL {instance.url} is used twice "
+                                     f"(also by {urls[instance.url]})")
+                urls[instance.url] = instance.name
+        unknown = set(self.simulator.faults) - set(instance_names)
         if unknown:
-            raise ValueError(f"simulator.faults names unknown instance(s) {sorted(unknown)}")
+            raise ValueError(f"simulator.faults: unknown instance(s) {sorted(unknown)} "
+                             f"(instances are {sorted(instance_names)})")
         return self
 
     def topology(self, name: str) -> Topology:
@@ -427,7 +433,7 @@ def _one_line(exc: ValidationError, data: Any) -> str:
         message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if error["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
             message += f" (got {error.get('input')!r})"
-        problems.append(f"{_location(loc, data)}: {message}")
+        problems.append(f"{_location(loc, data)}: {message}" if loc else message)
     text = problems[0]
     if len(problems) > 1:
         text += f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
