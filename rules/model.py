@@ -363,6 +363,11 @@ def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str 
                    format_duration(period_s), kv_window, warnings)
 
 
+def _quoted(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _by(labels: tuple[str, ...]) -> str:
     return ", ".join(labels)
 
@@ -547,6 +552,18 @@ class _Builder:
                 description="No instance of topology {{ $labels.topology }} answers scrapes: it serves "
                             "no traffic and its goodput cannot be measured.",
                 runbook_url=self.runbook("VllmTopologyDown")),
+            AlertRule(
+                "VllmTopologyAbsent",
+                "\nor\n".join(f'max by (topology) (absent({self.sel("up", f"topology={_quoted(t.name)}")}))'
+                                for t in self.spec.topologies),
+                # At least four scrapes: a freshly started Prometheus evaluates before its first scrape.
+                float(max(round(300 * scaled), math.ceil(4 * self.spec.scrape.interval_seconds))), "critical",
+                summary="Prometheus scrapes no target of topology {{ $labels.topology }}",
+                description="No target of topology {{ $labels.topology }} exists in Prometheus at all (not "
+                            "down: not discovered). The scrape config, the PodMonitor's pod labels "
+                            "(crossover.vllm.io/topology) or --selector do not match the fleet, so every "
+                            "other alert about this topology stays silent.",
+                runbook_url=self.runbook("VllmTopologyAbsent")),
         ]
         absent = []
         for metric in WATCHED_FAMILIES:

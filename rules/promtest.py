@@ -214,7 +214,7 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
         "promql_expr_test": promql_tests,
         "alert_rule_test": [{"eval_time": format_duration(eval_s), "alertname": name, "exp_alerts": alerts}
                             for name, alerts in expected_alerts.items()],
-    }, _outage_test(rules, step)]
+    }, _outage_test(rules, step), _undiscovered_test(rules, step)]
     document = {"rule_files": [rule_file], "evaluation_interval": format_duration(step), "tests": tests}
     return dump(document, header(source, "crossover rules"))
 
@@ -240,6 +240,24 @@ def _expect_burn(rules: RuleSet, expected: dict[str, list[dict[str, Any]]], key:
         elif rule.alert == "VllmErrorBudgetExhausted" and error >= rules.error_budget:
             for bucket in rules.slo_buckets:
                 expected[rule.alert].append(_alert(rule, {**key, "slo": bucket.slo}))
+
+
+def _undiscovered_test(rules: RuleSet, step: float) -> dict[str, Any]:
+    """Prometheus scrapes nothing of the fleet (a scrape config or PodMonitor that matches no
+    target): the per-target alerts have nothing to fire on, VllmTopologyAbsent must."""
+    alert = next(a for a in rules.alerts if a.alert == "VllmTopologyAbsent")
+    eval_s = math.ceil((alert.for_s + 2 * step) / step) * step
+    other = {"job": "node", "instance": "node-exporter:9100"}  # something else Prometheus scrapes
+    return {
+        "name": "undiscovered: no target of the fleet is scraped",
+        "interval": format_duration(step),
+        "input_series": [{"series": _series_name("up", other), "values": f"1+0x{int(eval_s / step) + 1}"}],
+        "alert_rule_test": [
+            {"eval_time": format_duration(eval_s), "alertname": alert.alert,
+             "exp_alerts": [_alert(alert, {"topology": t.name}) for t in rules.spec.topologies]},
+            {"eval_time": format_duration(eval_s), "alertname": "VllmTargetDown", "exp_alerts": []},
+        ],
+    }
 
 
 def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
@@ -285,6 +303,9 @@ def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
         expected["VllmMetricsAbsent"].append(
             _alert(by_name["VllmMetricsAbsent"], {**labels, "metric": catalog.KV_CACHE_USAGE.name}))
     pd = next((t for t in spec.topologies if t.disaggregated), None)
+    scraped = {t.name for t in (*spec.topologies[:2], *((pd,) if pd else ()))}
+    expected["VllmTopologyAbsent"] = [_alert(by_name["VllmTopologyAbsent"], {"topology": t.name})
+                                      for t in spec.topologies if t.name not in scraped]
     if pd is not None:
         # A decode instance whose KV transfers take 1 s (over any sane --kv-transfer-p99-ms) and fail.
         decode = next(i for i in pd.instances if i.role is Role.DECODE)

@@ -26,8 +26,8 @@ from tests.rules.live_stack import LiveStack, live_stack
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 SPEC = "pd-8k-prompts.yaml"
 REL = 1e-9
-NEVER_WITH_HEALTHY_FLEET = ("VllmTargetDown", "VllmTopologyDown", "VllmMetricsAbsent", "VllmSloBucketMissing",
-                            "VllmKvTransferFailures")
+NEVER_WITH_HEALTHY_FLEET = ("VllmTargetDown", "VllmTopologyDown", "VllmTopologyAbsent", "VllmMetricsAbsent",
+                            "VllmSloBucketMissing", "VllmKvTransferFailures")
 
 
 @pytest.fixture(scope="module")

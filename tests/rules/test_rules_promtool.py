@@ -66,8 +66,8 @@ def test_promtool_unit_tests_pass(stem: str) -> None:
     fired = {a["alertname"] for t in tests for a in t["alert_rule_test"] if a["exp_alerts"]}
     quiet = {a["alertname"] for t in tests for a in t["alert_rule_test"] if not a["exp_alerts"]}
     assert {"VllmGoodputBudgetBurn", "VllmErrorBudgetExhausted", "VllmTargetDown",
-            "VllmMetricsAbsent"} <= fired
-    assert {"VllmTargetDown", "VllmMetricsAbsent"} <= quiet
+            "VllmMetricsAbsent", "VllmTopologyAbsent"} <= fired
+    assert {"VllmTargetDown", "VllmMetricsAbsent", "VllmTopologyAbsent"} <= quiet
     if any(t.disaggregated for t in load_spec(SPECS / f"{stem}.yaml").topologies):
         assert {"VllmKvTransferSlow", "VllmKvTransferFailures"} <= fired & quiet
 
@@ -94,3 +94,16 @@ def test_cli_output_passes_promtool(tmp_path: Path) -> None:
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
     spec = load_spec(SPECS / "seed-70b-h100.yaml")
     assert build_rules(spec).period == "30d"
+
+
+def test_promtool_unit_test_fails_when_topology_absent_is_blind(tmp_path: Path) -> None:
+    """The undiscovered-fleet case is proven: rules whose VllmTopologyAbsent watches another
+    job fail the generated unit test."""
+    spec = load_spec(SPECS / "cpu-real-vllm.yaml")
+    files = outputs(spec, build_rules(spec), Format.PLAIN, "x", "x")
+    blind = files["rules.yml"].replace('absent(up{job="vllm",', 'absent(up{job="node",')
+    assert blind != files["rules.yml"]
+    (tmp_path / "rules.yml").write_text(blind)
+    (tmp_path / "rules.test.yml").write_text(files["rules.test.yml"])
+    result = _promtool("test", "rules", "rules.test.yml", cwd=tmp_path)
+    assert result.returncode != 0 and "VllmTopologyAbsent" in result.stdout + result.stderr
