@@ -7,9 +7,11 @@ or raises `SpecError` with a one-line message naming the file, the field and the
 from __future__ import annotations
 
 import bisect
+import difflib
 import math
 import os
 import re
+import typing
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -413,6 +415,27 @@ def _location(loc: tuple[int | str, ...], data: Any) -> str:
     return ".".join(parts) or "(top level)"
 
 
+def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the spec accepts at a location (list indexes and dict keys skipped), for hints."""
+    model: Any = FleetSpec
+    dict_key_next = False
+    for item in loc:
+        if isinstance(item, int) or dict_key_next:
+            dict_key_next = False
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+        field = model.model_fields.get(item)
+        if field is None:
+            return []
+        model = field.annotation
+        dict_key_next = typing.get_origin(model) is dict
+        # list[Topology], dict[str, Fault], Topology | None: look inside for the model.
+        while args := [a for a in typing.get_args(model) if a is not type(None)]:
+            model = args[-1]
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
 # Keys a user might reach for to put a secret in the spec itself (Prometheus spells it bearer_token).
 _INLINE_SECRET_KEYS = {"bearer_token", "token", "authorization", "password", "api_key"}
 
@@ -428,6 +451,9 @@ def _one_line(exc: ValidationError, data: Any) -> str:
             if loc[:1] == ("scrape",) and str(loc[-1]) in _INLINE_SECRET_KEYS:
                 message += ("; a token is never written in the spec: give bearer_token_env (an "
                             "environment variable) or bearer_token_file")
+            else:
+                close = difflib.get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=1)
+                message += f" (did you mean {close[0]}?)" if close else ""
         elif error["type"] == "missing":
             message = "required field is missing"
         message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")

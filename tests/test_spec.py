@@ -130,3 +130,28 @@ def test_readme_spec_table_names_every_field() -> None:
     missing = sorted(f for f in fields - host_overheads if f"`{f}`" not in table and f"`{f}[]`" not in table)
     assert not missing, f"README's spec table lacks {missing}"
     assert host_overheads and "`host_overhead_*_us`" in table
+
+
+@pytest.mark.parametrize(("where", "key", "hint"), [
+    (("slos",), "tpot_msec", "did you mean tpot_ms?"),
+    (("topologies", 0, "instances", 0), "rol", "did you mean role?"),
+    (("simulator", "faults", "tp4-0"), "slowdwn", "did you mean slowdown?"),
+    ((), "topology", "did you mean topologies?"),
+    (("model",), "zzz", None),
+])
+def test_unknown_key_suggests_the_nearest_known_one(where: tuple[str | int, ...], key: str,
+                                                    hint: str | None) -> None:
+    import yaml
+
+    from crossover.spec import parse_spec
+
+    data = yaml.safe_load((SPECS / "seed-70b-h100.yaml").read_text())
+    node = data
+    for item in where:
+        node = node.setdefault(item, {}) if isinstance(item, str) else node[item]
+    node[key] = 1
+    with pytest.raises(SpecError) as info:
+        parse_spec(data, "s.yaml")
+    message = str(info.value)
+    assert f"{key}: unknown key" in message
+    assert (hint in message) if hint else "did you mean" not in message
