@@ -12,7 +12,7 @@ Printed: one row per phase (side by side: clean and faulted phases of the same r
 trend after the first phase (the windows fill during it). Not a test: figures go to
 docs/performance.md, section "Soak".
 
-Run: .venv/bin/python benchmarks/soak.py [--duration 180] [--targets 500] [--interval 5]
+Run: .venv/bin/python benchmarks/soak.py [--duration 180] [--targets 500] [--interval 5] [--trace]
 """
 
 from __future__ import annotations
@@ -160,6 +160,24 @@ def phase_rows(samples: list[Sample], targets: int, period: float, settle: float
     return rows
 
 
+def time_rows(samples: list[Sample], targets: int, bucket_s: float) -> list[dict[str, Any]]:
+    """One row per `bucket_s` of the run, the whole run over time: does CPU per cycle or RSS drift?
+    Phases are mixed within a bucket, so this shows the drift; phase_rows shows faults on vs off."""
+    rows = []
+    for start in range(0, int(samples[-1].at) + 1, int(bucket_s)):
+        chosen = [s for s in samples if start <= s.at < start + bucket_s]
+        if len(chosen) < 2:
+            continue
+        first, last = chosen[0], chosen[-1]
+        cycles = (last.scrapes - first.scrapes) / targets
+        rows.append({"from_s": start, "cycles": cycles,
+                     "cpu_per_cycle_s": (last.cpu_s - first.cpu_s) / cycles if cycles else float("nan"),
+                     "rss_mean_mb": statistics.fmean(s.rss_mb for s in chosen),
+                     "rss_max_mb": max(s.rss_mb for s in chosen),
+                     "up_min": min(s.up for s in chosen)})
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="exporter soak: 500 targets, faults on and off")
     parser.add_argument("--duration", type=float, default=180.0, help="seconds (default 180)")
@@ -169,6 +187,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=2.0, help="scrape timeout, seconds")
     parser.add_argument("--fault-period", type=float, default=30.0, help="seconds per phase")
     parser.add_argument("--fault-fraction", type=float, default=0.2, help="share of targets faulted")
+    parser.add_argument("--trace", action="store_true",
+                        help="run the exporter under benchmarks/soak_probe.py (tracemalloc): traced "
+                             "Python heap vs RSS over time, and the lines that grew (costs exporter CPU)")
+    parser.add_argument("--bucket", type=float, default=60.0,
+                        help="seconds per row of the over-time table (default 60)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="crossover-soak-") as folder:
@@ -185,7 +208,10 @@ def main() -> int:
         exporter = None
         try:
             wait_ready(farm_url + "/health", farm, "the target farm")
-            exporter = subprocess.Popen([sys.executable, "-m", "crossover", "exporter", str(spec_path),
+            probe = Path(folder) / "probe.jsonl"
+            launcher = ([str(REPO / "benchmarks" / "soak_probe.py"), str(probe), "--every",
+                         str(args.bucket / 2), "--"] if args.trace else ["-m", "crossover"])
+            exporter = subprocess.Popen([sys.executable, *launcher, "exporter", str(spec_path),
                                          "--port", str(exporter_port), "--log-level", "warning"], env=env,
                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             wait_ready(exporter_url + "/health", exporter, "the exporter")
@@ -221,6 +247,8 @@ def main() -> int:
                     process.wait(10)
             log.close()
         errors = (Path(folder) / "exporter.log").read_text(errors="replace").count("Traceback")
+        probes = ([json.loads(line) for line in probe.read_text().splitlines()]
+                  if args.trace and probe.exists() else [])
 
     rows = phase_rows(samples, args.targets, args.fault_period, args.interval + args.timeout + 1)
     print("\nphase faults seconds cycles  CPU/cycle s  cycle wall mean/max s  RSS start/end/max MB  up(min)"
@@ -231,6 +259,10 @@ def main() -> int:
               f"  {r['cycle_wall_mean_s']:>9.3f} / {r['cycle_wall_max_s']:<9.3f}"
               f"  {r['rss_start_mb']:>6.0f} / {r['rss_end_mb']:>4.0f} / {r['rss_max_mb']:<6.0f}"
               f"  {r['targets_up_min']:>6}  {r['errors']}")
+    print(f"\nover time ({args.bucket:g} s rows)\n  from s  cycles  CPU/cycle s  RSS mean/max MB  up(min)")
+    for t in time_rows(samples, args.targets, args.bucket):
+        print(f"  {t['from_s']:>6} {t['cycles']:>7.1f}  {t['cpu_per_cycle_s']:>11.3f}"
+              f"  {t['rss_mean_mb']:>8.0f} / {t['rss_max_mb']:<6.0f} {t['up_min']:>6}")
     # Histories fill during the first window (1m) plus a couple of cycles: the trend starts after.
     warmup = WINDOW_S + 2 * args.interval
     settled = [s for s in samples if s.at >= warmup] or samples
@@ -238,9 +270,21 @@ def main() -> int:
     faulted = [r["cpu_per_cycle_s"] for r in rows if r["faults"] == "on"]
     print(f"\nRSS trend after the first {warmup:g} s: {slope_mb_per_min(settled):+.2f} MB/min "
           f"(min {min(s.rss_mb for s in settled):.0f}, max {max(s.rss_mb for s in settled):.0f} MB)")
+    late = [s for s in samples if s.at >= samples[-1].at / 2]
+    print(f"RSS trend over the second half: {slope_mb_per_min(late):+.2f} MB/min "
+          f"(min {min(s.rss_mb for s in late):.0f}, max {max(s.rss_mb for s in late):.0f} MB)")
     if clean and faulted:
         print(f"CPU per cycle: clean phases {statistics.fmean(clean):.3f} s, faulted phases "
               f"{statistics.fmean(faulted):.3f} s")
+    if probes:
+        print("\ntracemalloc in the exporter (Python heap traced vs RSS)")
+        print("      at s  traced MB  RSS MB  objects")
+        for row in probes:
+            print(f"  {row['at']:>8.0f}  {row['traced_mb']:>9.1f}  {row['rss_mb']:>6.0f}"
+                  f"  {row['objects']:>7}")
+        print("lines grown most since the baseline snapshot, at the end:")
+        for line in probes[-1].get("grown", []):
+            print(f"  {line}")
     print(f"/metrics body {samples[-1].metrics_bytes / 1024:.0f} KB; target farm CPU {farm_cpu:.1f} s; "
           f"tracebacks in the exporter log: {errors}; machine load average {load_start} at the start, "
           f"{load_end} at the end ({os.cpu_count()} CPUs)")
