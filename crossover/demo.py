@@ -184,6 +184,22 @@ def sweep_levels(args: argparse.Namespace) -> tuple[str, str]:
     return option, text
 
 
+def check_lengths(args: argparse.Namespace) -> None:
+    """--input-len / --output-len refused before the fleet starts, in the sweep's own words."""
+    if not available("sweep"):
+        return
+    from crossover.loadgen.plan import LengthDist
+
+    for option, text in (("--input-len", args.input_len), ("--output-len", args.output_len)):
+        if text is None:
+            continue
+        try:
+            LengthDist.parse(text, option)
+        except UserError as exc:
+            message = str(exc)
+            raise UserError(message if message.startswith(option) else f"{option}: {message}") from None
+
+
 def sweep_command(args: argparse.Namespace, spec_path: Path, out: Path, headless: bool) -> list[str]:
     option, levels = sweep_levels(args)
     command = crossover_command("sweep", str(spec_path), option, levels, "--out", str(out))
@@ -417,6 +433,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.rounds > 0:
         raise UserError(f"--rounds: must be positive, got {args.rounds:g}")
     sweep_levels(args)
+    check_lengths(args)
     simulated = decide_simulation(spec, args.simulate)
     if simulated:
         spec = spec_on_free_ports(spec)

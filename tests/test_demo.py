@@ -128,7 +128,9 @@ def test_no_sim_without_servers_says_what_to_do(tmp_path: Path) -> None:
     assert "--no-sim: no answer at /health" in result.stderr and "tp4-0" in result.stderr
 
 
-@pytest.mark.parametrize("flags", [("--requests", "0"), ("--rounds", "-1"), ("--concurrency", "0,x")])
+@pytest.mark.parametrize("flags", [("--requests", "0"), ("--rounds", "-1"), ("--concurrency", "0,x"),
+                                   ("--input-len", "foo"), ("--output-len", "uniform:5"),
+                                   ("--output-len", "0")])
 def test_bad_sweep_flags_are_one_line(tmp_path: Path, flags: tuple[str, str]) -> None:
     result = demo("--headless", *flags, "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and flags[0] in result.stderr, result.stderr
