@@ -40,6 +40,7 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         subparser = sub.add_parser(name, help=help_text, description=help_text)
+        subparser.set_defaults(_parser=subparser)
         if commands is not None and name not in commands:
             continue
         try:
@@ -71,7 +72,12 @@ def requested_command(argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(requested_command(argv))
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse would blame the top-level parser and print its usage; the subcommand's is the one
+        # that lists the options the user meant.
+        subparser = getattr(args, "_parser", parser)
+        subparser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2

@@ -80,3 +80,11 @@ def test_help_and_validate_import_no_heavy_library(argv: list[str]) -> None:
     result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "HEAVY []" in result.stdout, result.stdout[-500:]
+
+
+def test_an_unknown_option_is_blamed_on_its_subcommand() -> None:
+    result = run("validate", "spec.yaml", "--frobnicate")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "crossover validate: error: unrecognized arguments: --frobnicate"
+    assert result.stderr.startswith("usage: crossover validate")
