@@ -18,7 +18,6 @@ from typing import Protocol
 
 from crossover.sim.metrics import InstanceMetrics, QueueState
 from crossover.sim.model import PerfModel
-from crossover.sim.precisetimer import PreciseTimer
 from crossover.sim.scheduler import Scheduler, SimRequest, StepOutcome, StepPlan
 
 # Steps are chained on scheduled ends, so a late wake-up (a burst of arrivals, a collector pause) is
@@ -28,6 +27,9 @@ from crossover.sim.scheduler import Scheduler, SimRequest, StepOutcome, StepPlan
 # from then on (seen after a 0.6 s stall of the machine: p50 from 1 ms to 12 ms for the rest of a run).
 _MAX_CATCH_UP_S = 0.25
 GAP_RING = 65536  # a power of two: the hot path masks instead of dividing
+# epoll waits in whole milliseconds, rounded up, so a timer fires 0-1 ms late; aiming half a
+# millisecond early centres the emission error on zero instead of on +0.5 ms.
+_TIMER_LEAD_S = 0.0005
 # A step's tokens are written one socket write after another (one per stream, ~5 us each, mostly the
 # kernel's loopback send), so a step of 250 streams takes over a millisecond to emit. The pass starts
 # half its expected length before the step's end, centring the writes on the scheduled emission
@@ -92,8 +94,7 @@ class LiveEngine:
         self.slowdown = 1.0
         self.scheduler = Scheduler(model)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._handle: asyncio.Handle | None = None  # the pending callback of the step chain
-        self._timer: PreciseTimer | None = None  # the step's end (the loop's own timers are too coarse)
+        self._handle: asyncio.Handle | None = None  # the pending timer or callback of the step chain
         self._plan: StepPlan | None = None  # the step in flight (its chunks formatted) and its end
         self._end = 0.0
         self._next_start = 0.0
@@ -113,8 +114,6 @@ class LiveEngine:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._book = _BOOKS.setdefault(id(self._loop), WriteBook())
-        if self._timer is None:
-            self._timer = PreciseTimer(self._loop, self._due)
         self._stopped = False
         self._next_start = time.monotonic()
         self._handle = self._loop.call_soon(self._arm)
@@ -124,9 +123,6 @@ class LiveEngine:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        if self._timer is not None:
-            self._timer.close()
-            self._timer = None
         self._plan = None
 
     def submit(self, request: SimRequest) -> None:
@@ -141,8 +137,6 @@ class LiveEngine:
         self._idle = False
         if self._handle is not None:
             self._handle.cancel()
-        if self._timer is not None:
-            self._timer.cancel()
         self._next_start = time.monotonic()
         self._handle = self._loop.call_soon(self._arm)
 
@@ -191,9 +185,9 @@ class LiveEngine:
         length = self.write_cost * emitting
         if length / 2 > _MAX_LEAD_S:
             length = 2 * _MAX_LEAD_S
-        fire = self._book.place(end, length, now)
-        if fire > now and self._timer is not None:
-            self._timer.at(fire)
+        fire = self._book.place(end, length, now) - _TIMER_LEAD_S
+        if fire > now:
+            self._handle = loop.call_at(fire, self._due)
         else:
             self._due()
 
