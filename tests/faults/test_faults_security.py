@@ -61,6 +61,20 @@ def _spec(data_topologies: list[dict[str, object]], scrape: dict[str, object] | 
     return parse_spec(data)
 
 
+def _proxied_and_balanced(url: str, scrape: dict[str, object] | None = None) -> FleetSpec:
+    """One topology behind an entrypoint (its instances must get nothing), one balanced client-side."""
+    return _spec([
+        {"name": "proxied", "gpus": 2, "tensor_parallel_size": 1,
+         "entrypoint": {"url": f"{url}/entry"},
+         "instances": [{"name": "behind-0", "url": f"{url}/behind-0"},
+                       {"name": "behind-1", "url": f"{url}/behind-1"}]},
+        {"name": "balanced", "gpus": 2, "tensor_parallel_size": 1,
+         "entrypoint": {"balance": "round_robin"},
+         "instances": [{"name": "replica-0", "url": f"{url}/replica-0"},
+                       {"name": "replica-1", "url": f"{url}/replica-1"}]},
+    ], scrape)
+
+
 @dataclass
 class Secured:
     token: str
@@ -192,16 +206,7 @@ def test_the_sweep_sends_traffic_only_to_the_spec_targets(tmp_path: Path) -> Non
     routes = {("POST", f"/{name}/v1/completions"): _completion
               for name in ("entry", "behind-0", "behind-1", "replica-0", "replica-1", "canary")}
     with serving(routes) as server:
-        spec = _spec([
-            {"name": "proxied", "gpus": 2, "tensor_parallel_size": 1,
-             "entrypoint": {"url": f"{server.url}/entry"},
-             "instances": [{"name": "behind-0", "url": f"{server.url}/behind-0"},
-                           {"name": "behind-1", "url": f"{server.url}/behind-1"}]},
-            {"name": "balanced", "gpus": 2, "tensor_parallel_size": 1,
-             "entrypoint": {"balance": "round_robin"},
-             "instances": [{"name": "replica-0", "url": f"{server.url}/replica-0"},
-                           {"name": "replica-1", "url": f"{server.url}/replica-1"}]},
-        ])
+        spec = _proxied_and_balanced(server.url)
         plan = SweepPlan(levels=(1, 2), requests_per_level=4, input_len=LengthDist.fixed(3),
                          output_len=LengthDist.fixed(2), timeout_s=10)
         result = run_sweep(spec, plan, tmp_path, n_boot=0)
@@ -232,16 +237,7 @@ def test_the_app_sends_traffic_only_to_the_spec_targets_and_shows_no_token(
               for name in ("entry", "behind-0", "behind-1", "replica-0", "replica-1")}
     results = tmp_path / "results"
     with serving(routes) as server:
-        spec = _spec([
-            {"name": "proxied", "gpus": 2, "tensor_parallel_size": 1,
-             "entrypoint": {"url": f"{server.url}/entry"},
-             "instances": [{"name": "behind-0", "url": f"{server.url}/behind-0"},
-                           {"name": "behind-1", "url": f"{server.url}/behind-1"}]},
-            {"name": "balanced", "gpus": 2, "tensor_parallel_size": 1,
-             "entrypoint": {"balance": "round_robin"},
-             "instances": [{"name": "replica-0", "url": f"{server.url}/replica-0"},
-                           {"name": "replica-1", "url": f"{server.url}/replica-1"}]},
-        ], {"bearer_token_env": TOKEN_ENV})
+        spec = _proxied_and_balanced(server.url, {"bearer_token_env": TOKEN_ENV})
         spec_path = tmp_path / "spec.yaml"
         spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
         monkeypatch.setattr(sys, "argv", ["page.py", str(spec_path), "--results", str(results),
