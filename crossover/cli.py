@@ -7,6 +7,7 @@ import argparse
 import importlib
 import signal
 import sys
+import typing
 from collections.abc import Collection, Sequence
 
 from crossover import __version__
@@ -25,13 +26,21 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A usage mistake is one line naming the command and the problem, as every other bad input is;
+    the usage block stays behind --help (a subcommand's can run to a dozen lines)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
     """The whole parser; `commands` limits which subcommands' modules are imported (None: all).
 
     The others still appear in --help (from SUBCOMMANDS) but take no arguments: main() imports
     only the module of the command being run, so `--help` and `validate` skip numpy and aiohttp.
     """
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="crossover",
         description="Find where one vLLM topology overtakes another on goodput: simulate, scrape, "
         "sweep, alert and chart a fleet described by one spec file.",

@@ -85,6 +85,17 @@ def test_help_and_validate_import_no_heavy_library(argv: list[str]) -> None:
 def test_an_unknown_option_is_blamed_on_its_subcommand() -> None:
     result = run("validate", "spec.yaml", "--frobnicate")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert last == "crossover validate: error: unrecognized arguments: --frobnicate"
-    assert result.stderr.startswith("usage: crossover validate")
+    assert result.stderr == ("crossover validate: error: unrecognized arguments: --frobnicate "
+                             "(see crossover validate --help)\n")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (("rules", "spec.yaml"), "crossover rules: error: the following arguments are required: --out"),
+    (("rules", "spec.yaml", "--out", "x", "--format", "bogus"), "crossover rules: error: argument --format"),
+    (("bogus",), "crossover: error: argument COMMAND: invalid choice: 'bogus'"),
+])
+def test_a_usage_mistake_is_one_line(argv: tuple[str, ...], expected: str) -> None:
+    result = run(*argv)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(expected), result.stderr
