@@ -33,6 +33,8 @@ def streamlit_command(args: argparse.Namespace) -> list[str]:
         page_args += ["--exporter", args.exporter]
     if args.prometheus:
         page_args += ["--prometheus", args.prometheus]
+    if args.follow:
+        page_args += ["--follow", str(Path(args.follow).resolve())]
     return [
         sys.executable, "-m", "streamlit", "run", str(PAGE_SCRIPT),
         "--server.port", str(args.port),

@@ -24,6 +24,7 @@ class AppConfig:
     results_dir: Path
     exporter_url: str | None = None
     prometheus_url: str | None = None
+    follow: Path | None = None  # a sweep folder another process writes, shown as its levels finish
 
 
 def check_url(value: str | None, flag: str) -> str | None:
@@ -49,6 +50,9 @@ def add_page_arguments(parser: argparse.ArgumentParser) -> None:
                         help="URL of `crossover exporter` for the server-side view (e.g. http://127.0.0.1:9400)")
     parser.add_argument("--prometheus", default=None,
                         help="URL of a Prometheus that scrapes the fleet, used for the server-side view")
+    parser.add_argument("--follow", default=None, metavar="RUN_DIR",
+                        help="open this sweep folder (one that `crossover sweep` or `crossover demo` is "
+                        "writing) and redraw it as each level finishes")
 
 
 def config_from_args(args: argparse.Namespace) -> AppConfig:
@@ -57,6 +61,7 @@ def config_from_args(args: argparse.Namespace) -> AppConfig:
         results_dir=Path(args.results),
         exporter_url=check_url(args.exporter, "--exporter"),
         prometheus_url=check_url(args.prometheus, "--prometheus"),
+        follow=Path(args.follow) if args.follow else None,
     )
 
 

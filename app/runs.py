@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from crossover.loadgen.results import LIST_COLUMNS, RUN_FILE, SUMMARY_FILE
+from crossover.loadgen.results import LIST_COLUMNS, RUN_FILE, SUMMARY_FILE, RunInfo, level_done
 
 FORMATS = ("csv", "parquet", "json")
 MIME = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet", "json": "application/json"}
@@ -48,6 +48,19 @@ def last_change(run_dir: Path) -> float:
     if not times:
         raise FileNotFoundError(f"{run_dir}: no {RUN_FILE}")
     return max(times)
+
+
+def being_written(run_dir: Path) -> bool:
+    """Whether a sweep folder another process writes may still grow: no plan yet, or a planned level
+    without its file. A folder that cannot be read is not waited for (opening it says why)."""
+    try:
+        info = RunInfo.from_json(json.loads((run_dir / RUN_FILE).read_text()))
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return not all(level_done(run_dir, info.plan, name, level)
+                   for level in info.plan.levels for name in info.topologies)
 
 
 def new_run_dir(results_dir: Path, now: float | None = None) -> Path:

@@ -25,7 +25,7 @@ from crossover.app.preflight import unreachable_targets
 from crossover.app.runner import RunState, RunStatus, SweepRunner, in_child_process, jobs_in, sweep_spec_plan
 from crossover.errors import UserError
 from crossover.loadgen.plan import SLO_NAMES, Mode
-from crossover.loadgen.results import load_run
+from crossover.loadgen.results import RUN_FILE, load_run
 from crossover.spec import FleetSpec, load_spec
 
 REFRESH_S = 1.0
@@ -252,12 +252,23 @@ def show_server_view(config: AppConfig, spec: FleetSpec, status: RunStatus) -> N
         columns[position % 2].vega_lite_chart(spec=chart_spec, width="stretch")
 
 
-def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_active: bool) -> None:
+def following(config: AppConfig) -> bool:
+    """The page shows the --follow folder and another process is still writing it."""
+    return (config.follow is not None and st.session_state.get("view") == str(config.follow)
+            and runs.being_written(config.follow))
+
+
+def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_active: bool,
+                 was_following: bool = False) -> None:
     status = runner.status()
-    if was_active and not status.state.active:
+    if (was_active and not status.state.active) or (was_following and not following(config)):
         st.rerun(scope="app")  # the sweep ended: rebuild the sidebar (Start enabled) and stop polling
     show_status(status)
     chosen = st.session_state.get("view", LIVE)
+    if config.follow is not None and chosen == str(config.follow) and \
+            not (config.follow / RUN_FILE).exists():
+        st.info(f"Waiting for the sweep in {config.follow} to start; its curves appear here level by level.")
+        return
     try:
         if chosen == LIVE:
             results = view.live_view(status)
@@ -293,10 +304,13 @@ def main() -> None:
     st.caption(" vs ".join(f"{t.name} ({len(t.instances)} x TP={t.tensor_parallel_size}, {t.gpus} GPUs)"
                            for t in spec.topologies))
     runner = shared_runner(str(config.spec_path.resolve()), str(config.results_dir.resolve()))
+    if config.follow is not None and "view" not in st.session_state:
+        st.session_state["view"] = str(config.follow)  # opened once; the user may pick another view
     sidebar_form(spec, runner, config)
     sidebar_past_runs(config)
     if st.session_state.get("start_error"):
         st.error(st.session_state["start_error"])
     active = runner.status().state.active
-    area = st.fragment(run_every=REFRESH_S if active else None)(results_area)
-    area(runner, spec, config, active)
+    watching = following(config)
+    area = st.fragment(run_every=REFRESH_S if active or watching else None)(results_area)
+    area(runner, spec, config, active, watching)

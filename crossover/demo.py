@@ -231,10 +231,11 @@ def rules_command(spec_path: Path, out: Path, exporter: str | None) -> list[str]
 
 
 def app_command(spec_path: Path, port: int, results: Path, exporter: str | None,
-                prometheus: str | None) -> list[str]:
+                prometheus: str | None, follow: Path | None = None) -> list[str]:
     command = crossover_command("app", str(spec_path), "--port", str(port), "--address", "127.0.0.1",
                                 "--results", str(results))
     command += ["--exporter", exporter] if exporter else []
+    command += ["--follow", str(follow)] if follow else []
     return command + (["--prometheus", prometheus] if prometheus else [])
 
 
@@ -367,16 +368,16 @@ def start_prometheus(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
     stack.urls["prometheus"] = f"{url}  ({len(rule_files)} rule file(s) from {rules_dir or 'nowhere'})"
 
 
-def start_app(sup: Supervisor, stack: Stack) -> None:
+def start_app(sup: Supervisor, stack: Stack, follow: Path | None) -> None:
     if not available("app"):
         stack.notes.append("app: not in this build (crossover app), skipped")
         return
     port = pick_port("app", stack.usual_ports)
     exporter = stack.urls["exporter"].removesuffix("/metrics") if "exporter" in stack.urls else None
     prometheus = stack.urls["prometheus"].split()[0] if "prometheus" in stack.urls else None
-    # The results folder is the demo's own: the app lists the demo's sweep (OUT/sweep) as a past run
-    # and writes the runs started from it beside it.
-    child = sup.start("app", app_command(stack.spec_path, port, stack.out, exporter, prometheus))
+    # The results folder is the demo's own: the app opens the demo's sweep (OUT/sweep) and redraws it
+    # level by level (--follow), and writes the runs started from it beside it.
+    child = sup.start("app", app_command(stack.spec_path, port, stack.out, exporter, prometheus, follow))
     url = f"http://127.0.0.1:{port}"
     sup.wait_ready(child, lambda: http_ok(url + "/_stcore/health"), 120.0)
     stack.urls["app"] = url
@@ -453,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
                 if args.no_app:
                     stack.notes.append("app: off (--no-app)")
                 else:
-                    start_app(sup, stack)
+                    start_app(sup, stack, None if args.no_sweep else stack.out / "sweep")
             print_stack(stack, spec_source)
             code = 0 if args.no_sweep else run_sweep(sup, stack, args)
             summary = stack.out / "sweep" / "crossover.json"
@@ -462,9 +463,8 @@ def run(args: argparse.Namespace) -> int:
             if args.headless:
                 return code
             if "app" in stack.urls and summary.exists():
-                # The app starts on a blank sweep form; the demo's own sweep is one of its past runs.
-                say(f"crossover demo: to see this sweep in the app ({stack.urls['app']}), pick "
-                    f"'{summary.parent.name}' under Past runs and press Open run")
+                say(f"crossover demo: the app ({stack.urls['app']}) shows this sweep; start another from "
+                    "its sidebar")
             say("crossover demo: everything keeps running; press Ctrl-C to stop it all")
             return wait_for_interrupt(sup)
         except KeyboardInterrupt:

@@ -379,9 +379,9 @@ def test_every_command_the_demo_builds_is_accepted_by_the_cli(tmp_path: Path) ->
     rules = parse(demo_module.rules_command(spec, tmp_path / "rules", "127.0.0.1:9411"))
     assert rules.exporter_target == "127.0.0.1:9411" and rules.out == str(tmp_path / "rules")
     app = parse(demo_module.app_command(spec, 8555, tmp_path / "app", "http://127.0.0.1:9411",
-                                        "http://127.0.0.1:9099"))
-    assert (app.port, app.address, app.exporter, app.prometheus) == (
-        8555, "127.0.0.1", "http://127.0.0.1:9411", "http://127.0.0.1:9099")
+                                        "http://127.0.0.1:9099", tmp_path / "app" / "sweep"))
+    assert (app.port, app.address, app.exporter, app.prometheus, app.follow) == (
+        8555, "127.0.0.1", "http://127.0.0.1:9411", "http://127.0.0.1:9099", str(tmp_path / "app" / "sweep"))
     args = demo_module_args("--concurrency", "1,2", "--requests", "5", "--input-len", "16")
     sweep = parse(demo_module.sweep_command(args, spec, tmp_path / "sweep", headless=True))
     assert (sweep.concurrency, sweep.requests, sweep.input_len, sweep.no_progress) == ("1,2", 5, "16", True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from crossover.app.runs import list_runs
+from crossover.loadgen.plan import LengthDist, SweepPlan
+from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import free_port
 from crossover.sim.fleet import running_fleet
 from tests.app.app_fixtures import spec_file_on_free_ports
@@ -216,3 +219,33 @@ def test_stop_ends_the_sweep_and_a_past_run_can_be_opened(monkeypatch, tmp_path)
     assert not other.exception and not other.error
     assert any(past[0].name in c.value for c in other.caption)
     assert len(other.dataframe[0].value) == measured
+
+
+def test_follow_shows_a_sweep_another_process_writes_level_by_level(monkeypatch, tmp_path):
+    """`crossover demo` runs its sweep beside the app and starts it with --follow: the page opens on
+    that folder, waits for it, and redraws it as each level lands, then stops polling."""
+    spec, path = spec_file_on_free_ports(tmp_path)
+    results, run_dir = tmp_path / "results", tmp_path / "results" / "sweep"
+    plan = SweepPlan(levels=(1, 2, 4), requests_per_level=4, input_len=LengthDist.fixed(64),
+                     output_len=LengthDist.fixed(8))
+    with running_fleet(spec):
+        app = open_page(monkeypatch, str(path), "--results", str(results), "--follow", str(run_dir))
+        assert not app.exception and not app.error
+        assert "Waiting for the sweep" in texts(app)
+        writer = threading.Thread(target=run_sweep, args=(spec, plan, run_dir), kwargs={"n_boot": 30})
+        writer.start()
+        rows_seen: list[int] = []
+
+        def complete(page: AppTest) -> bool:
+            rows_seen.append(len(page.dataframe[0].value) if page.dataframe else 0)
+            return rows_seen[-1] == 6
+
+        try:
+            run_until(app, complete)
+        finally:
+            writer.join(60)
+    assert not app.exception and not app.error
+    assert len(set(rows_seen) - {0}) >= 2, rows_seen  # seen part-way, not only once finished
+    assert rows_seen == sorted(rows_seen)
+    assert any(run_dir.name in c.value for c in app.caption)
+    assert app.success or app.info  # the crossover sentence, or the statement that there is none
