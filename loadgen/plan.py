@@ -80,6 +80,8 @@ class LengthDist:
                 return cls(LengthKind.NORMAL, mean, std, low, high)
         except (ValueError, IndexError):
             pass
+        except UserError as exc:  # readable but out of range: say which option it came from
+            raise UserError(f"{what}: {exc}") from None
         raise UserError(f"{what}: cannot read {text!r} (use N, uniform:LOW-HIGH, normal:MEAN,STD or "
                         "normal:MEAN,STD,LOW-HIGH)")
 

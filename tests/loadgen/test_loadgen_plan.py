@@ -34,7 +34,7 @@ def test_length_forms() -> None:
 def test_bad_lengths_are_one_line_errors(text: str) -> None:
     with pytest.raises(UserError) as info:
         LengthDist.parse(text, "--input-len")
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and str(info.value).startswith("--input-len: "), info.value
 
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [
