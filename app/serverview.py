@@ -179,7 +179,10 @@ class ServerPoller:
             self._polls_with_rows += bool(rows)
 
     def start(self) -> None:
+        """Poll once now, then every interval in the background: a page opened after a sweep (nothing
+        refreshes it) would otherwise say "no server-side data" while the source has it."""
         if self._thread is None:
+            self.poll_once()
             self._thread = threading.Thread(target=self._loop, name=f"crossover-app-{self.source}",
                                             daemon=True)
             self._thread.start()
@@ -188,9 +191,8 @@ class ServerPoller:
         self._stop.set()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval_s):
             self.poll_once()
-            self._stop.wait(self.interval_s)
 
     def history(self) -> ServerHistory:
         with self._lock:

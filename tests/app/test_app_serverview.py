@@ -32,6 +32,13 @@ def test_the_exporter_shows_what_the_servers_saw_during_traffic(tmp_path):
         run_sweep(spec, plan, tmp_path / "run")
         time.sleep(1.5)  # one more scrape after the last request
         poller.poll_once()
+        # a page opened after the sweep (nothing refreshes it) has the servers' figures at once
+        late = serverview.ServerPoller("exporter", url, spec, interval_s=3600)
+        late.start()
+        try:
+            assert set(late.history().frame["topology"]) == {"tp2x2", "tp4x1"}
+        finally:
+            late.stop()
     history = poller.history()
     assert history.error is None
     latest = history.frame.groupby("topology").last()
