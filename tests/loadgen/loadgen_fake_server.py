@@ -40,7 +40,10 @@ class Behaviour:
 class Recorded:
     id: str
     arrival: float
-    token_times: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # each event's write returned
+    # Each event's write began: the client cannot see it earlier. The time after the write can be
+    # late by a GIL hand-over to the client thread of the same process (5 ms switch interval).
+    write_starts: list[float] = field(default_factory=list)
     output_tokens: int = 0
     prompt_tokens: int = 0
 
@@ -95,7 +98,9 @@ class FakeServer:
                 if b.garbage:
                     await response.write(b": keep-alive" + end + b"nonsense line" + end
                                          + b"data: {broken json" + end + b"data: [1, 2]" + end)
-                await response.write(b"data: " + json.dumps(event).encode() + end)
+                data = b"data: " + json.dumps(event).encode() + end
+                record.write_starts.append(time.time())
+                await response.write(data)
                 record.token_times.append(time.time())
                 record.output_tokens = sent
                 events += 1

@@ -59,11 +59,13 @@ def test_well_behaved_stream_times_match_the_server(connector: str) -> None:
     assert math.isclose(sum(record.itl), record.e2e - record.ttft, rel_tol=1e-9)
     assert math.isclose(record.tpot, (record.e2e - record.ttft) / 8)
     truth = server.recorded[0]
-    # the client sees each event when the server wrote it (the server stamps after its write
-    # returns, so the client may be a hair earlier), and not much later
+    # the client sees each event after the server began writing it and not much after the write
+    # returned (the server shares this process, so its stamps can trail a GIL hand-over)
     assert record.ttft >= 0.05
-    for client, written in zip(record.chunk_times, truth.token_times, strict=True):
-        assert -0.005 < record.send_time + client - written < 0.05
+    for client, started, written in zip(record.chunk_times, truth.write_starts, truth.token_times,
+                                        strict=True):
+        seen = record.send_time + client
+        assert started - 0.001 < seen < written + 0.05, (seen - started, seen - written)
     assert server.bodies[0]["ignore_eos"] is True and server.bodies[0]["min_tokens"] == 9
     assert server.bodies[0]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
