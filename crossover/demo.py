@@ -191,13 +191,8 @@ def check_lengths(args: argparse.Namespace) -> None:
     from crossover.loadgen.plan import LengthDist
 
     for option, text in (("--input-len", args.input_len), ("--output-len", args.output_len)):
-        if text is None:
-            continue
-        try:
-            LengthDist.parse(text, option)
-        except UserError as exc:
-            message = str(exc)
-            raise UserError(message if message.startswith(option) else f"{option}: {message}") from None
+        if text is not None:
+            LengthDist.parse(text, option)  # its UserError names the option
 
 
 def sweep_command(args: argparse.Namespace, spec_path: Path, out: Path, headless: bool) -> list[str]:

@@ -83,6 +83,11 @@ REFERENCE_TIERS: tuple[tuple[str, float, float, float, float], ...] = (
 )
 
 
+def promql_string(value: str) -> str:
+    """A PromQL string literal (double-quoted, backslashes and quotes escaped)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 @dataclass(frozen=True)
 class SloBucket:
     """Which histogram bucket an SLO reads, and whether that is the SLO exactly."""
@@ -100,7 +105,7 @@ class SloBucket:
     @property
     def le_matcher(self) -> str:
         """`le=~"..."` with the regex escaped for a PromQL string literal."""
-        return 'le=~"' + self.le_regex.replace("\\", "\\\\") + '"'
+        return "le=~" + promql_string(self.le_regex)
 
 
 @dataclass(frozen=True)
@@ -363,11 +368,6 @@ def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str 
                    format_duration(period_s), kv_window, warnings)
 
 
-def _quoted(value: str) -> str:
-    """A PromQL string literal."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _by(labels: tuple[str, ...]) -> str:
     return ", ".join(labels)
 
@@ -554,8 +554,9 @@ class _Builder:
                 runbook_url=self.runbook("VllmTopologyDown")),
             AlertRule(
                 "VllmTopologyAbsent",
-                "\nor\n".join(f'max by (topology) (absent({self.sel("up", f"topology={_quoted(t.name)}")}))'
-                                for t in self.spec.topologies),
+                "\nor\n".join(
+                    f'max by (topology) (absent({self.sel("up", "topology=" + promql_string(t.name))}))'
+                    for t in self.spec.topologies),
                 # At least four scrapes: a freshly started Prometheus evaluates before its first scrape.
                 float(max(round(300 * scaled), math.ceil(4 * self.spec.scrape.interval_seconds))), "critical",
                 summary="Prometheus scrapes no target of topology {{ $labels.topology }}",

@@ -13,6 +13,7 @@ TTFT buckets, so TargetDown, TopologyDown, MetricsAbsent and SloBucketMissing mu
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,8 +195,7 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
         if topology.disaggregated:
             expectations.append((m.nixl_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
         if m.disaggregated_topologies(spec):  # the per-role rules exist for every topology
-            for role in dict.fromkeys(i.role.value for i in topology.instances):
-                count = sum(i.role.value == role for i in topology.instances)
+            for role, count in Counter(i.role.value for i in topology.instances).items():
                 role_key = {"topology": topology.name, "role": role, **model}
                 expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, "topology_role"), role_key,
                                      REQUESTS_PER_S * count))
