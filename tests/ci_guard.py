@@ -1,6 +1,6 @@
 """Under CI=true a skip is a failure: whatever a test needs, `make test` installs, so a skip there
-means a missing dependency. tests/helpers.require fails by itself; these hooks (imported by
-tests/conftest.py) also catch pytest.importorskip, skipif and whatever skip is added later."""
+means a missing dependency. These hooks (imported by tests/conftest.py) catch every skip:
+tests/helpers.require, pytest.importorskip, skipif and whatever skip is added later."""
 
 from __future__ import annotations
 
