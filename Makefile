@@ -18,7 +18,7 @@ install: $(VENV)/.installed
 # Order-only on system-deps: a fresh Debian machine needs python3-venv before the venv, but
 # re-checking the Debian packages must not force a reinstall of the package. A venv left without
 # pip (made before python3-venv was there) is made again.
-$(VENV)/.installed: pyproject.toml | system-deps
+$(VENV)/.installed: pyproject.toml sim/_emitter.c | system-deps
 	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -U pip
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
@@ -44,4 +44,4 @@ generate: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/generate
 
 clean:
-	rm -rf $(VENV) .typecheck .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .typecheck .mypy_cache .ruff_cache .pytest_cache build sim/_emitter.*.so

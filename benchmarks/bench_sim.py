@@ -2,13 +2,14 @@
 between each token's scheduled emission (its step's modelled end) and the moment it was written.
 
     python benchmarks/bench_sim.py [--streams 2000] [--instances 8,16] [--step-ms 40] [--duration 20]
-                                   [--loops uvloop,asyncio] [--gc 20000,5000] [--client-loop auto]
-                                   [--report-every 10]
+                                   [--emitters thread,loop] [--loops uvloop,asyncio] [--gc 20000,5000]
+                                   [--client-loop auto] [--report-every 10]
 
 One `crossover sim` server process (N colocated instances of a synthetic spec whose steps take a fixed
 time) and one client process (this one: asyncio protocols, closed loop, keep-alive, counting SSE
-chunks). `--loops`, `--gc` (the server's collector policy) and `--instances` (the same streams spread
-over that many instances: the burst of writes per step shrinks) each add columns, side by side.
+chunks). `--emitters` (who writes the tokens: the emitter thread or the event loop), `--loops`, `--gc`
+(the server's collector policy) and `--instances` (the same streams spread over that many instances:
+the burst of writes per step shrinks) each add columns, side by side.
 `--report-every S` prints each S seconds of the window as it ends (gap percentiles, collector pauses,
 server RSS), for long runs: the gap ring holds the last 65,536 tokens of an instance, so S must stay
 under ~10 s at 250 streams per instance; the column's percentiles are then the worst interval's.
@@ -257,7 +258,7 @@ def place_server(cpu: int | None) -> None:
 
 
 def run_level(args: argparse.Namespace, streams: int, loop: str, gc_policy: str,
-              instances: int) -> dict[str, float]:
+              instances: int, emitter: str) -> dict[str, float]:
     """One fresh server on event loop `loop`, `streams` closed-loop streams: the figures of one column."""
     spec = bench_spec(instances, args.step_ms)
     urls = [i["url"] for i in spec["topologies"][0]["instances"]]  # type: ignore[index]
@@ -270,7 +271,7 @@ def run_level(args: argparse.Namespace, streams: int, loop: str, gc_policy: str,
         cwd = os.path.abspath(args.base)
         env = {**os.environ, "PYTHONPATH": cwd}
     else:
-        command += ["--loop", loop, "--gc", gc_policy]
+        command += ["--loop", loop, "--gc", gc_policy, "--emitter", emitter]
     server = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True,
                               preexec_fn=partial(place_server, server_cpu))
@@ -279,7 +280,7 @@ def run_level(args: argparse.Namespace, streams: int, loop: str, gc_policy: str,
         with asyncio.Runner(loop_factory=loop_factory(args.client_loop)) as runner:
             result = runner.run(drive(urls, streams, args.output_tokens, args.warmup, args.duration,
                                       server.pid, args.step_ms / 1000, args.report_every,
-                                      f"{streams}/{instances} {loop} gc {gc_policy}"))
+                                      f"{streams}/{instances} {emitter} {loop} gc {gc_policy}"))
         result["loadavg"] = os.getloadavg()[0]
     finally:
         server.terminate()
@@ -305,6 +306,9 @@ def main() -> int:
                         help="add N to the server's and the client's nice value and to their session's "
                         "(autogroup's), e.g. -10, as root: ahead of the machine's other work")
     parser.add_argument("--client-cpu", type=int, default=None, help="pin this (client) process to this CPU")
+    parser.add_argument("--emitters", default="thread",
+                        help="comma-separated writers of the streamed tokens (crossover sim --emitter: "
+                        "thread, loop), a column each")
     parser.add_argument("--loops", default="auto",
                         help=f"comma-separated server event loops ({', '.join(LOOPS)}), "
                         "a column each per stream count")
@@ -318,13 +322,15 @@ def main() -> int:
                         help="also run, as loop `base`, the simulator of an older checkout: DIR holds its "
                         "`crossover` package tree (crossover/ with sim/ inside), first on the server's path")
     args = parser.parse_args()
-    columns = [(int(n), loop, policy, int(k)) for n in args.streams.split(",")
-               for k in args.instances.split(",") for loop in args.loops.split(",")
-               for policy in args.gc.split(",")]
+    columns = [(int(n), loop, policy, int(k), emitter) for n in args.streams.split(",")
+               for k in args.instances.split(",") for emitter in args.emitters.split(",")
+               for loop in args.loops.split(",") for policy in args.gc.split(",")]
     if args.base is not None:
-        columns += [(n, "base", "-", k) for n, k in dict.fromkeys((n, k) for n, _, _, k in columns)]
+        columns += [(n, "base", "-", k, "-") for n, k in dict.fromkeys((n, k) for n, _, _, k, _ in columns)]
         columns.sort(key=lambda column: column[0])
-    for _, loop, _, _ in columns:
+    for _, loop, _, _, emitter in columns:
+        if emitter not in ("thread", "loop", "-"):
+            raise SystemExit(f"bench: --emitters: unknown writer {emitter!r} (thread, loop)")
         if loop != "base":
             loop_factory(loop)  # an unknown name or a missing uvloop fails here, before any server starts
     if args.client_cpu is not None:
@@ -336,8 +342,9 @@ def main() -> int:
     if args.nice is not None:
         pinned += f", nice {args.nice:+d} (the client too)"
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; server: one "
-          f"process{pinned}, {args.instances} instances, {args.step_ms:g} ms steps, {args.output_tokens} "
-          f"tokens per request; client: one process ({args.client_loop} loop), keep-alive streams, "
+          f"process{pinned}, {args.instances} instances, tokens written by {args.emitters}, "
+          f"{args.step_ms:g} ms steps, {args.output_tokens} tokens per request; client: one process "
+          f"({args.client_loop} loop), keep-alive streams, "
           "closed loop")
     print(f"targets: >= {TARGET_STREAMS} streams, >= {TARGET_TOKENS_PER_CORE:,} tokens/s per server core, "
           f"emission gap p99 <= {TARGET_GAP_P99_S * 1000:g} ms")
@@ -362,7 +369,7 @@ def main() -> int:
         ("dropped connections", "dropped_connections", "{:.0f}"),
         ("load average (1 min, column's end)", "loadavg", "{:.2f}"),
     ]
-    for (level, _, _, _), result in zip(columns, results, strict=True):
+    for (level, _, _, _, _), result in zip(columns, results, strict=True):
         result["streams"] = level
         recorded = "gc0_n" in result  # an older simulator (--base) does not report its collector
         result["gc_n"] = " / ".join(f"{result[f'gc{g}_n']:.0f}" for g in range(3)) \
@@ -375,9 +382,10 @@ def main() -> int:
         result.setdefault("gap_p99_median_ms", float("nan"))
         result["per_core_ratio"] = result["per_core"] / TARGET_TOKENS_PER_CORE
         result["gap_ratio"] = result["gap_p99_ms"] / (TARGET_GAP_P99_S * 1000)
-    varied = [len({column[i] for column in columns}) > 1 for i in range(4)]
-    heads = [" ".join([f"{n}"] + [f"{k}i"] * varied[3] + [loop] * varied[1] + [f"gc {policy}"] * varied[2])
-             if any(varied[1:]) else f"{n} streams" for n, loop, policy, k in columns]
+    varied = [len({column[i] for column in columns}) > 1 for i in range(5)]
+    heads = [" ".join([f"{n}"] + [f"{k}i"] * varied[3] + [emitter] * varied[4] + [loop] * varied[1]
+                      + [f"gc {policy}"] * varied[2])
+             if any(varied[1:]) else f"{n} streams" for n, loop, policy, k, emitter in columns]
     cells = [[fmt.format(r[key]) for r in results] for _, key, fmt in rows]
     width = max(16, *(len(cell) + 2 for cell in [*heads, *(c for row in cells for c in row)]))
     print(f"{'figure':<40}" + "".join(f"{head:>{width}}" for head in heads))

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
+import resource
 import signal
 import sys
 
 from crossover.errors import UserError
 from crossover.eventloop import LOOPS, loop_factory
+from crossover.sim import emitter as emitters
 from crossover.sim import gcpause
 from crossover.sim.fleet import SimFleet, with_overrides
 from crossover.spec import load_spec
@@ -27,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "URLs name services); default: each URL's own host, which must be loopback")
     parser.add_argument("--loop", choices=LOOPS, default="auto",
                         help="event loop: uvloop (auto: when installed, the faster one) or asyncio's own")
+    parser.add_argument("--emitter", choices=emitters.MODES, default="auto",
+                        help="who writes streamed tokens: the emitter thread at each step's scheduled end "
+                        "(auto: when built) or the event loop")
     parser.add_argument("--gc", default=str(gcpause.DEFAULT_YOUNG), metavar="N",
                         help="garbage collector: a young collection every N allocations "
                         f"(default {gcpause.DEFAULT_YOUNG})")
@@ -53,6 +59,16 @@ async def serve(fleet: SimFleet, gc_policy: str = str(gcpause.DEFAULT_YOUNG)) ->
         await fleet.stop()
 
 
+def raise_descriptor_limit() -> None:
+    """Thousands of streams need thousands of descriptors (two each with the emitter thread), and many
+    systems start processes with a soft limit of 1,024: raise it to the hard limit, as vLLM does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20,
+                                                        hard))
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         gcpause.parse(args.gc)
@@ -60,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--gc must be a positive integer, not {args.gc!r}") from None
     spec = with_overrides(load_spec(args.spec), seed=args.seed, vllm_version=args.vllm_version,
                           time_scale=args.time_scale)
-    fleet = SimFleet(spec, bind_host=args.bind)
+    fleet = SimFleet(spec, bind_host=args.bind, emitter=args.emitter)
+    raise_descriptor_limit()
     with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
         runner.run(serve(fleet, args.gc))
     print("crossover sim: stopped", file=sys.stderr)

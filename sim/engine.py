@@ -16,6 +16,7 @@ import time
 from array import array
 from typing import Protocol
 
+from crossover.sim import emitter as emitters
 from crossover.sim.metrics import InstanceMetrics, QueueState
 from crossover.sim.model import PerfModel
 from crossover.sim.scheduler import Scheduler, SimRequest, StepOutcome, StepPlan
@@ -76,8 +77,12 @@ _BOOKS: dict[int, WriteBook] = {}  # by id(event loop)
 class TokenSink(Protocol):
     """Whoever waits for a request's tokens (an HTTP handler); called on the engine's step pass."""
 
-    def prepare(self, request: SimRequest, index: int, finishing: bool) -> None:
-        """Format token `index` (1-based) while the step that produces it is still running."""
+    def prepare(self, request: SimRequest, index: int, finishing: bool) -> int:
+        """Format token `index` (1-based) into request.pending while the step that produces it is
+        still running; returns the descriptor the emitter thread is to write it to, or -1 when
+        on_token writes it from the loop."""
+
+    def on_emitted(self, chunk: bytes, written_at: float, sent: int, step_end: float) -> None: ...
 
     def on_token(self, request: SimRequest, step_end: float) -> None: ...
 
@@ -87,7 +92,12 @@ class TokenSink(Protocol):
 class LiveEngine:
     """One simulated vLLM engine core: scheduler + metrics + the step loop task."""
 
-    def __init__(self, model: PerfModel, metrics: InstanceMetrics, time_scale: float = 1.0) -> None:
+    def __init__(self, model: PerfModel, metrics: InstanceMetrics, time_scale: float = 1.0,
+                 threaded_emitter: bool | None = None) -> None:
+        """threaded_emitter: streamed tokens are written by the emitter thread (default: when it is
+        built), else from this event loop (sim/emitter.py)."""
+        self.use_emitter = emitters.available() if threaded_emitter is None else threaded_emitter
+        self.emitter: emitters.LoopEmitter | None = None
         self.model = model
         self.metrics = metrics
         self.time_scale = time_scale
@@ -102,6 +112,9 @@ class LiveEngine:
         self._idle = False
         self._stopped = True
         self.write_cost = _WRITE_COST_S  # running mean of one token's write (seconds), see _due
+        self.thread_write_cost = _WRITE_COST_S  # the same for the emitter thread's writes
+        self._loop_writes = 0  # tokens of the step in flight that on_token writes from the loop
+        self._last_burst = 0.0  # when the emitter thread's last burst of this instance starts
         self._book = WriteBook()
         # Emission gaps |actual write time - scheduled step end|, a ring the benchmark reads.
         self.emission_gaps = array("d", bytes(8 * GAP_RING))
@@ -114,6 +127,8 @@ class LiveEngine:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._book = _BOOKS.setdefault(id(self._loop), WriteBook())
+        if self.use_emitter and self.emitter is None:
+            self.emitter = emitters.acquire(self._loop)
         self._stopped = False
         self._next_start = time.monotonic()
         self._handle = self._loop.call_soon(self._arm)
@@ -124,6 +139,9 @@ class LiveEngine:
             self._handle.cancel()
             self._handle = None
         self._plan = None
+        if self.emitter is not None:
+            emitter, self.emitter = self.emitter, None
+            emitters.release(emitter)
 
     def submit(self, request: SimRequest) -> None:
         self.scheduler.add(request)
@@ -178,14 +196,18 @@ class LiveEngine:
             return
         end = start + plan.seconds * self.slowdown / self.time_scale
         self._period = end - start
-        emitting = self._prepare(plan)
+        emitting, sinks, fds, chunks = self._prepare(plan)
         self._plan = plan
         self._end = end
+        self._loop_writes = emitting
         now = time.monotonic()
-        length = self.write_cost * emitting
-        if length / 2 > _MAX_LEAD_S:
-            length = 2 * _MAX_LEAD_S
-        fire = self._book.place(end, length, now) - _TIMER_LEAD_S
+        if fds and self.emitter is not None:
+            length = min(self.thread_write_cost * len(fds), 2 * _MAX_LEAD_S)
+            self.emitter.submit(self._thread_burst_start(end, length, now), self, end, sinks, fds, chunks)
+        fire = end  # the step's bookkeeping; its tokens are the thread's unless some are the loop's
+        if emitting:
+            length = min(self.write_cost * emitting, 2 * _MAX_LEAD_S)
+            fire = self._book.place(end, length, now) - _TIMER_LEAD_S
         if fire > now:
             self._handle = loop.call_at(fire, self._due)
         else:
@@ -209,23 +231,47 @@ class LiveEngine:
             for request in emitted:
                 if request.sink is not None:
                     request.sink.on_token(request, end)
-            cost = (time.monotonic() - began) / len(emitted)
-            self.write_cost += _WRITE_COST_WEIGHT * (cost - self.write_cost)
+            if self._loop_writes:
+                cost = (time.monotonic() - began) / self._loop_writes
+                self.write_cost += _WRITE_COST_WEIGHT * (cost - self.write_cost)
         self._account(outcome, end)
 
+    def _thread_burst_start(self, end: float, length: float, now: float) -> float:
+        """Where the emitter thread's burst for a step ending at `end` starts: the booked place, but
+        never before this instance's previous burst. The thread writes batches by start time and a
+        stream's tokens must leave in order; the book alone only keeps bursts from overlapping."""
+        begin = max(now, self._book.place(end, length, now), self._last_burst)
+        self._last_burst = begin
+        return begin
+
+    def note_burst(self, writes: int, seconds: float) -> None:
+        """The emitter thread wrote `writes` chunks of one step in `seconds` (first to last)."""
+        cost = seconds / (writes - 1)
+        self.thread_write_cost += _WRITE_COST_WEIGHT * (cost - self.thread_write_cost)
+
     @staticmethod
-    def _prepare(plan: StepPlan) -> int:
+    def _prepare(plan: StepPlan) -> tuple[int, list[TokenSink], list[int], list[bytes]]:
         """Format every chunk this step will emit before it ends, so that at the step's end only the
-        socket writes remain between the scheduled and the actual emission; returns their number."""
+        socket writes remain between the scheduled and the actual emission. Returns how many the loop
+        writes, and the (sink, descriptor, chunk) lists of those the emitter thread writes."""
         emitting = 0
+        sinks: list[TokenSink] = []
+        fds: list[int] = []
+        chunks: list[bytes] = []
         for request, tokens in plan.work:
             sink = request.sink
             if sink is None or request.computed + tokens < request.prefill_target:
                 continue  # a prefill chunk that does not finish the prompt emits nothing
             index = request.generated + 1
-            sink.prepare(request, index, index >= request.output_tokens)
-            emitting += 1
-        return emitting
+            fd = sink.prepare(request, index, index >= request.output_tokens)
+            if fd < 0:
+                emitting += 1
+            else:
+                sinks.append(sink)
+                fds.append(fd)
+                chunks.append(request.pending)
+                request.pending = b""
+        return emitting, sinks, fds, chunks
 
     def _account(self, outcome: StepOutcome, end: float) -> None:
         """A step's bookkeeping, after its writes (they are what clients time): metrics, finished

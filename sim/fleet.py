@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from crossover.errors import UserError
 from crossover.eventloop import new_event_loop
+from crossover.sim import emitter as emitters
 from crossover.sim.metrics import legacy_mode
 from crossover.sim.proxy import EntrypointProxy
 from crossover.sim.server import SimInstance, record_view
@@ -54,19 +55,24 @@ def with_overrides(spec: FleetSpec, *, seed: int | None = None, vllm_version: st
 class SimFleet:
     """Simulated vLLM instances (and P/D proxies) for every topology of a spec, on one event loop."""
 
-    def __init__(self, spec: FleetSpec, bind_host: str | None = None) -> None:
+    def __init__(self, spec: FleetSpec, bind_host: str | None = None, emitter: str = "auto") -> None:
         """bind_host: listen there (e.g. 0.0.0.0 in a container whose URLs name services) instead of
-        on each URL's own host, which must then be loopback."""
+        on each URL's own host, which must then be loopback. emitter: who writes streamed tokens,
+        "thread", "loop" or "auto" (sim/emitter.py)."""
         try:
             legacy_mode(spec.simulator.vllm_version)
         except ValueError as exc:
             raise UserError(f"simulator.vllm_version: {exc}") from None
+        try:
+            threaded = emitters.threaded(emitter)
+        except ValueError as exc:
+            raise UserError(f"--emitter {exc}") from None
         self.spec = spec
         self.instances: dict[str, SimInstance] = {}
         self.proxies: list[EntrypointProxy] = []
         for topology in spec.topologies:
             for instance in topology.instances:
-                sim = SimInstance(spec, topology, instance)
+                sim = SimInstance(spec, topology, instance, threaded)
                 if bind_host is None:
                     _check_loopback(f"instance {instance.name} ({instance.url})", sim.host)
                 else:
@@ -159,9 +165,10 @@ class SimFleet:
 
 
 @contextmanager
-def running_fleet(spec: FleetSpec, start_timeout: float = 30.0) -> Iterator[SimFleet]:
+def running_fleet(spec: FleetSpec, start_timeout: float = 30.0,
+                  emitter: str = "auto") -> Iterator[SimFleet]:
     """Run a SimFleet on a background thread's event loop for the duration of a `with` block."""
-    fleet = SimFleet(spec)
+    fleet = SimFleet(spec, emitter=emitter)
     loop = new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="sim-fleet", daemon=True)
     thread.start()

@@ -292,7 +292,11 @@ def test_dockerfile_installs_every_package_folder() -> None:
     copied = {shlex.split(line)[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
     assert folders <= copied, f"folders pip install needs but the image lacks: {folders - copied}"
     assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.M)
-    assert "RUN pip install ." in dockerfile
+    assert "&& pip install ." in dockerfile
+    # The simulator's emitter thread is built (and checked importable) in the image, not left out.
+    assert 'python -c "import crossover.sim._emitter"' in dockerfile
+    for source in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["ext-modules"]:
+        assert all(path.split("/")[0] in copied for path in source["sources"])
     for service in rendered("sim")["services"].values():
         if service.get("image", "").startswith(CROSSOVER_IMAGE):
             assert service["build"]["dockerfile"] == "compose/Dockerfile"

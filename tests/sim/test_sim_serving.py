@@ -24,10 +24,11 @@ from tests.sim.sim_client import get_json, get_text, post_json, stream
 SPEC = load_spec(SPECS / "seed-70b-h100.yaml")
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[SimFleet, FleetSpec, str]]:
+@pytest.fixture(scope="module", params=["thread", "loop"])
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[SimFleet, FleetSpec, str]]:
+    """One instance serving, its streamed tokens written by the emitter thread, then by the loop."""
     spec = spec_on_free_ports(SPEC)
-    with running_fleet(spec) as fleet:
+    with running_fleet(spec, emitter=request.param) as fleet:
         yield fleet, spec, spec.topology("tp4x1").instances[0].url
 
 
