@@ -123,6 +123,12 @@ def gap_figures(stats: list[dict[str, object]]) -> dict[str, float]:
     out = {"gap_p50_ms": 1000 * max(g.get("p50_s", 0.0) for g in gaps),
            "gap_p99_ms": 1000 * max(g.get("p99_s", 0.0) for g in gaps),
            "gap_max_ms": 1000 * max(g.get("max_s", 0.0) for g in gaps)}
+    emitter = cast(dict[str, float], stats[0].get("emitter", {}))
+    if emitter:
+        out["priority"] = cast(float, emitter["priority"])  # a word: what the thread was granted
+        out["late_submissions"] = emitter["late_submissions"]
+        out["late_submission_max_ms"] = 1000 * emitter["late_submission_max_s"]
+        out["first_write_late_max_ms"] = 1000 * emitter["first_write_late_max_s"]
     if gc_stats:
         for generation in range(3):
             out[f"gc{generation}_n"] = gc_stats["collections"][generation]
@@ -188,7 +194,11 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
                   f"{figures['gap_p99_ms']:6.2f} {figures['gap_max_ms']:7.1f}   "
                   + "  ".join(f"{figures.get(f'gc{g}_n', 0):.0f} ({figures.get(f'gc{g}_max_ms', 0):.1f})"
                               for g in range(3))
-                  + f"   {figures['rss_mib']:.0f}   {os.getloadavg()[0]:.2f}", flush=True)
+                  + f"   {figures['rss_mib']:.0f}   {os.getloadavg()[0]:.2f}"
+                  + (f"   late submissions {figures['late_submissions']:.0f} (max "
+                     f"{figures['late_submission_max_ms']:.1f} ms), thread's first write late by <= "
+                     f"{figures['first_write_late_max_ms']:.2f} ms" if "late_submissions" in figures else ""),
+                  flush=True)
     else:
         await asyncio.sleep(duration)
     tokens1, requests1, cpu1, wall1 = counts[0], counts[1], cpu_seconds(server_pid), time.monotonic()
@@ -201,6 +211,8 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
             for key in (f"gc{generation}_n", f"gc{generation}_ms"):
                 if key in window:
                     window[key] = sum(i[key] for i in intervals)
+        if "late_submissions" in window:
+            window["late_submissions"] = sum(i["late_submissions"] for i in intervals)
         window["rss_growth_mib"] = intervals[-1]["rss_mib"] - rss0
         window["gap_p99_median_ms"] = sorted(i["gap_p99_ms"] for i in intervals)[len(intervals) // 2]
     else:
@@ -271,7 +283,9 @@ def run_level(args: argparse.Namespace, streams: int, loop: str, gc_policy: str,
         cwd = os.path.abspath(args.base)
         env = {**os.environ, "PYTHONPATH": cwd}
     else:
-        command += ["--loop", loop, "--gc", gc_policy, "--emitter", emitter]
+        writer, _, priority = emitter.partition("-")
+        command += ["--loop", loop, "--gc", gc_policy, "--emitter", writer,
+                    "--emitter-priority", priority or "realtime"]
     server = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True,
                               preexec_fn=partial(place_server, server_cpu))
@@ -307,8 +321,9 @@ def main() -> int:
                         "(autogroup's), e.g. -10, as root: ahead of the machine's other work")
     parser.add_argument("--client-cpu", type=int, default=None, help="pin this (client) process to this CPU")
     parser.add_argument("--emitters", default="thread",
-                        help="comma-separated writers of the streamed tokens (crossover sim --emitter: "
-                        "thread, loop), a column each")
+                        help="comma-separated writers of the streamed tokens, a column each: thread "
+                        "(crossover sim --emitter thread, realtime priority where allowed), thread-normal "
+                        "(--emitter-priority normal), loop")
     parser.add_argument("--loops", default="auto",
                         help=f"comma-separated server event loops ({', '.join(LOOPS)}), "
                         "a column each per stream count")
@@ -329,8 +344,8 @@ def main() -> int:
         columns += [(n, "base", "-", k, "-") for n, k in dict.fromkeys((n, k) for n, _, _, k, _ in columns)]
         columns.sort(key=lambda column: column[0])
     for _, loop, _, _, emitter in columns:
-        if emitter not in ("thread", "loop", "-"):
-            raise SystemExit(f"bench: --emitters: unknown writer {emitter!r} (thread, loop)")
+        if emitter not in ("thread", "thread-normal", "loop", "-"):
+            raise SystemExit(f"bench: --emitters: unknown writer {emitter!r} (thread, thread-normal, loop)")
         if loop != "base":
             loop_factory(loop)  # an unknown name or a missing uvloop fails here, before any server starts
     if args.client_cpu is not None:
@@ -362,6 +377,10 @@ def main() -> int:
         ("  ratio to the 2 ms target", "gap_ratio", "{:.2f}x"),
         ("  median interval's p99 (--report-every)", "gap_p99_median_ms", "{:.2f}"),
         ("emission gap max (ms)", "gap_max_ms", "{:.1f}"),
+        ("emitter thread's priority (granted)", "priority", "{}"),
+        ("  steps handed over after their burst's start", "late_submissions", "{:.0f}"),
+        ("  latest hand-over (ms after its burst)", "late_submission_max_ms", "{:.1f}"),
+        ("  thread's first write late by, max (ms)", "first_write_late_max_ms", "{:.2f}"),
         ("collections gen0 / gen1 / gen2", "gc_n", "{}"),
         ("  longest pause gen0 / gen1 / gen2 (ms)", "gc_max", "{}"),
         ("  collector time, share of the window", "gc_share", "{:.1%}"),
@@ -379,6 +398,9 @@ def main() -> int:
         result["gc_share"] = sum(result[f"gc{g}_ms"] for g in range(3)) / 1000 / args.duration \
             if recorded else float("nan")
         result.setdefault("rss_growth_mib", float("nan"))
+        for key in ("late_submissions", "late_submission_max_ms", "first_write_late_max_ms"):
+            result.setdefault(key, float("nan"))  # the loop writes: no emitter thread
+        result.setdefault("priority", "-")  # type: ignore[arg-type]
         result.setdefault("gap_p99_median_ms", float("nan"))
         result["per_core_ratio"] = result["per_core"] / TARGET_TOKENS_PER_CORE
         result["gap_ratio"] = result["gap_p99_ms"] / (TARGET_GAP_P99_S * 1000)

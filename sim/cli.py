@@ -33,9 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emitter", choices=emitters.MODES, default="auto",
                         help="who writes streamed tokens: the emitter thread at each step's scheduled end "
                         "(auto: when built) or the event loop")
-    parser.add_argument("--gc", default=str(gcpause.DEFAULT_YOUNG), metavar="N",
+    parser.add_argument("--emitter-priority", choices=emitters.PRIORITIES, default="realtime",
+                        help="the emitter thread's scheduling: realtime (SCHED_FIFO at the lowest "
+                        "priority, where the process may: root or CAP_SYS_NICE; else normal) or normal")
+    parser.add_argument("--gc", default=str(gcpause.DEFAULT_YOUNG), metavar="N|freeze",
                         help="garbage collector: a young collection every N allocations "
-                        f"(default {gcpause.DEFAULT_YOUNG})")
+                        f"(default {gcpause.DEFAULT_YOUNG}), or freeze: the survivors of a young collection "
+                        "each second are frozen out of every later one (sim/gcpause.py)")
 
 
 async def serve(fleet: SimFleet, gc_policy: str = str(gcpause.DEFAULT_YOUNG)) -> None:
@@ -51,11 +55,14 @@ async def serve(fleet: SimFleet, gc_policy: str = str(gcpause.DEFAULT_YOUNG)) ->
     gc.freeze()
     gcpause.apply(gc_policy)
     gcpause.install()
+    freezer = gcpause.Freezer(loop) if gc_policy == gcpause.FREEZE else None
     try:
         for line in fleet.lines():
             print(line, flush=True)
         await stop.wait()
     finally:
+        if freezer is not None:
+            freezer.stop()
         await fleet.stop()
 
 
@@ -73,10 +80,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         gcpause.parse(args.gc)
     except ValueError:
-        raise UserError(f"--gc must be a positive integer, not {args.gc!r}") from None
+        raise UserError(f"--gc must be a positive integer or {gcpause.FREEZE}, not {args.gc!r}") from None
     spec = with_overrides(load_spec(args.spec), seed=args.seed, vllm_version=args.vllm_version,
                           time_scale=args.time_scale)
-    fleet = SimFleet(spec, bind_host=args.bind, emitter=args.emitter)
+    fleet = SimFleet(spec, bind_host=args.bind, emitter=args.emitter, emitter_priority=args.emitter_priority)
     raise_descriptor_limit()
     with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
         runner.run(serve(fleet, args.gc))

@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - exercised by installs without a compil
     _NativeEmitter = None
 
 MODES = ("auto", "thread", "loop")
+PRIORITIES = ("realtime", "normal")
 
 
 def available() -> bool:
@@ -55,29 +56,50 @@ class EmittedSink(Protocol):
 @dataclass(slots=True)
 class _Batch:
     engine: LiveEngine
+    start: float
+    submitted: float
     step_end: float
     sinks: Sequence[EmittedSink]
     chunks: list[bytes]
 
 
+@dataclass(slots=True)
+class EmitterStats:
+    """Where emission delay comes from, for /admin/stats: batches handed over after their start (the
+    event loop was late planning the step), and the thread's lateness at each batch's first write."""
+
+    batches: int = 0
+    late_submissions: int = 0
+    late_submission_max_s: float = 0.0
+    first_write_late_max_s: float = 0.0
+
+
 class LoopEmitter:
     """The emitter thread of one event loop, and the batches it has not reported yet."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, realtime: bool = True) -> None:
+        """realtime: ask for SCHED_FIFO for the thread (granted where the process may; `priority`
+        says what it got)."""
         if _NativeEmitter is None:
             raise RuntimeError("the simulator's emitter module (crossover.sim._emitter) is not built")
         self.loop = loop
         self.users = 0
         self._eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._native: Any = _NativeEmitter(self._eventfd)
+        self._native: Any = _NativeEmitter(self._eventfd, realtime)
+        self.priority: str = self._native.priority
         self._batches: dict[int, _Batch] = {}
+        self.stats = EmitterStats()
         loop.add_reader(self._eventfd, self.drain)
 
     def submit(self, start: float, engine: LiveEngine, step_end: float, sinks: Sequence[EmittedSink],
                fds: list[int], chunks: list[bytes]) -> None:
         """Write chunks[i] to fds[i] from `start` on (monotonic seconds), in order."""
+        now = time.monotonic()
+        if now > start:
+            self.stats.late_submissions += 1
+            self.stats.late_submission_max_s = max(self.stats.late_submission_max_s, now - start)
         batch_id = self._native.submit(start, fds, chunks)
-        self._batches[batch_id] = _Batch(engine, step_end, sinks, chunks)
+        self._batches[batch_id] = _Batch(engine, start, now, step_end, sinks, chunks)
 
     def drain(self) -> None:
         """Report every written batch to its sinks (the eventfd's reader; also called by a sink that
@@ -89,6 +111,13 @@ class LoopEmitter:
             step_end = batch.step_end
             for sink, chunk, written_at, count in zip(batch.sinks, batch.chunks, times, sent, strict=True):
                 sink.on_emitted(chunk, written_at, count, step_end)
+            stats = self.stats
+            stats.batches += 1
+            if times:
+                # How late the thread's first write was: the thread's own wake-up and any earlier
+                # batch still being written (the submission's own lateness is counted apart).
+                late = times[0] - max(batch.start, batch.submitted)
+                stats.first_write_late_max_s = max(stats.first_write_late_max_s, late)
             if len(times) > 1:
                 batch.engine.note_burst(len(times), times[-1] - times[0])
 
@@ -119,10 +148,11 @@ class LoopEmitter:
 _EMITTERS: dict[int, LoopEmitter] = {}  # by id(event loop)
 
 
-def acquire(loop: asyncio.AbstractEventLoop) -> LoopEmitter:
+def acquire(loop: asyncio.AbstractEventLoop, realtime: bool = True) -> LoopEmitter:
+    """The loop's emitter (started by its first user, whose `realtime` counts)."""
     emitter = _EMITTERS.get(id(loop))
     if emitter is None or emitter.loop is not loop:
-        emitter = _EMITTERS[id(loop)] = LoopEmitter(loop)
+        emitter = _EMITTERS[id(loop)] = LoopEmitter(loop, realtime)
     emitter.users += 1
     return emitter
 

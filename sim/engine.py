@@ -93,10 +93,12 @@ class LiveEngine:
     """One simulated vLLM engine core: scheduler + metrics + the step loop task."""
 
     def __init__(self, model: PerfModel, metrics: InstanceMetrics, time_scale: float = 1.0,
-                 threaded_emitter: bool | None = None) -> None:
+                 threaded_emitter: bool | None = None, realtime_emitter: bool = True) -> None:
         """threaded_emitter: streamed tokens are written by the emitter thread (default: when it is
-        built), else from this event loop (sim/emitter.py)."""
+        built), else from this event loop; realtime_emitter: the thread asks for SCHED_FIFO
+        (sim/emitter.py)."""
         self.use_emitter = emitters.available() if threaded_emitter is None else threaded_emitter
+        self.realtime_emitter = realtime_emitter
         self.emitter: emitters.LoopEmitter | None = None
         self.model = model
         self.metrics = metrics
@@ -128,7 +130,7 @@ class LiveEngine:
         self._loop = asyncio.get_running_loop()
         self._book = _BOOKS.setdefault(id(self._loop), WriteBook())
         if self.use_emitter and self.emitter is None:
-            self.emitter = emitters.acquire(self._loop)
+            self.emitter = emitters.acquire(self._loop, self.realtime_emitter)
         self._stopped = False
         self._next_start = time.monotonic()
         self._handle = self._loop.call_soon(self._arm)
@@ -239,8 +241,9 @@ class LiveEngine:
     def _thread_burst_start(self, end: float, length: float, now: float) -> float:
         """Where the emitter thread's burst for a step ending at `end` starts: the booked place, but
         never before this instance's previous burst. The thread writes batches by start time and a
-        stream's tokens must leave in order; the book alone only keeps bursts from overlapping."""
-        begin = max(now, self._book.place(end, length, now), self._last_burst)
+        stream's tokens must leave in order; the book alone only keeps bursts from overlapping. A
+        start already past (the loop planned the step late) is written at once, and counted late."""
+        begin = max(self._book.place(end, length, now), self._last_burst)
         self._last_burst = begin
         return begin
 

@@ -55,10 +55,12 @@ def with_overrides(spec: FleetSpec, *, seed: int | None = None, vllm_version: st
 class SimFleet:
     """Simulated vLLM instances (and P/D proxies) for every topology of a spec, on one event loop."""
 
-    def __init__(self, spec: FleetSpec, bind_host: str | None = None, emitter: str = "auto") -> None:
+    def __init__(self, spec: FleetSpec, bind_host: str | None = None, emitter: str = "auto",
+                 emitter_priority: str = "realtime") -> None:
         """bind_host: listen there (e.g. 0.0.0.0 in a container whose URLs name services) instead of
         on each URL's own host, which must then be loopback. emitter: who writes streamed tokens,
-        "thread", "loop" or "auto" (sim/emitter.py)."""
+        "thread", "loop" or "auto"; emitter_priority: "realtime" (SCHED_FIFO where the process may)
+        or "normal" (sim/emitter.py)."""
         try:
             legacy_mode(spec.simulator.vllm_version)
         except ValueError as exc:
@@ -67,12 +69,15 @@ class SimFleet:
             threaded = emitters.threaded(emitter)
         except ValueError as exc:
             raise UserError(f"--emitter {exc}") from None
+        if emitter_priority not in emitters.PRIORITIES:
+            raise UserError(f"--emitter-priority must be one of {', '.join(emitters.PRIORITIES)}, "
+                            f"not {emitter_priority!r}")
         self.spec = spec
         self.instances: dict[str, SimInstance] = {}
         self.proxies: list[EntrypointProxy] = []
         for topology in spec.topologies:
             for instance in topology.instances:
-                sim = SimInstance(spec, topology, instance, threaded)
+                sim = SimInstance(spec, topology, instance, threaded, emitter_priority == "realtime")
                 if bind_host is None:
                     _check_loopback(f"instance {instance.name} ({instance.url})", sim.host)
                 else:

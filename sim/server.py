@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -27,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from crossover.sim import gcpause
+from crossover.sim.emitter import EmitterStats
 from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
 from crossover.sim.model import PerfModel
@@ -273,7 +275,7 @@ class SimInstance:
     """A simulated vLLM server for one instance of the spec, listening on its URL's loopback port."""
 
     def __init__(self, spec: FleetSpec, topology: Topology, instance: Instance,
-                 threaded_emitter: bool | None = None) -> None:
+                 threaded_emitter: bool | None = None, realtime_emitter: bool = True) -> None:
         self.spec = spec
         self.topology = topology
         self.instance = instance
@@ -285,7 +287,8 @@ class SimInstance:
         self.perf = PerfModel.for_instance(spec, topology.tensor_parallel_size)
         self.metrics = InstanceMetrics(spec.model.name, spec.model.max_model_len, self._queue_state,
                                        kv_connector=instance.role is not Role.COLOCATED)
-        self.engine = LiveEngine(self.perf, self.metrics, spec.simulator.time_scale, threaded_emitter)
+        self.engine = LiveEngine(self.perf, self.metrics, spec.simulator.time_scale, threaded_emitter,
+                                 realtime_emitter)
         self.current_names, self.legacy_names = legacy_mode(spec.simulator.vllm_version)
         self.rng = random.Random(spec.simulator.seed * 1_000_003 + zlib.crc32(self.name.encode()))
         self.records: deque[dict[str, Any]] = deque(maxlen=RECORD_RING)
@@ -615,6 +618,11 @@ class SimInstance:
         stats = {"instance": self.name, "emission_gaps": self.emission_stats(),
                  "running": self.engine.scheduler.num_running, "waiting": self.engine.scheduler.num_waiting,
                  "gc": gcpause.stats(reset)}  # process-wide: every instance of the process shares it
+        emitter = self.engine.emitter
+        if emitter is not None:  # shared by every instance of the loop, like the collector
+            stats["emitter"] = {"priority": emitter.priority, **dataclasses.asdict(emitter.stats)}
+            if reset:
+                emitter.stats = EmitterStats()
         if reset:
             self.engine.emission_count = 0
         return web.json_response(stats)

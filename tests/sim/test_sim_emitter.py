@@ -232,5 +232,5 @@ def test_an_instance_bursts_never_go_back_in_time() -> None:
             return next(self.proposals)
 
     engine._book = Book()  # type: ignore[assignment]
-    starts = [engine._thread_burst_start(1.0 + k * 0.001, 0.001, 1.0) for k in range(3)]
+    starts = [engine._thread_burst_start(1.0 + k * 0.001, 0.001, 1.001) for k in range(3)]
     assert starts == [1.0050, 1.0050, 1.0100]

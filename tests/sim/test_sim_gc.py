@@ -23,7 +23,7 @@ def restore_gc() -> Iterator[None]:
 
 def test_parse() -> None:
     assert gcpause.parse("20000") == 20000
-    for bad in ("often", "0", "-5", "idle"):
+    for bad in ("often", "0", "-5", "idle", "frozen"):
         with pytest.raises(ValueError):
             gcpause.parse(bad)
 
@@ -39,6 +39,38 @@ def test_threshold_is_set_and_collections_are_recorded(restore_gc: None) -> None
     assert stats["collections"] == [1, 0, 1] and stats["policy"] == "5000"
     assert stats["seconds"][0] > 0 and stats["max_s"][2] > 0
     assert gcpause.stats()["collections"] == [0, 0, 0]
+
+
+def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc: None) -> None:
+    """`--gc freeze`: each tick collects the young generation (an orphaned cycle dies there) and then
+    freezes the survivors, so no later collection scans them."""
+    import asyncio
+    import weakref
+
+    class Node:
+        pass
+
+    assert gcpause.parse("freeze") == gcpause.DEFAULT_YOUNG
+    gcpause.apply("freeze")
+    survivors = [Node() for _ in range(1000)]  # in-flight streams' objects
+    orphan = Node()
+    orphan.self = orphan  # type: ignore[attr-defined]
+    gone = weakref.ref(orphan)
+    del orphan
+    frozen_before = gc.get_freeze_count()
+
+    async def two_ticks() -> None:
+        freezer = gcpause.Freezer(asyncio.get_running_loop(), every_s=0.01)
+        await asyncio.sleep(0.035)
+        freezer.stop()
+
+    try:
+        asyncio.run(two_ticks())
+        assert gone() is None, "a young cycle outlived the tick's collection"
+        assert gc.get_freeze_count() >= frozen_before + len(survivors)
+        assert all(gc.is_tracked(s) for s in survivors)
+    finally:
+        gc.unfreeze()
 
 
 def test_engine_keeps_its_phase_after_a_long_stall() -> None:
