@@ -327,9 +327,9 @@ def main() -> int:
     parser.add_argument("--loops", default="auto",
                         help=f"comma-separated server event loops ({', '.join(LOOPS)}), "
                         "a column each per stream count")
-    parser.add_argument("--gc", default="20000",
-                        help="comma-separated young-generation thresholds of the server "
-                             "(crossover sim --gc), a column each")
+    parser.add_argument("--gc", default="auto",
+                        help="comma-separated collector policies of the server (crossover sim --gc: a "
+                             "young-generation threshold, freeze or auto), a column each")
     parser.add_argument("--report-every", type=float, default=0.0, metavar="S",
                         help="print the window's figures every S seconds as it runs (long runs)")
     parser.add_argument("--client-loop", choices=LOOPS, default="auto", help="the client's event loop")

@@ -36,13 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emitter-priority", choices=emitters.PRIORITIES, default="realtime",
                         help="the emitter thread's scheduling: realtime (SCHED_FIFO at the lowest "
                         "priority, where the process may: root or CAP_SYS_NICE; else normal) or normal")
-    parser.add_argument("--gc", default=str(gcpause.DEFAULT_YOUNG), metavar="N|freeze",
-                        help="garbage collector: a young collection every N allocations "
-                        f"(default {gcpause.DEFAULT_YOUNG}), or freeze: the survivors of a young collection "
-                        "each second are frozen out of every later one (sim/gcpause.py)")
+    parser.add_argument("--gc", default=gcpause.AUTO, metavar="N|freeze|auto",
+                        help="garbage collector: a young collection every N allocations, or freeze: the "
+                        "survivors of a young collection each second are frozen out of every later one "
+                        f"(sim/gcpause.py); auto (default): freeze with the emitter thread, else "
+                        f"{gcpause.DEFAULT_YOUNG}")
 
 
-async def serve(fleet: SimFleet, gc_policy: str = str(gcpause.DEFAULT_YOUNG)) -> None:
+async def serve(fleet: SimFleet, gc_policy: str = gcpause.AUTO) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -53,6 +54,7 @@ async def serve(fleet: SimFleet, gc_policy: str = str(gcpause.DEFAULT_YOUNG)) ->
     # lists die by reference counting), so collector pauses stay off the emission path. Measured in
     # docs/performance.md (simulator section).
     gc.freeze()
+    gc_policy = gcpause.resolve(gc_policy, fleet.threaded_emitter)
     gcpause.apply(gc_policy)
     gcpause.install()
     freezer = gcpause.Freezer(loop) if gc_policy == gcpause.FREEZE else None
@@ -80,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         gcpause.parse(args.gc)
     except ValueError:
-        raise UserError(f"--gc must be a positive integer or {gcpause.FREEZE}, not {args.gc!r}") from None
+        raise UserError(f"--gc must be a positive integer, {gcpause.FREEZE} or {gcpause.AUTO}, "
+                        f"not {args.gc!r}") from None
     spec = with_overrides(load_spec(args.spec), seed=args.seed, vllm_version=args.vllm_version,
                           time_scale=args.time_scale)
     fleet = SimFleet(spec, bind_host=args.bind, emitter=args.emitter, emitter_priority=args.emitter_priority)

@@ -73,6 +73,7 @@ class SimFleet:
             raise UserError(f"--emitter-priority must be one of {', '.join(emitters.PRIORITIES)}, "
                             f"not {emitter_priority!r}")
         self.spec = spec
+        self.threaded_emitter = threaded
         self.instances: dict[str, SimInstance] = {}
         self.proxies: list[EntrypointProxy] = []
         for topology in spec.topologies:

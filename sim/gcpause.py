@@ -18,9 +18,12 @@ collection of what was allocated since the last second (short-lived cycles die t
 stream's traceback), then `gc.freeze()`, which moves the survivors into the permanent generation that
 collections never scan (O(1); reference counting still frees them when their stream ends). The young
 generation then holds about a second of new streams, so no pause grows with the streams in flight.
-The cost: a cycle whose objects were frozen before it became garbage is never collected (a streamed
-completion leaves none; an aborted stream can leave a few); `--gc freeze` is for long runs at high
-stream counts with the emitter thread, whose 35 ms of lead absorbs the young collections.
+A cycle whose objects were frozen before it became garbage escapes those collections (a streamed
+completion leaves none; a stream cut by its client leaves ~0.6 KB, measured): when the frozen count
+has doubled, and grown by FULL_AFTER_OBJECTS, since the last full collection, the tick unfreezes,
+collects everything (one long pause, ~100 ms at 2,000 streams; rare: ~10,000 cut streams apart) and
+freezes again. With the emitter thread, whose ~35 ms of lead absorbs the young collections, this is
+what holds the emission gap at 2,000 streams (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ import time
 from typing import Any
 
 DEFAULT_YOUNG = 20_000
+AUTO = "auto"
 FREEZE = "freeze"
 FREEZE_EVERY_S = 1.0
+FULL_AFTER_OBJECTS = 100_000
 _RING = 4096
 
 _start = [0.0]
@@ -85,8 +90,8 @@ _policy = [str(DEFAULT_YOUNG)]
 
 def parse(text: str) -> int:
     """`--gc` value -> the young-generation threshold (the default one for `freeze`); ValueError if
-    it is neither a positive integer nor `freeze`."""
-    if text == FREEZE:
+    it is neither a positive integer, `freeze` nor `auto`."""
+    if text in (FREEZE, AUTO):
         return DEFAULT_YOUNG
     young = int(text)
     if young < 1:
@@ -102,17 +107,38 @@ def apply(text: str = str(DEFAULT_YOUNG)) -> None:
     gc.enable()
 
 
+def resolve(text: str, threaded_emitter: bool) -> str:
+    """`auto`: freeze where the emitter thread writes the tokens (its lead absorbs the young
+    collections), the default threshold where the loop does (each young collection would delay them)."""
+    if text != AUTO:
+        return text
+    return FREEZE if threaded_emitter else str(DEFAULT_YOUNG)
+
+
 class Freezer:
     """`--gc freeze` on a running loop: a young collection, then gc.freeze(), every FREEZE_EVERY_S."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, every_s: float = FREEZE_EVERY_S) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, every_s: float = FREEZE_EVERY_S,
+                 full_after: int = FULL_AFTER_OBJECTS) -> None:
         self.loop = loop
         self.every_s = every_s
+        self.full_after = full_after
+        self.full_collections = 0
+        self._limit = self._limit_after(gc.get_freeze_count())
         self._handle: asyncio.TimerHandle | None = loop.call_later(every_s, self._tick)
+
+    def _limit_after(self, frozen: int) -> int:
+        return max(2 * frozen, frozen + self.full_after)
 
     def _tick(self) -> None:
         gc.collect(0)
         gc.freeze()
+        if gc.get_freeze_count() > self._limit:  # frozen cycles may have piled up
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+            self.full_collections += 1
+            self._limit = self._limit_after(gc.get_freeze_count())
         self._handle = self.loop.call_later(self.every_s, self._tick)
 
     def stop(self) -> None:

@@ -28,6 +28,13 @@ def test_parse() -> None:
             gcpause.parse(bad)
 
 
+def test_auto_policy_freezes_only_behind_the_emitter_thread() -> None:
+    assert gcpause.resolve("auto", threaded_emitter=True) == "freeze"
+    assert gcpause.resolve("auto", threaded_emitter=False) == str(gcpause.DEFAULT_YOUNG)
+    assert gcpause.resolve("5000", threaded_emitter=True) == "5000"
+    assert gcpause.parse("auto") == gcpause.DEFAULT_YOUNG
+
+
 def test_threshold_is_set_and_collections_are_recorded(restore_gc: None) -> None:
     gcpause.install()
     gcpause.apply("5000")
@@ -59,16 +66,31 @@ def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc:
     del orphan
     frozen_before = gc.get_freeze_count()
 
-    async def two_ticks() -> None:
-        freezer = gcpause.Freezer(asyncio.get_running_loop(), every_s=0.01)
-        await asyncio.sleep(0.035)
+    async def ticks(freezer_args: dict[str, int], seconds: float) -> gcpause.Freezer:
+        freezer = gcpause.Freezer(asyncio.get_running_loop(), every_s=0.01, **freezer_args)
+        await asyncio.sleep(seconds)
         freezer.stop()
+        return freezer
 
     try:
-        asyncio.run(two_ticks())
+        asyncio.run(ticks({}, 0.035))
         assert gone() is None, "a young cycle outlived the tick's collection"
         assert gc.get_freeze_count() >= frozen_before + len(survivors)
         assert all(gc.is_tracked(s) for s in survivors)
+        # A cycle frozen while alive and orphaned later is left to the full collection, which comes
+        # once the frozen count has grown past the limit.
+        late = Node()
+        late.self = late  # type: ignore[attr-defined]
+        late_gone = weakref.ref(late)
+        gc.freeze()
+        del late
+        freezer = asyncio.run(ticks({"full_after": 10**9}, 0.035))
+        assert late_gone() is not None and freezer.full_collections == 0
+        gc.freeze()
+        grow = [Node() for _ in range(gc.get_freeze_count() + 10)]  # past twice the frozen count
+        freezer = asyncio.run(ticks({"full_after": 0}, 0.035))
+        assert freezer.full_collections >= 1 and late_gone() is None
+        del grow
     finally:
         gc.unfreeze()
 

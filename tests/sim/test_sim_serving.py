@@ -165,6 +165,14 @@ def test_cli_errors_are_one_line(tmp_path, capsys: pytest.CaptureFixture[str]) -
     assert err.count("\n") == 1 and "no such file" in err
     assert main(["sim", str(SPECS / "seed-70b-h100.yaml"), "--vllm-version", "latest"]) == 2
     assert "--vllm-version" in capsys.readouterr().err
+    assert main(["sim", str(SPECS / "seed-70b-h100.yaml"), "--gc", "often"]) == 2
+    err = capsys.readouterr().err
+    assert "--gc must be a positive integer, freeze or auto" in err and err.count("\n") == 1
+    for flag, value in (("--emitter", "threads"), ("--emitter-priority", "high")):
+        with pytest.raises(SystemExit) as usage:
+            main(["sim", str(SPECS / "seed-70b-h100.yaml"), flag, value])
+        err = capsys.readouterr().err
+        assert usage.value.code == 2 and flag in err and value in err and err.count("\n") == 1, err
     spec = spec_on_free_ports(SPEC)
     port = int(spec.topology("tp4x1").instances[0].url.rsplit(":", 1)[1])
     path = tmp_path / "spec.yaml"
