@@ -13,17 +13,18 @@ started since the last one is still in the young generation: each is a full ~70 
 (default 20,000). An "idle" policy that collected the young generation in the gaps between write
 bursts was tried and measured worse at every stream count (docs/performance.md, simulator section).
 
-`--gc freeze` keeps the in-flight streams out of every collection instead: each second, a young
-collection of what was allocated since the last second (short-lived cycles die there: an aborted
+`--gc freeze` keeps the in-flight streams out of every collection instead: every FREEZE_EVERY_S, a
+young collection of what was allocated since the last tick (short-lived cycles die there: an aborted
 stream's traceback), then `gc.freeze()`, which moves the survivors into the permanent generation that
 collections never scan (O(1); reference counting still frees them when their stream ends). The young
-generation then holds about a second of new streams, so no pause grows with the streams in flight.
-A cycle whose objects were frozen before it became garbage escapes those collections (a streamed
-completion leaves none; a stream cut by its client leaves ~0.6 KB, measured): when the frozen count
-has doubled, and grown by FULL_AFTER_OBJECTS, since the last full collection, the tick unfreezes,
-collects everything (one long pause, ~100 ms at 2,000 streams; rare: ~10,000 cut streams apart) and
-freezes again. With the emitter thread, whose ~35 ms of lead absorbs the young collections, this is
-what holds the emission gap at 2,000 streams (docs/performance.md).
+generation then holds a quarter of a second of new streams (4-13 ms to collect at 2,000 streams), so
+no pause grows with the streams in flight. A cycle whose objects were frozen before it became garbage
+escapes those collections: a streamed completion leaves none, a stream cut mid-way can leave some
+(~0.6 KB, measured). After FULL_AFTER_CUTS cut streams (`note_cut`) the tick unfreezes, collects
+everything (one long pause, ~100 ms at 2,000 streams) and freezes again. (The frozen count itself is
+no trigger: `gc.get_freeze_count()` walks the whole permanent generation, ~25 ms at 2,000 streams.)
+With the emitter thread, whose ~35 ms of lead absorbs the young collections, this is what holds the
+emission gap at 2,000 streams (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -36,8 +37,15 @@ from typing import Any
 DEFAULT_YOUNG = 20_000
 AUTO = "auto"
 FREEZE = "freeze"
-FREEZE_EVERY_S = 1.0
-FULL_AFTER_OBJECTS = 100_000
+FREEZE_EVERY_S = 0.25
+FULL_AFTER_CUTS = 10_000
+_cuts = [0]  # streams cut mid-way since the last full collection
+
+
+def note_cut() -> None:
+    """A stream ended before its last token (client gone, drop or restart fault): the kind of end
+    that can leave a frozen cycle."""
+    _cuts[0] += 1
 _RING = 4096
 
 _start = [0.0]
@@ -119,26 +127,22 @@ class Freezer:
     """`--gc freeze` on a running loop: a young collection, then gc.freeze(), every FREEZE_EVERY_S."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, every_s: float = FREEZE_EVERY_S,
-                 full_after: int = FULL_AFTER_OBJECTS) -> None:
+                 full_after_cuts: int = FULL_AFTER_CUTS) -> None:
         self.loop = loop
         self.every_s = every_s
-        self.full_after = full_after
+        self.full_after_cuts = full_after_cuts
         self.full_collections = 0
-        self._limit = self._limit_after(gc.get_freeze_count())
         self._handle: asyncio.TimerHandle | None = loop.call_later(every_s, self._tick)
-
-    def _limit_after(self, frozen: int) -> int:
-        return max(2 * frozen, frozen + self.full_after)
 
     def _tick(self) -> None:
         gc.collect(0)
         gc.freeze()
-        if gc.get_freeze_count() > self._limit:  # frozen cycles may have piled up
+        if _cuts[0] >= self.full_after_cuts:  # frozen cycles may have piled up
+            _cuts[0] = 0
             gc.unfreeze()
             gc.collect()
             gc.freeze()
             self.full_collections += 1
-            self._limit = self._limit_after(gc.get_freeze_count())
         self._handle = self.loop.call_later(self.every_s, self._tick)
 
     def stop(self) -> None:

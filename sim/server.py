@@ -176,6 +176,7 @@ class StreamSink:
         transport.write(chunk)
         self._stamp(time.monotonic(), step_end)
         if self.drop_after is not None and request.generated >= self.drop_after and not request.finished:
+            gcpause.note_cut()
             self.dropped = True
             self.engine.abort(request)
             transport.abort()
@@ -192,6 +193,7 @@ class StreamSink:
                 self.transport.write(chunk[max(sent, 0):])
             self._stamp(time.monotonic(), step_end)
         else:  # the connection is gone (or the emitter stopped before writing)
+            gcpause.note_cut()
             self.engine.abort(self.request)
             self.dropped = self.finishing = True
         if self.inflight == 0:
@@ -220,6 +222,7 @@ class StreamSink:
 
     def cut(self) -> None:
         """Cut the connection now (a restart, a drop, the server stopping)."""
+        gcpause.note_cut()
         self.dropped = True
         self.transport.abort()
         if self.sock is not None:  # the duplicate would keep the connection open
@@ -395,7 +398,8 @@ class SimInstance:
         try:
             self.engine.submit(sim)
             await sink.done
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the client went away
+            gcpause.note_cut()
             self.engine.abort(sim)
             raise
         finally:
@@ -451,7 +455,8 @@ class SimInstance:
         try:
             self.engine.submit(sim)
             await sink.done
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the client went away
+            gcpause.note_cut()
             self.engine.abort(sim)
             raise
         finally:

@@ -78,19 +78,19 @@ def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc:
         assert gc.get_freeze_count() >= frozen_before + len(survivors)
         assert all(gc.is_tracked(s) for s in survivors)
         # A cycle frozen while alive and orphaned later is left to the full collection, which comes
-        # once the frozen count has grown past the limit.
+        # once enough streams have been cut.
         late = Node()
         late.self = late  # type: ignore[attr-defined]
         late_gone = weakref.ref(late)
         gc.freeze()
         del late
-        freezer = asyncio.run(ticks({"full_after": 10**9}, 0.035))
+        gcpause._cuts[0] = 0  # earlier tests' cut streams
+        gcpause.note_cut()
+        freezer = asyncio.run(ticks({"full_after_cuts": 2}, 0.035))
         assert late_gone() is not None and freezer.full_collections == 0
-        gc.freeze()
-        grow = [Node() for _ in range(gc.get_freeze_count() + 10)]  # past twice the frozen count
-        freezer = asyncio.run(ticks({"full_after": 0}, 0.035))
-        assert freezer.full_collections >= 1 and late_gone() is None
-        del grow
+        gcpause.note_cut()
+        freezer = asyncio.run(ticks({"full_after_cuts": 2}, 0.035))
+        assert freezer.full_collections == 1 and late_gone() is None
     finally:
         gc.unfreeze()
 
