@@ -129,6 +129,8 @@ def gap_figures(stats: list[dict[str, object]]) -> dict[str, float]:
         out["late_submissions"] = emitter["late_submissions"]
         out["late_submission_max_ms"] = 1000 * emitter["late_submission_max_s"]
         out["first_write_late_max_ms"] = 1000 * emitter["first_write_late_max_s"]
+        out["late_behind"] = emitter["late_behind_previous"]
+        out["late_alone"] = emitter["late_on_its_own"]
     if gc_stats:
         for generation in range(3):
             out[f"gc{generation}_n"] = gc_stats["collections"][generation]
@@ -197,7 +199,10 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
                   + f"   {figures['rss_mib']:.0f}   {os.getloadavg()[0]:.2f}"
                   + (f"   late submissions {figures['late_submissions']:.0f} (max "
                      f"{figures['late_submission_max_ms']:.1f} ms), thread's first write late by <= "
-                     f"{figures['first_write_late_max_ms']:.2f} ms" if "late_submissions" in figures else ""),
+                     f"{figures['first_write_late_max_ms']:.2f} ms (> 1 ms: "
+                     f"{figures['late_behind']:.0f} behind the previous burst, "
+                     f"{figures['late_alone']:.0f} alone)"
+                     if "late_submissions" in figures else ""),
                   flush=True)
     else:
         await asyncio.sleep(duration)
@@ -211,8 +216,9 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
             for key in (f"gc{generation}_n", f"gc{generation}_ms"):
                 if key in window:
                     window[key] = sum(i[key] for i in intervals)
-        if "late_submissions" in window:
-            window["late_submissions"] = sum(i["late_submissions"] for i in intervals)
+        for key in ("late_submissions", "late_behind", "late_alone"):
+            if key in window:
+                window[key] = sum(i[key] for i in intervals)
         window["rss_growth_mib"] = intervals[-1]["rss_mib"] - rss0
         window["gap_p99_median_ms"] = sorted(i["gap_p99_ms"] for i in intervals)[len(intervals) // 2]
     else:
@@ -381,6 +387,8 @@ def main() -> int:
         ("  steps handed over after their burst's start", "late_submissions", "{:.0f}"),
         ("  latest hand-over (ms after its burst)", "late_submission_max_ms", "{:.1f}"),
         ("  thread's first write late by, max (ms)", "first_write_late_max_ms", "{:.2f}"),
+        ("  > 1 ms late: behind the previous burst", "late_behind", "{:.0f}"),
+        ("  > 1 ms late: on its own (waiting for a core)", "late_alone", "{:.0f}"),
         ("collections gen0 / gen1 / gen2", "gc_n", "{}"),
         ("  longest pause gen0 / gen1 / gen2 (ms)", "gc_max", "{}"),
         ("  collector time, share of the window", "gc_share", "{:.1%}"),
@@ -398,7 +406,8 @@ def main() -> int:
         result["gc_share"] = sum(result[f"gc{g}_ms"] for g in range(3)) / 1000 / args.duration \
             if recorded else float("nan")
         result.setdefault("rss_growth_mib", float("nan"))
-        for key in ("late_submissions", "late_submission_max_ms", "first_write_late_max_ms"):
+        for key in ("late_submissions", "late_submission_max_ms", "first_write_late_max_ms", "late_behind",
+                    "late_alone"):
             result.setdefault(key, float("nan"))  # the loop writes: no emitter thread
         result.setdefault("priority", "-")  # type: ignore[arg-type]
         result.setdefault("gap_p99_median_ms", float("nan"))

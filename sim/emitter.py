@@ -72,6 +72,10 @@ class EmitterStats:
     late_submissions: int = 0
     late_submission_max_s: float = 0.0
     first_write_late_max_s: float = 0.0
+    # Batches whose first write came more than a millisecond late: behind the previous batch's last
+    # write (bursts ran longer than booked), or not (the thread waited for a core).
+    late_behind_previous: int = 0
+    late_on_its_own: int = 0
 
 
 class LoopEmitter:
@@ -89,6 +93,7 @@ class LoopEmitter:
         self.priority: str = self._native.priority
         self._batches: dict[int, _Batch] = {}
         self.stats = EmitterStats()
+        self._last_write = 0.0  # the previous batch's last write
         loop.add_reader(self._eventfd, self.drain)
 
     def submit(self, start: float, engine: LiveEngine, step_end: float, sinks: Sequence[EmittedSink],
@@ -116,8 +121,15 @@ class LoopEmitter:
             if times:
                 # How late the thread's first write was: the thread's own wake-up and any earlier
                 # batch still being written (the submission's own lateness is counted apart).
-                late = times[0] - max(batch.start, batch.submitted)
+                due = max(batch.start, batch.submitted)
+                late = times[0] - due
                 stats.first_write_late_max_s = max(stats.first_write_late_max_s, late)
+                if late > 0.001:
+                    if self._last_write > due:
+                        stats.late_behind_previous += 1
+                    else:
+                        stats.late_on_its_own += 1
+                self._last_write = times[-1]
             if len(times) > 1:
                 batch.engine.note_burst(len(times), times[-1] - times[0])
 
