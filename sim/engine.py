@@ -1,11 +1,12 @@
 """The live engine: one instance's scheduler driven on the monotonic clock (the event loop's own
 under asyncio; uvloop's loop.time() is the same clock in whole milliseconds, so it is not read here).
 
-Each step is planned, its chunks formatted, and a timer set for its modelled end; the timer's callback
-hands the step's tokens to the requests' sinks in one synchronous pass (no per-token task wake-ups, no
-task at all: that is what lets one process stream tens of thousands of tokens a second). Steps are
-chained on their scheduled end times, so the served cadence follows the model even when the loop wakes
-a little late.
+Each step is planned, its chunks formatted, and handed to the emitter thread (sim/emitter.py), which
+writes them at the step's modelled end whatever the loop is doing; a timer at that end then applies
+the step (no per-token task wake-ups, no task at all: that is what lets one process stream tens of
+thousands of tokens a second). Without the thread the timer's callback writes the step's tokens itself,
+in one synchronous pass. Steps are chained on their scheduled end times, so the served cadence follows
+the model even when the loop wakes a little late.
 """
 
 from __future__ import annotations
