@@ -131,6 +131,7 @@ def gap_figures(stats: list[dict[str, object]]) -> dict[str, float]:
         out["first_write_late_max_ms"] = 1000 * emitter["first_write_late_max_s"]
         out["late_behind"] = emitter["late_behind_previous"]
         out["late_alone"] = emitter["late_on_its_own"]
+        out["late_send"] = emitter["late_in_first_send"]
     if gc_stats:
         for generation in range(3):
             out[f"gc{generation}_n"] = gc_stats["collections"][generation]
@@ -201,7 +202,8 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
                      f"{figures['late_submission_max_ms']:.1f} ms), thread's first write late by <= "
                      f"{figures['first_write_late_max_ms']:.2f} ms (> 1 ms: "
                      f"{figures['late_behind']:.0f} behind the previous burst, "
-                     f"{figures['late_alone']:.0f} alone)"
+                     f"{figures['late_alone']:.0f} woken late, {figures['late_send']:.0f} in a slow "
+                     "first send)"
                      if "late_submissions" in figures else ""),
                   flush=True)
     else:
@@ -216,7 +218,7 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
             for key in (f"gc{generation}_n", f"gc{generation}_ms"):
                 if key in window:
                     window[key] = sum(i[key] for i in intervals)
-        for key in ("late_submissions", "late_behind", "late_alone"):
+        for key in ("late_submissions", "late_behind", "late_alone", "late_send"):
             if key in window:
                 window[key] = sum(i[key] for i in intervals)
         window["rss_growth_mib"] = intervals[-1]["rss_mib"] - rss0
@@ -388,7 +390,8 @@ def main() -> int:
         ("  latest hand-over (ms after its burst)", "late_submission_max_ms", "{:.1f}"),
         ("  thread's first write late by, max (ms)", "first_write_late_max_ms", "{:.2f}"),
         ("  > 1 ms late: behind the previous burst", "late_behind", "{:.0f}"),
-        ("  > 1 ms late: on its own (waiting for a core)", "late_alone", "{:.0f}"),
+        ("  > 1 ms late: thread woken late (no core)", "late_alone", "{:.0f}"),
+        ("  > 1 ms late: in its first send (kernel)", "late_send", "{:.0f}"),
         ("collections gen0 / gen1 / gen2", "gc_n", "{}"),
         ("  longest pause gen0 / gen1 / gen2 (ms)", "gc_max", "{}"),
         ("  collector time, share of the window", "gc_share", "{:.1%}"),
@@ -407,7 +410,7 @@ def main() -> int:
             if recorded else float("nan")
         result.setdefault("rss_growth_mib", float("nan"))
         for key in ("late_submissions", "late_submission_max_ms", "first_write_late_max_ms", "late_behind",
-                    "late_alone"):
+                    "late_alone", "late_send"):
             result.setdefault(key, float("nan"))  # the loop writes: no emitter thread
         result.setdefault("priority", "-")  # type: ignore[arg-type]
         result.setdefault("gap_p99_median_ms", float("nan"))

@@ -38,6 +38,7 @@
 typedef struct Batch {
     struct Batch *next;
     double start;       /* CLOCK_MONOTONIC seconds: when the first write is due */
+    double woke;        /* when the thread took the batch up */
     long long id;
     Py_ssize_t n;
     int *fds;
@@ -80,6 +81,7 @@ static void batch_free(Batch *b) {
 }
 
 static void write_batch(Emitter *self, Batch *b) {
+    b->woke = monotonic_now();
     for (Py_ssize_t i = 0; i < b->n; i++) {
         int fd = b->fds[i];
         Py_ssize_t length = b->offsets[i + 1] - b->offsets[i];
@@ -260,9 +262,9 @@ static PyObject *Emitter_submit(Emitter *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(collect_doc,
-"collect() -> list[tuple[int, list[float], list[int]]]\n\n"
+"collect() -> list[tuple[int, list[float], list[int], float]]\n\n"
 "The batches written since the last call, oldest first: (id, each chunk's write time, each chunk's\n"
-"bytes written or -errno).");
+"bytes written or -errno, when the thread took the batch up).");
 
 static PyObject *Emitter_collect(Emitter *self, PyObject *unused) {
     pthread_mutex_lock(&self->lock);
@@ -282,7 +284,7 @@ static PyObject *Emitter_collect(Emitter *self, PyObject *unused) {
             PyList_SET_ITEM(times, i, t);
             PyList_SET_ITEM(sent, i, s);
         }
-        PyObject *item = Py_BuildValue("(LNN)", b->id, times, sent);
+        PyObject *item = Py_BuildValue("(LNNd)", b->id, times, sent, b->woke);
         if (item == NULL || PyList_Append(out, item) < 0) { Py_XDECREF(item); goto fail; }
         Py_DECREF(item);
     }

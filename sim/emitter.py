@@ -73,9 +73,11 @@ class EmitterStats:
     late_submission_max_s: float = 0.0
     first_write_late_max_s: float = 0.0
     # Batches whose first write came more than a millisecond late: behind the previous batch's last
-    # write (bursts ran longer than booked), or not (the thread waited for a core).
+    # write (bursts ran longer than booked), the thread woken late (it waited for a core), or the
+    # first send() itself slow (the kernel: a socket lock the client holds, say).
     late_behind_previous: int = 0
     late_on_its_own: int = 0
+    late_in_first_send: int = 0
 
 
 class LoopEmitter:
@@ -111,7 +113,7 @@ class LoopEmitter:
         must know its earlier chunks are out before it writes through its transport)."""
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._eventfd)
-        for batch_id, times, sent in self._native.collect():
+        for batch_id, times, sent, woke in self._native.collect():
             batch = self._batches.pop(batch_id)
             step_end = batch.step_end
             for sink, chunk, written_at, count in zip(batch.sinks, batch.chunks, times, sent, strict=True):
@@ -127,8 +129,10 @@ class LoopEmitter:
                 if late > 0.001:
                     if self._last_write > due:
                         stats.late_behind_previous += 1
-                    else:
+                    elif woke - due > 0.001:
                         stats.late_on_its_own += 1
+                    else:
+                        stats.late_in_first_send += 1
                 self._last_write = times[-1]
             if len(times) > 1:
                 batch.engine.note_burst(len(times), times[-1] - times[0])

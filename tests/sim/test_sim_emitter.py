@@ -37,7 +37,7 @@ def emitter() -> Iterator[tuple[Any, int]]:
     os.close(notify)
 
 
-Batch = tuple[int, list[float], list[int]]
+Batch = tuple[int, list[float], list[int], float]
 
 
 def wait_batches(writer: Any, notify: int, count: int, timeout: float = 5) -> list[Batch]:
@@ -60,7 +60,8 @@ def test_writes_each_batch_in_order_at_its_start(emitter: tuple[Any, int]) -> No
         early = writer.submit(now + 0.05, [p[0].fileno() for p in pairs], [b"first-%d" % i for i in range(3)])
         batches = wait_batches(writer, notify, 2)
         assert [b[0] for b in batches] == [early, late]  # by start time, not by submission
-        (_, times, sent), (_, late_times, late_sent) = batches
+        (_, times, sent, woke), (_, late_times, late_sent, _) = batches
+        assert now + 0.05 <= woke <= times[0]
         assert sent == [7, 7, 7] and late_sent == [6]
         assert now + 0.05 <= times[0] < now + 0.05 + 0.05 and times == sorted(times)
         assert late_times[0] >= now + 0.15
@@ -79,7 +80,7 @@ def test_a_full_socket_blocks_its_descriptor_until_released(emitter: tuple[Any, 
     try:
         chunk = b"x" * 65536
         writer.submit(time.monotonic(), [sender.fileno()] * 64, [chunk] * 64)
-        (_, _, sent), = wait_batches(writer, notify, 1)
+        (_, _, sent, _), = wait_batches(writer, notify, 1)
         short = next(i for i, n in enumerate(sent) if n != len(chunk))
         assert sent[short] >= 0 or sent[short] == -11  # a partial write, or EAGAIN
         assert all(n == -11 for n in sent[short + 1:])  # not attempted after the first short write
@@ -93,7 +94,7 @@ def test_a_full_socket_blocks_its_descriptor_until_released(emitter: tuple[Any, 
         writer.release(sender.fileno())
         assert not writer.blocked(sender.fileno())
         writer.submit(time.monotonic(), [sender.fileno()], [b"again"])
-        (_, _, sent), = wait_batches(writer, notify, 1)
+        (_, _, sent, _), = wait_batches(writer, notify, 1)
         assert sent == [5]
     finally:
         sender.close()
@@ -106,7 +107,7 @@ def test_a_closed_peer_is_an_error_not_a_crash(emitter: tuple[Any, int]) -> None
     reader.close()
     try:
         writer.submit(time.monotonic(), [sender.fileno()], [b"lost"])
-        (_, _, sent), = wait_batches(writer, notify, 1)
+        (_, _, sent, _), = wait_batches(writer, notify, 1)
         assert sent[0] < 0 and sent[0] != -11  # -EPIPE: reported, no SIGPIPE
     finally:
         sender.close()
