@@ -158,7 +158,13 @@ static int Emitter_init(Emitter *self, PyObject *args, PyObject *kwds) {
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&self->cond, &attr);
     pthread_condattr_destroy(&attr);
-    pthread_mutex_init(&self->lock, NULL);
+    /* Priority inheritance: the loop's thread holds the lock for microseconds (a submit, a collect),
+     * but if it is preempted meanwhile the real-time writer must not wait for it to be scheduled. */
+    pthread_mutexattr_t lock_attr;
+    pthread_mutexattr_init(&lock_attr);
+    pthread_mutexattr_setprotocol(&lock_attr, PTHREAD_PRIO_INHERIT);
+    pthread_mutex_init(&self->lock, &lock_attr);
+    pthread_mutexattr_destroy(&lock_attr);
     int err = pthread_create(&self->thread, NULL, emitter_main, self);
     if (err != 0) {
         errno = err;

@@ -41,6 +41,9 @@ _WRITE_COST_WEIGHT = 0.05  # weight of each step's measurement in the running me
 _MAX_LEAD_S = 0.005
 # Bursts further than this from their step's end are not worth keeping apart (a stall is under way).
 _MAX_SHIFT_S = 0.010
+# The emitter thread's bursts are booked this much longer than their running-mean length: on a busy
+# machine a burst's sends slow down, and the next burst would start behind it.
+_THREAD_BURST_MARGIN = 1.25
 
 
 class WriteBook:
@@ -206,7 +209,7 @@ class LiveEngine:
         self._loop_writes = emitting
         now = time.monotonic()
         if fds and self.emitter is not None:
-            length = min(self.thread_write_cost * len(fds), 2 * _MAX_LEAD_S)
+            length = min(self.thread_write_cost * len(fds) * _THREAD_BURST_MARGIN, 2 * _MAX_LEAD_S)
             self.emitter.submit(self._thread_burst_start(end, length, now), self, end, sinks, fds, chunks)
         fire = end  # the step's bookkeeping; its tokens are the thread's unless some are the loop's
         if emitting:
