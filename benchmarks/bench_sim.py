@@ -2,8 +2,8 @@
 between each token's scheduled emission (its step's modelled end) and the moment it was written.
 
     python benchmarks/bench_sim.py [--streams 2000] [--instances 8,16] [--step-ms 40] [--duration 20]
-                                   [--emitters thread,loop] [--loops uvloop,asyncio] [--gc 20000,5000]
-                                   [--client-loop auto] [--report-every 10]
+                                   [--emitters thread,thread-normal,loop] [--loops uvloop,asyncio]
+                                   [--gc auto,freeze,20000] [--client-loop auto] [--report-every 10]
 
 One `crossover sim` server process (N colocated instances of a synthetic spec whose steps take a fixed
 time) and one client process (this one: asyncio protocols, closed loop, keep-alive, counting SSE
@@ -44,6 +44,9 @@ TARGET_TOKENS_PER_CORE = 50_000
 TARGET_GAP_P99_S = 0.002
 SETTLE_S = 1.0  # after opening every connection, before the first request
 RAMP_S = 3.0  # the streams after each instance's first start over this long
+# The emitter thread's counters in /admin/stats (summed over --report-every intervals), and its maxima.
+EMITTER_COUNTS = ("late_submissions", "late_behind", "late_alone", "late_send")
+EMITTER_FIGURES = (*EMITTER_COUNTS, "late_submission_max_ms", "first_write_late_max_ms")
 
 
 def bench_spec(instances: int, step_ms: float) -> dict[str, object]:
@@ -218,7 +221,7 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
             for key in (f"gc{generation}_n", f"gc{generation}_ms"):
                 if key in window:
                     window[key] = sum(i[key] for i in intervals)
-        for key in ("late_submissions", "late_behind", "late_alone", "late_send"):
+        for key in EMITTER_COUNTS:
             if key in window:
                 window[key] = sum(i[key] for i in intervals)
         window["rss_growth_mib"] = intervals[-1]["rss_mib"] - rss0
@@ -409,8 +412,7 @@ def main() -> int:
         result["gc_share"] = sum(result[f"gc{g}_ms"] for g in range(3)) / 1000 / args.duration \
             if recorded else float("nan")
         result.setdefault("rss_growth_mib", float("nan"))
-        for key in ("late_submissions", "late_submission_max_ms", "first_write_late_max_ms", "late_behind",
-                    "late_alone", "late_send"):
+        for key in EMITTER_FIGURES:
             result.setdefault(key, float("nan"))  # the loop writes: no emitter thread
         result.setdefault("priority", "-")  # type: ignore[arg-type]
         result.setdefault("gap_p99_median_ms", float("nan"))

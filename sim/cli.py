@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "priority, where the process may: root or CAP_SYS_NICE; else normal) or normal")
     parser.add_argument("--gc", default=gcpause.AUTO, metavar="N|freeze|auto",
                         help="garbage collector: a young collection every N allocations, or freeze: the "
-                        "survivors of a young collection each second are frozen out of every later one "
+                        "survivors of a young collection every 0.25 s are frozen out of every later one "
                         f"(sim/gcpause.py); auto (default): freeze with the emitter thread, else "
                         f"{gcpause.DEFAULT_YOUNG}")
 
@@ -72,10 +72,10 @@ def raise_descriptor_limit() -> None:
     """Thousands of streams need thousands of descriptors (two each with the emitter thread), and many
     systems start processes with a soft limit of 1,024: raise it to the hard limit, as vLLM does."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20,
-                                                        hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,10 +19,10 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from crossover.sim.engine import LiveEngine
+    from crossover.sim.engine import LiveEngine, TokenSink
 
 try:
     from crossover.sim._emitter import Emitter as _NativeEmitter
@@ -48,18 +48,13 @@ def threaded(mode: str) -> bool:
     return mode != "loop" and available()
 
 
-class EmittedSink(Protocol):
-    def on_emitted(self, chunk: bytes, written_at: float, sent: int, step_end: float) -> None:
-        """How the thread's write of `chunk` went: bytes sent (or -errno) and when (monotonic)."""
-
-
 @dataclass(slots=True)
 class _Batch:
     engine: LiveEngine
     start: float
     submitted: float
     step_end: float
-    sinks: Sequence[EmittedSink]
+    sinks: Sequence[TokenSink]
     chunks: list[bytes]
 
 
@@ -98,7 +93,7 @@ class LoopEmitter:
         self._last_write = 0.0  # the previous batch's last write
         loop.add_reader(self._eventfd, self.drain)
 
-    def submit(self, start: float, engine: LiveEngine, step_end: float, sinks: Sequence[EmittedSink],
+    def submit(self, start: float, engine: LiveEngine, step_end: float, sinks: Sequence[TokenSink],
                fds: list[int], chunks: list[bytes]) -> None:
         """Write chunks[i] to fds[i] from `start` on (monotonic seconds), in order."""
         now = time.monotonic()
@@ -136,12 +131,6 @@ class LoopEmitter:
                 self._last_write = times[-1]
             if len(times) > 1:
                 batch.engine.note_burst(len(times), times[-1] - times[0])
-
-    def pending(self) -> int:
-        return len(self._batches)
-
-    def blocked(self, fd: int) -> bool:
-        return bool(self._native.blocked(fd))
 
     def release(self, fd: int) -> None:
         """Forget fd's short writes: before it is closed (its number may come back)."""

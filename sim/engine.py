@@ -86,7 +86,8 @@ class TokenSink(Protocol):
         still running; returns the descriptor the emitter thread is to write it to, or -1 when
         on_token writes it from the loop."""
 
-    def on_emitted(self, chunk: bytes, written_at: float, sent: int, step_end: float) -> None: ...
+    def on_emitted(self, chunk: bytes, written_at: float, sent: int, step_end: float) -> None:
+        """How the emitter thread's write of `chunk` went: bytes sent (or -errno) and when."""
 
     def on_token(self, request: SimRequest, step_end: float) -> None: ...
 
@@ -236,7 +237,7 @@ class LiveEngine:
             return
         outcome = self.scheduler.complete(plan, end)
         self._next_start = end
-        threaded = not self._loop_writes
+        threaded = not self._loop_writes  # nothing for the loop to write at this step's end
         if not threaded:
             self._handle = loop.call_soon(self._arm)
         emitted = outcome.emitted

@@ -20,7 +20,7 @@ collections never scan (O(1); reference counting still frees them when their str
 generation then holds a quarter of a second of new streams (4-13 ms to collect at 2,000 streams), so
 no pause grows with the streams in flight. A cycle whose objects were frozen before it became garbage
 escapes those collections: a streamed completion leaves none, a stream cut mid-way can leave some
-(~0.6 KB, measured). After FULL_AFTER_CUTS cut streams (`note_cut`) the tick unfreezes, collects
+(its handler's traceback). After FULL_AFTER_CUTS cut streams (`note_cut`) the tick unfreezes, collects
 everything (one long pause, ~100 ms at 2,000 streams) and freezes again. (The frozen count itself is
 no trigger: `gc.get_freeze_count()` walks the whole permanent generation, ~25 ms at 2,000 streams.)
 With the emitter thread, whose ~35 ms of lead absorbs the young collections, this is what holds the
@@ -40,12 +40,6 @@ FREEZE = "freeze"
 FREEZE_EVERY_S = 0.25
 FULL_AFTER_CUTS = 10_000
 _cuts = [0]  # streams cut mid-way since the last full collection
-
-
-def note_cut() -> None:
-    """A stream ended before its last token (client gone, drop or restart fault): the kind of end
-    that can leave a frozen cycle."""
-    _cuts[0] += 1
 _RING = 4096
 
 _start = [0.0]
@@ -94,6 +88,12 @@ def stats(reset: bool = False) -> dict[str, Any]:
 
 
 _policy = [str(DEFAULT_YOUNG)]
+
+
+def note_cut() -> None:
+    """A stream ended before its last token (client gone, drop or restart fault): the kind of end
+    that can leave a frozen cycle."""
+    _cuts[0] += 1
 
 
 def parse(text: str) -> int:

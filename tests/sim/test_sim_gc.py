@@ -156,3 +156,24 @@ def test_finished_request_records_are_not_tracked_by_the_collector() -> None:
     assert not gc.is_tracked(kept)
     assert record_view(kept) == {"id": "cmpl-1", "arrival": 1.0, "token_times": [2.0, 3.0],
                                  "prompt_tokens": 4, "output_tokens": 2}
+
+
+@pytest.mark.parametrize(("soft", "hard", "expected"), [
+    (1024, 4096, (4096, 4096)),  # raised to the hard limit
+    (4096, 4096, None),  # already there
+    (1024, "inf", (1 << 20, "inf")),  # no hard limit: a generous soft one
+    ("inf", "inf", None),  # never lowered
+])
+def test_the_descriptor_limit_is_raised_never_lowered(monkeypatch, soft, hard, expected) -> None:
+    import resource
+
+    from crossover.sim import cli
+
+    inf = resource.RLIM_INFINITY
+    soft, hard = (inf if v == "inf" else v for v in (soft, hard))
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, hard))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, limits: calls.append(limits))
+    cli.raise_descriptor_limit()
+    wanted = None if expected is None else tuple(inf if v == "inf" else v for v in expected)
+    assert calls == ([] if wanted is None else [wanted])
