@@ -101,9 +101,12 @@ def level_done(out_dir: Path, plan: SweepPlan, topology: str, level: float) -> b
     return level_path(out_dir, plan, topology, level).exists()
 
 
-def prepare(out_dir: Path, info: RunInfo) -> None:
-    """Start or resume a run in out_dir; refuse to mix two different plans in one folder."""
+def prepare(out_dir: Path, info: RunInfo, adaptive: dict[str, Any] | None = None) -> None:
+    """Start or resume a run in out_dir; refuse to mix two different plans in one folder. An
+    adaptive sweep's target and budgets ("adaptive") may change between runs: a resumed sweep may
+    go on further than the first one."""
     path = out_dir / RUN_FILE
+    extra = {"adaptive": adaptive} if adaptive is not None else {}
     if path.exists():
         try:
             previous = json.loads(path.read_text())
@@ -113,13 +116,13 @@ def prepare(out_dir: Path, info: RunInfo) -> None:
             raise UserError(f"{out_dir}: holds a run with a different plan; use another --out to start "
                             "a new one (or the same options to resume it)")
         merged = {**previous.get("topologies", {}), **info.to_json()["topologies"]}
-        write_json(path, {**info.to_json(), "topologies": merged})
+        write_json(path, {**info.to_json(), **extra, "topologies": merged})
         return
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {out_dir}: cannot create the folder ({exc.strerror})") from None
-    write_json(path, info.to_json())
+    write_json(path, {**info.to_json(), **extra})
 
 
 def write_level(out_dir: Path, plan: SweepPlan, topology: str, level: float, requests: pd.DataFrame,
