@@ -145,7 +145,9 @@ def read_requests(out_dir: Path) -> pd.DataFrame:
     files = sorted((out_dir / LEVELS_DIR).glob("*/*.parquet"))
     if not files:
         return pd.DataFrame()
-    frames = [pd.read_parquet(f) for f in files]
+    frames = [frame for frame in (pd.read_parquet(f) for f in files) if len(frame)]  # a shard's empty levels
+    if not frames:
+        return pd.DataFrame()
     requests = pd.concat(frames, ignore_index=True)
     for column in LIST_COLUMNS:
         if column in requests:

@@ -236,12 +236,12 @@ class _Sweep:
         self.adaptive: dict[str, Any] | None = None  # the latest decision, kept in crossover.json
 
     def _publish(self, name: str, level: float, frame: pd.DataFrame, resumed: bool, total: int) -> None:
-        self.frames.append(frame)
-        self.spent_requests += len(frame)
-        if len(frame):
+        if len(frame):  # a shard's empty level: nothing to add (and its columns have no types)
+            self.frames.append(frame)
+            self.spent_requests += len(frame)
             self.spent_s += float(frame["end_time"].max() - frame["send_time"].min())
         outcome, info, plan = self.outcome, self.info, self.plan
-        outcome.requests = pd.concat(self.frames, ignore_index=True)
+        outcome.requests = pd.concat(self.frames, ignore_index=True) if self.frames else pd.DataFrame()
         outcome.summary = summarize(outcome.requests, info.slos_ms, info.gpus, plan)
         outcome.crossover = analyze(outcome.summary, outcome.requests, axis=plan.axis,
                                     objective=info.objective, slos_ms=info.slos_ms, plan=plan,
