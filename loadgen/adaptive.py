@@ -1,11 +1,16 @@
 """Adaptive sweeps: measure only the levels that narrow the answer.
 
-A coarse start (the given levels; with only the range's two ends, their middle on a log axis is
-added), then each next level goes inside the widest interval that matters: a crossing of the
-chosen metric between two topologies, or a topology's capacity at the SLO objective (both with
-their bootstrap intervals from loadgen.crossover). The sweep stops when every such interval is
+Levels cost more the higher they go (a closed-loop level sends rounds x concurrency requests, an
+open-loop one rate x duration), so the search starts cheap: with the range given as its two ends,
+the coarse start is the low end and the middle on a log axis, and the range above is measured
+only while an answer may lie there (a pair of topologies that does not cross below, a topology
+that meets the objective at every level so far): at the middle of what is left, then the end.
+Then each next level goes inside the widest interval that matters: a crossing of the chosen
+metric between two topologies, or a topology's capacity at the SLO objective (both with their
+bootstrap intervals from loadgen.crossover). The sweep stops when every such interval is
 narrower than `target_ci` (a width relative to its estimate), when the request or time budget
 would be overspent by the next level, or when no unmeasured level is left inside the intervals.
+Levels given beyond the two ends are all measured first, as the user's own coarse start.
 Pure functions of crossover.json's content and the levels measured: no I/O, no traffic.
 """
 
@@ -23,6 +28,7 @@ from crossover.loadgen.plan import Mode, SweepPlan
 
 DEFAULT_METRIC = "goodput"
 DEFAULT_TARGET_CI = 0.1
+ANSWERS = ("crossing", "capacity")  # the kinds of interval an adaptive sweep may narrow
 
 # Why an adaptive sweep stopped: one word each (crossover.json's adaptive.stop_reason), and what the
 # summary says about it.
@@ -44,8 +50,13 @@ class AdaptivePlan:
     metric: str = DEFAULT_METRIC
     max_requests: int | None = None  # requests over every topology and level, resumed ones included
     max_duration_s: float | None = None  # seconds of traffic over every topology and level
+    answers: tuple[str, ...] = ANSWERS
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "answers", tuple(self.answers))
+        if not self.answers or any(a not in ANSWERS for a in self.answers):
+            raise UserError(f"--narrow: want one or both of {','.join(ANSWERS)}, "
+                            f"got {','.join(self.answers)}")
         if not (0 < self.target_ci < 1):
             raise UserError(f"--target-ci: must be a relative width between 0 and 1 (e.g. 0.1), "
                             f"got {self.target_ci:g}")
@@ -58,11 +69,11 @@ class AdaptivePlan:
                             f"got {self.max_duration_s:g}")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "answers": list(self.answers)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AdaptivePlan:
-        return cls(**data)
+        return cls(**{**data, "answers": tuple(data.get("answers", ANSWERS))})
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,8 @@ def _round_rate(rate: float) -> float:
 
 
 def coarse_levels(plan: SweepPlan) -> tuple[float, ...]:
-    """The levels an adaptive sweep starts with: the plan's, plus the log middle of two ends."""
+    """The levels an adaptive sweep starts with: the plan's, or of two ends the low one and the
+    log middle (the high end waits until an answer may lie above the middle)."""
     levels = plan.levels
     if len(levels) < 2:
         raise UserError(f"--adaptive: give the range to search as at least two {plan.axis} levels "
@@ -104,8 +116,30 @@ def coarse_levels(plan: SweepPlan) -> tuple[float, ...]:
     if len(levels) == 2:
         middle = _log_middle(levels[0], levels[1], plan.mode)
         if levels[0] < middle < levels[1]:
-            return (levels[0], middle, levels[1])
+            return (levels[0], middle)
     return levels
+
+
+def level_above(plan: SweepPlan, measured: Sequence[float]) -> float | None:
+    """The next level up when an answer may lie above the highest measured: the log middle of
+    what is left of the range, or its end when the middle would be as near as a doubling."""
+    top, end = max(measured), plan.levels[-1]
+    if top >= end:
+        return None
+    middle = _log_middle(top, end, plan.mode)
+    return middle if top < middle < end and end / top > 4 else end
+
+
+def open_above(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[str]:
+    """The answers that may lie above the highest level measured: pairs that do not cross in the
+    metric there, topologies that meet the objective at every level so far."""
+    found = []
+    if "crossing" in adaptive.answers:
+        found += [f"{c['topology_a']}/{c['topology_b']}" for c in crossover.get("crossovers", [])
+                  if c.get("metric") == adaptive.metric and c.get("kind") in ("none", "insufficient")]
+    if "capacity" in adaptive.answers:
+        found += [c["topology"] for c in crossover.get("capacities", []) if c.get("censored") == "above"]
+    return found
 
 
 def check_budget(plan: SweepPlan, adaptive: AdaptivePlan, topologies: int) -> None:
@@ -136,15 +170,20 @@ def _planned_seconds(plan: SweepPlan, level: float, requests: int | None) -> flo
     return None
 
 
-def intervals(crossover: Mapping[str, Any], metric: str) -> list[Interval]:
-    """The intervals that matter in an analyze() result: every crossing of `metric` and every
+def intervals(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Interval]:
+    """The intervals that matter in an analyze() result: every crossing of the metric and every
     capacity found inside the range (a capacity at the range's edge has nothing to narrow)."""
-    found = [Interval(f"{metric} crossing {c['topology_a']}/{c['topology_b']}", float(c["x"]),
-                      c.get("ci_low"), c.get("ci_high"))
-             for c in crossover.get("crossovers", [])
-             if c.get("metric") == metric and c.get("kind") == "crossing" and c.get("x") is not None]
-    found += [Interval(f"capacity {c['topology']}", float(c["x"]), c.get("ci_low"), c.get("ci_high"))
-              for c in crossover.get("capacities", []) if not c.get("censored") and c.get("x") is not None]
+    metric = adaptive.metric
+    found = []
+    if "crossing" in adaptive.answers:
+        found += [Interval(f"{metric} crossing {c['topology_a']}/{c['topology_b']}", float(c["x"]),
+                           c.get("ci_low"), c.get("ci_high"))
+                  for c in crossover.get("crossovers", [])
+                  if c.get("metric") == metric and c.get("kind") == "crossing" and c.get("x") is not None]
+    if "capacity" in adaptive.answers:
+        found += [Interval(f"capacity {c['topology']}", float(c["x"]), c.get("ci_low"), c.get("ci_high"))
+                  for c in crossover.get("capacities", [])
+                  if not c.get("censored") and c.get("x") is not None]
     return found
 
 
@@ -179,6 +218,22 @@ def level_inside(interval: Interval, measured: Sequence[float], plan: SweepPlan)
     return None
 
 
+def level_at(interval: Interval, measured: Sequence[float], plan: SweepPlan) -> float | None:
+    """The level that anchors an estimate, if it is not measured yet: closed loop, the whole
+    concurrencies either side of it (the finest bracket there is); open loop, a rate inside the
+    interval (the estimate itself) unless one is measured there already."""
+    if plan.mode is Mode.CLOSED:
+        below, above = math.floor(interval.x), math.ceil(interval.x)
+        return next((float(c) for c in (round(interval.x), below, above)
+                     if c not in measured and plan.levels[0] <= c <= plan.levels[-1]), None)
+    low = interval.low if interval.low is not None else interval.x
+    high = interval.high if interval.high is not None else interval.x
+    if any(low <= m <= high for m in measured):
+        return None
+    level = _round_rate(interval.x)
+    return level if level not in measured else None
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do after a level: measure `level` next, or stop for `stop_reason`."""
@@ -197,15 +252,25 @@ class Decision:
 
 def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan,
            measured: Sequence[float]) -> Decision:
-    """The next level, widest interval first; a stop reason when none is worth measuring."""
-    found = tuple(intervals(crossover, adaptive.metric))
+    """The next level: up the range while an answer may lie above, then inside the widest
+    interval first; a stop reason when none is worth measuring."""
+    found = tuple(intervals(crossover, adaptive))
+    above = level_above(plan, measured) if open_above(crossover, adaptive) else None
+    if above is not None:
+        return Decision(above, "", None, found)
     if not found:
         return Decision(None, "nothing-to-narrow", None, found)
     wide = sorted((i for i in found if i.width > adaptive.target_ci), key=lambda i: i.width, reverse=True)
-    if not wide:
-        return Decision(None, "target", max(found, key=lambda i: i.width), found)
     for interval in wide:
         level = level_inside(interval, measured, plan)
         if level is not None:
             return Decision(level, "", interval, found)
+    # Narrow, but only interpolated: the bootstrap holds the measurements' noise, not the curve's
+    # shape between two far levels. One level at the estimate confirms it.
+    for interval in found:
+        level = level_at(interval, measured, plan)
+        if level is not None and interval not in wide:
+            return Decision(level, "", interval, found)
+    if not wide:
+        return Decision(None, "target", max(found, key=lambda i: i.width), found)
     return Decision(None, "resolution", wide[0], found)

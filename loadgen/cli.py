@@ -54,6 +54,8 @@ def _add_search_and_scale_arguments(parser: argparse.ArgumentParser) -> None:
                        help="adaptive: stop when every interval is narrower than WIDTH x its estimate (0.1)")
     group.add_argument("--metric", default=None,
                        help="adaptive: the metric whose crossing is sought (goodput)")
+    group.add_argument("--narrow", default=None, metavar="ANSWERS",
+                       help="adaptive: the intervals to narrow, crossing and/or capacity (crossing,capacity)")
     group.add_argument("--max-requests", type=int, default=None,
                        help="adaptive: budget of requests over all topologies and levels")
     group.add_argument("--max-duration", type=float, default=None, metavar="SECONDS",
@@ -67,9 +69,10 @@ def _add_search_and_scale_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _adaptive(args: argparse.Namespace) -> Any:
     """The adaptive plan, or None; the adaptive-only flags without --adaptive are a mistake."""
-    from crossover.loadgen.adaptive import DEFAULT_METRIC, DEFAULT_TARGET_CI, AdaptivePlan
+    from crossover.loadgen.adaptive import ANSWERS, DEFAULT_METRIC, DEFAULT_TARGET_CI, AdaptivePlan
 
     given = [flag for flag, value in (("--target-ci", args.target_ci), ("--metric", args.metric),
+                                      ("--narrow", args.narrow),
                                       ("--max-requests", args.max_requests),
                                       ("--max-duration", args.max_duration)) if value is not None]
     if not args.adaptive:
@@ -78,7 +81,8 @@ def _adaptive(args: argparse.Namespace) -> Any:
         return None
     return AdaptivePlan(target_ci=DEFAULT_TARGET_CI if args.target_ci is None else args.target_ci,
                         metric=args.metric or DEFAULT_METRIC, max_requests=args.max_requests,
-                        max_duration_s=args.max_duration)
+                        max_duration_s=args.max_duration,
+                        answers=tuple(a.strip() for a in args.narrow.split(",")) if args.narrow else ANSWERS)
 
 
 def _traffic(args: argparse.Namespace) -> Any:

@@ -42,12 +42,29 @@ CLOSED = SweepPlan(levels=(1, 128), rounds=2)
 OPEN = SweepPlan(mode=Mode.OPEN, levels=(0.5, 8), requests_per_level=20)
 
 
-def test_coarse_start_adds_the_log_middle_of_two_ends() -> None:
-    assert coarse_levels(CLOSED) == (1.0, 11.0, 128.0)
-    assert coarse_levels(OPEN) == (0.5, 2.0, 8.0)
+def test_coarse_start_is_the_low_end_and_the_log_middle() -> None:
+    assert coarse_levels(CLOSED) == (1.0, 11.0)
+    assert coarse_levels(OPEN) == (0.5, 2.0)
+    assert coarse_levels(SweepPlan(levels=(1, 2))) == (1.0, 2.0)
     assert coarse_levels(SweepPlan(levels=(1, 4, 64))) == (1.0, 4.0, 64.0)  # given levels are the start
     with pytest.raises(UserError, match="--adaptive: give the range"):
         coarse_levels(SweepPlan(levels=(8,)))
+
+
+def test_the_range_above_is_measured_only_while_an_answer_may_lie_there() -> None:
+    none = {"metric": "goodput", "kind": "none", "topology_a": "a", "topology_b": "b"}
+    no_crossing = {"crossovers": [none], "capacities": [_capacity(5.0, 4.0, 6.0)]}
+    decision = decide(no_crossing, AdaptivePlan(), CLOSED, [1, 11])
+    assert decision.level == 38.0 and decision.widest is None  # the log middle of 11-128
+    assert decide(no_crossing, AdaptivePlan(), CLOSED, [1, 11, 38]).level == 128.0  # 128/38 < 4
+    # the metric crossing below and no capacity above: the high end is never measured
+    below = {"crossovers": [_crossing(9.0, 8.0, 10.0)], "capacities": [_capacity(5.0, 4.9, 5.1)]}
+    assert decide(below, AdaptivePlan(target_ci=0.3), CLOSED, [1, 5, 9, 11]).stop_reason == "target"
+    # a topology meeting the objective everywhere so far: up, unless capacities are not asked for
+    above = {"crossovers": [_crossing(9.0, 8.0, 10.0)], "capacities": [_capacity(11.0, None, None, "above")]}
+    assert decide(above, AdaptivePlan(target_ci=0.3), CLOSED, [1, 9, 11]).level == 38.0
+    assert decide(above, AdaptivePlan(target_ci=0.3, answers=("crossing",)), CLOSED, [1, 9, 11]).stop_reason \
+        == "target"
 
 
 def test_next_level_goes_inside_the_widest_interval() -> None:
@@ -64,8 +81,12 @@ def test_next_level_goes_inside_the_widest_interval() -> None:
 
 
 def test_the_sweep_stops_at_the_target_or_when_nothing_is_left() -> None:
-    narrow = {"crossovers": [_crossing(9.0, 8.8, 9.3)], "capacities": [_capacity(40.0, 39.0, 41.0)]}
-    decision = decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128])
+    narrow = {"crossovers": [_crossing(9.2, 8.8, 9.3)], "capacities": [_capacity(40.0, 39.0, 41.0)]}
+    # narrow, but interpolated between far levels: one level at each estimate first
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128]).level == 9.0
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 11, 128]).level == 10.0
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 10, 11, 128]).level == 40.0
+    decision = decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 10, 11, 40, 128])
     assert decision.stop_reason == "target" and decision.level is None
     assert decide({"crossovers": [], "capacities": []}, AdaptivePlan(), CLOSED, [1, 11, 128]).stop_reason \
         == "nothing-to-narrow"
@@ -85,22 +106,24 @@ def test_bad_targets_and_budgets_name_their_flag() -> None:
             AdaptivePlan(target_ci=bad)
     with pytest.raises(UserError, match=r"^--metric: "):
         AdaptivePlan(metric="speed")
-    # the coarse start of 1, 11, 128 at 2 rounds is 280 requests per topology
-    with pytest.raises(UserError, match=r"^--max-requests: 500 is less than the coarse start needs .* 560"):
-        check_budget(CLOSED, AdaptivePlan(max_requests=500), 2)
-    check_budget(CLOSED, AdaptivePlan(max_requests=560), 2)
+    with pytest.raises(UserError, match=r"^--narrow: "):
+        AdaptivePlan(answers=("crossover",))
+    # the coarse start of 1 and 11 at 2 rounds is 24 requests per topology
+    with pytest.raises(UserError, match=r"^--max-requests: 40 is less than the coarse start needs .* 48"):
+        check_budget(CLOSED, AdaptivePlan(max_requests=40), 2)
+    check_budget(CLOSED, AdaptivePlan(max_requests=48), 2)
     with pytest.raises(UserError, match=r"^--max-duration: "):
-        check_budget(OPEN, AdaptivePlan(max_duration_s=20), 2)  # 20/0.5 + 20/2 + 20/8 s per topology
+        check_budget(OPEN, AdaptivePlan(max_duration_s=20), 2)  # 20/0.5 + 20/2 s per topology
 
 
 @pytest.fixture
 def crossing_fleet() -> Iterator[FleetSpec]:
     """One instance that slows down with load vs two slower ones that do not: the pair's output
-    tokens/s per GPU cross near concurrency 9 (1/(4 + C) ms vs 2/(24 + C/10) ms per token)."""
+    tokens/s per GPU cross near concurrency 9 (1/(8 + 2C) ms vs 2/(48 + C/5) ms per token)."""
     spec = load_spec(SPECS / "cpu-real-vllm.yaml")
     data = spec.model_dump(mode="json")
-    behaviours = {"big1x2c": Behaviour(ttft_s=0.004, tpot_s=0.004, per_token_s=0.001),
-                  "small2x1c": Behaviour(ttft_s=0.004, tpot_s=0.012, per_token_s=0.0001)}
+    behaviours = {"big1x2c": Behaviour(ttft_s=0.008, tpot_s=0.008, per_token_s=0.002),
+                  "small2x1c": Behaviour(ttft_s=0.008, tpot_s=0.024, per_token_s=0.0002)}
     with ExitStack() as stack:
         for topology in data["topologies"]:
             for instance in topology["instances"]:
@@ -113,18 +136,21 @@ ADAPTIVE_PLAN = SweepPlan(levels=(1, 32), rounds=2, input_len=LengthDist.fixed(8
 
 
 def test_an_adaptive_sweep_homes_in_and_resumes(crossing_fleet: FleetSpec, tmp_path: Path) -> None:
-    adaptive = AdaptivePlan(target_ci=0.05, metric="output_tps", max_requests=400)
+    adaptive = AdaptivePlan(target_ci=0.05, metric="output_tps", max_requests=400, answers=("crossing",))
     seen: list[LevelDone] = []
     result = run_sweep(crossing_fleet, ADAPTIVE_PLAN, tmp_path, on_level=seen.append, n_boot=50,
                        adaptive=adaptive)
     levels = sorted({level for _, level in result.measured_levels})
-    assert levels[:1] == [1.0] and {6.0, 32.0} <= set(levels) and len(levels) > 3, levels
-    added = [lv for lv in levels if lv not in (1.0, 6.0, 32.0)]
-    assert all(4 <= lv <= 16 for lv in added), added  # near the crossing, not spread over the range
+    state = json.loads((tmp_path / "crossover.json").read_text())["adaptive"]
+    assert state["levels"][:2] == [1.0, 6.0] and sorted(state["levels"]) == levels
+    # fewer levels than the integers in the range, and a level beside the final estimate
+    widest = state["widest"]
+    assert len(levels) < 10 and any(abs(lv - widest["x"]) <= 1 for lv in levels), state
     assert result.stop_reason in ("target", "resolution", "max-requests")
     assert len(result.requests) <= 400
-    state = json.loads((tmp_path / "crossover.json").read_text())["adaptive"]
-    assert state["stop_reason"] == result.stop_reason and state["levels"] == [1.0, 6.0, 32.0, *added]
+    assert state["stop_reason"] == result.stop_reason
+    if result.stop_reason == "target":
+        assert widest["width"] <= 0.05
     assert state["requests"] == len(result.requests) and state["next_level"] is None
     assert seen[-1].position == seen[-1].total == 2 * len(levels)
     assert json.loads((tmp_path / "run.json").read_text())["adaptive"] == adaptive.to_json()
@@ -148,6 +174,7 @@ def _cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     (["--adaptive", "--target-ci", "1"], "--target-ci: must be a relative width between 0 and 1"),
     (["--adaptive", "--target-ci", "0"], "--target-ci: "),
     (["--adaptive", "--max-requests", "10"], "--max-requests: 10 is less than the coarse start needs"),
+    (["--adaptive", "--narrow", "speed"], "--narrow: want one or both of crossing,capacity"),
     (["--workers", "0"], "--workers: must be between 1 and"),
     (["--workers", "4096"], "--workers: must be between 1 and"),
     (["--target-ci", "0.2"], "--target-ci: only for an adaptive sweep"),
@@ -170,4 +197,4 @@ def test_the_cli_summary_says_why_the_adaptive_sweep_stopped(crossing_fleet: Fle
                  "--target-ci", "0.5", "--bootstrap", "50", "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "adaptive sweep stopped: " in out and "levels measured: 1, 6, 32" in out, out
+    assert "adaptive sweep stopped: " in out and "levels measured: 1, 6" in out, out
