@@ -274,3 +274,19 @@ def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan
     if not wide:
         return Decision(None, "target", max(found, key=lambda i: i.width), found)
     return Decision(None, "resolution", wide[0], found)
+
+
+def adaptive_line(state: Mapping[str, Any], axis: str) -> str:
+    """One line from crossover.json's "adaptive": the levels so far and the next one, or why the
+    sweep stopped and the widest interval it left."""
+    levels = ", ".join(f"{x:g}" for x in state.get("levels", [])) or "none"
+    widest = state.get("widest") or {}
+    if state.get("next_level") is not None:
+        why = f"to narrow the {widest['what']}" if widest.get("what") else "an answer may lie above"
+        return f"adaptive sweep: levels {levels} so far; next {axis} {state['next_level']:g} ({why})"
+    reason = STOP_REASONS.get(state.get("stop_reason", ""), "stopped before the coarse start was measured")
+    line = f"adaptive sweep stopped: {reason}; levels measured: {levels}"
+    if widest.get("width") is not None:
+        line += (f"; widest interval: {widest['what']} at {axis} {widest['x']:.3g}, "
+                 f"{widest['width']:.0%} of it")
+    return line

@@ -142,21 +142,6 @@ def print_summary(summary: Any, crossover: dict[str, Any], console: Any) -> None
         console.print(f"- {sentence}")
 
 
-def stop_line(crossover: dict[str, Any], axis: str) -> str:
-    """Why an adaptive sweep stopped, from crossover.json's "adaptive"."""
-    from crossover.loadgen.adaptive import STOP_REASONS
-
-    state = crossover.get("adaptive") or {}
-    reason = STOP_REASONS.get(state.get("stop_reason", ""), "stopped before the coarse start was measured")
-    levels = ", ".join(f"{x:g}" for x in state.get("levels", []))
-    line = f"adaptive sweep stopped: {reason}; levels measured: {levels or 'none'}"
-    widest = state.get("widest")
-    if widest and widest.get("width") is not None:
-        line += (f"; widest interval: {widest['what']} at {axis} {widest['x']:.3g}, "
-                 f"{widest['width']:.0%} of it")
-    return line
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -211,7 +196,9 @@ def run(args: argparse.Namespace) -> int:
     if not result.summary.empty:
         print_summary(result.summary, result.crossover, out)
     if adaptive is not None:
-        out.print(stop_line(result.crossover, plan.axis))
+        from crossover.loadgen.adaptive import adaptive_line
+
+        out.print(adaptive_line(result.crossover.get("adaptive") or {}, plan.axis))
     out.print(f"results in {result.out_dir} (requests per level under levels/, summary.csv, crossover.json)")
     failed = int(result.summary["failed"].sum()) if "failed" in result.summary else 0
     if failed:
