@@ -367,7 +367,10 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
         if traffic.shard[1] > 1:
             raise UserError("--shard: an adaptive sweep chooses levels from all the records; run it on "
                             "one machine (--workers), or shard a fixed grid")
-    results.prepare(folder, info, adaptive.to_json() if adaptive is not None else None)
+    extra: dict[str, Any] = {"traffic": {"workers": traffic.workers, "shard": list(traffic.shard)}}
+    if adaptive is not None:
+        extra["adaptive"] = adaptive.to_json()
+    results.prepare(folder, info, extra)
     options = client or ClientOptions()
     share_list = traffic.shares
     pool = WorkerPool(share_list, options) if len(share_list) > 1 else None

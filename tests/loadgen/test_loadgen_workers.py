@@ -11,8 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from crossover.errors import UserError
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
-from crossover.loadgen.results import level_path
+from crossover.loadgen.results import level_path, load_run, merge_runs
 from crossover.loadgen.sweep import Traffic, run_sweep
 from crossover.loadgen.workers import Share, parse_shard, shares
 from crossover.spec import FleetSpec, load_spec, parse_spec
@@ -107,6 +108,15 @@ def test_a_shard_sends_only_its_share(fleet: tuple[FleetSpec, dict[str, FakeServ
     # concurrency 1 has one client: the second machine's level 1 is an empty file, still a finished level
     assert level_path(tmp_path / "m1", plan, "big1x2c", 1).exists()
     assert not (parts[1].requests["level"] == 1).any()
+    # the machines' folders merged are the one-machine run: same requests, same figures
+    run = merge_runs([tmp_path / "m1", tmp_path / "m0"], tmp_path / "merged", n_boot=0)
+    pd.testing.assert_frame_equal(run.requests[KEY], whole.requests[KEY])
+    assert run.summary["requests"].tolist() == whole.summary["requests"].tolist()
+    assert load_run(tmp_path / "merged").info.plan == plan
+    with pytest.raises(UserError, match=r"^shards: want each of 0/2 to 1/2 once, got 0/2"):
+        merge_runs([tmp_path / "m0"], tmp_path / "partial")
+    with pytest.raises(UserError, match=r"^--shard: .* holds shard 0/2's requests, not 1/2's"):
+        run_sweep(spec, plan, tmp_path / "m0", ["big1x2c"], n_boot=0, traffic=Traffic(shard=(1, 2)))
 
 
 def test_workers_stop_with_the_sweep(fleet: tuple[FleetSpec, dict[str, FakeServer]], tmp_path: Path) -> None:
