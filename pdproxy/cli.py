@@ -1,11 +1,11 @@
-"""The P/D proxy of a spec's disaggregated topology, in front of real vLLM servers.
+"""`crossover pdproxy SPEC [--topology NAME] [--bind HOST]`: a topology's entrypoint, in front of real
+vLLM servers.
 
-`python -m crossover.demo_pdproxy SPEC [--topology NAME] [--bind 0.0.0.0]` serves the topology's
-entrypoint URL (its port) and routes each request as vLLM's NixlConnector expects: prefill
-instance with max_tokens=1 and kv_transfer_params {do_remote_decode: true}, then the decode
-instance with the kv_transfer_params the prefill answered. It is the simulator's own entrypoint
-(crossover.sim.proxy), which speaks the same protocol to real servers; the compose stack's
-`gpu-pd` profile runs it as the `pd-proxy` service.
+Serves the topology's entrypoint URL (its port) and routes each request as vLLM's NixlConnector
+expects: prefill instance with max_tokens=1 and kv_transfer_params {do_remote_decode: true}, then the
+decode instance with the kv_transfer_params the prefill answered. The simulator serves the same
+proxy in front of its simulated instances; the compose stack's `gpu-pd` profile runs this command
+as the `pd-proxy` service.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 from urllib.parse import urlsplit
 
 from crossover.errors import UserError
-from crossover.sim.proxy import EntrypointProxy
-from crossover.spec import FleetSpec, Topology, load_spec
+from crossover.pdproxy.proxy import EntrypointProxy
+from crossover.spec import FleetSpec, Role, Topology, load_spec
 
 
 def pd_topology(spec: FleetSpec, name: str | None) -> Topology:
@@ -46,35 +45,31 @@ async def serve(proxy: EntrypointProxy) -> None:
     except OSError as exc:
         await proxy.stop()
         raise UserError(f"cannot listen on {proxy.host}:{proxy.port}: {exc.strerror or exc}") from None
-    print(f"P/D proxy for {proxy.topology.name} on http://{proxy.host}:{proxy.port} -> prefill "
-          f"{[i.url for i in proxy.topology.instances if i.role.value == 'prefill']}, decode "
-          f"{[i.url for i in proxy.topology.instances if i.role.value == 'decode']}", flush=True)
+    instances = proxy.topology.instances
+    if proxy.disaggregated:
+        upstream = (f"prefill {[i.url for i in instances if i.role is Role.PREFILL]}, "
+                    f"decode {[i.url for i in instances if i.role is Role.DECODE]}")
+    else:
+        upstream = f"round robin over {[i.url for i in instances]}"
+    print(f"entrypoint of {proxy.topology.name} on http://{proxy.host}:{proxy.port} -> {upstream}",
+          flush=True)
     try:
         await stop.wait()
     finally:
         await proxy.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m crossover.demo_pdproxy",
-                                     description="serve the P/D entrypoint of a spec in front of vLLM")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="fleet spec (YAML)")
-    parser.add_argument("--topology", default=None, help="the P/D topology (default: the only one)")
+    parser.add_argument("--topology", default=None,
+                        help="the topology whose entrypoint to serve (default: the only P/D one)")
     parser.add_argument("--bind", default=None, metavar="HOST",
                         help="listen here instead of the entrypoint URL's host (0.0.0.0 in a container)")
-    args = parser.parse_args(argv)
-    try:
-        topology = pd_topology(load_spec(args.spec), args.topology)
-        proxy = EntrypointProxy(topology)
-        proxy.host = args.bind or urlsplit(proxy.url).hostname or "127.0.0.1"
-        asyncio.run(serve(proxy))
-    except UserError as exc:
-        print(f"demo_pdproxy: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
+
+
+def run(args: argparse.Namespace) -> int:
+    topology = pd_topology(load_spec(args.spec), args.topology)
+    proxy = EntrypointProxy(topology)
+    proxy.host = args.bind or urlsplit(proxy.url).hostname or "127.0.0.1"
+    asyncio.run(serve(proxy))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 from crossover.errors import UserError
 from crossover.eventloop import new_event_loop
+from crossover.pdproxy.proxy import EntrypointProxy
 from crossover.sim import emitter as emitters
 from crossover.sim.metrics import legacy_mode
-from crossover.sim.proxy import EntrypointProxy
 from crossover.sim.server import SimInstance, record_view
 from crossover.spec import Fault, FleetSpec
 
