@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
-import json
 import os
 import shutil
 import socket
@@ -488,8 +487,3 @@ def run(args: argparse.Namespace) -> int:
             sup.stop_all()
             say("crossover demo: stopped")
             return 130
-
-
-def read_crossover(out: Path) -> dict[str, object]:
-    """The sweep's crossover.json of a demo run (for tests and scripts)."""
-    return dict(json.loads((out / "sweep" / "crossover.json").read_text()))
