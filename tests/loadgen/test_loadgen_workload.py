@@ -62,7 +62,8 @@ def test_random_chat_texts_are_exact_under_a_bpe_with_the_template_planned(bpe: 
     plan = SweepPlan(levels=(4,), input_len=LengthDist.parse("uniform:20-200"), endpoint=Endpoint.CHAT,
                      shared_prefix=8)
     workload = prepare_workload(plan, bpe, 2048)
-    assert workload.template_tokens > 0 and workload.describe()["chat_template_tokens"] == workload.template_tokens
+    assert workload.template_tokens > 0
+    assert workload.describe()["chat_template_tokens"] == workload.template_tokens
     for request in itertools.islice(requests(workload, 4), 40):
         assert isinstance(request.prompt, str) and request.messages is not None
         content = len(bpe.encode(request.prompt))
@@ -95,7 +96,7 @@ def test_jsonl_and_sharegpt_are_counted_by_the_tokenizer_and_sampled_with_the_se
     for request in batch:
         assert request.messages is not None
         assert request.input_len == len(bpe.encode_chat(request.messages) or [])
-        assert request.output_len == (5 if request.prompt.startswith("the model") else 7)
+        assert request.output_len == (5 if str(request.prompt).startswith("the model") else 7)
     sharegpt = tmp_path / "s.json"
     sharegpt.write_text(json.dumps([
         {"id": "a", "conversations": [{"from": "human", "value": "the model serves"},
@@ -115,7 +116,7 @@ def test_jsonl_and_sharegpt_are_counted_by_the_tokenizer_and_sampled_with_the_se
     (['{"prompt": "ok"}', '{"prompt": "broken"'], "chat", "d.jsonl:2: not JSON"),
     (['["a list"]'], "chat", "d.jsonl:1: want a JSON object"),
     (['{"prompt": ""}'], "chat", "d.jsonl:1: want a non-empty prompt"),
-    (['{"messages": [{"role": "system", "content": "x"}]}'], "chat", "d.jsonl:1: the conversation has no user turn"),
+    (['{"messages": [{"role": "system", "content": "x"}]}'], "chat", "d.jsonl:1: the conversation has no"),
     (['{"messages": [{"role": "user", "content": "x"}]}'], "completions", "d.jsonl:1: has messages"),
     (['{"prompt": "x", "output_len": 0}'], "chat", "d.jsonl:1: output_len must be a positive integer"),
     (["", "  "], "chat", "holds no prompts"),
@@ -146,14 +147,15 @@ def test_bad_sharegpt_missing_files_and_too_long_prompts(words: LocalTokenizer, 
     fails(SweepPlan(levels=(1,), input_len=LengthDist.fixed(60), output_len=LengthDist.fixed(8)),
           "more than the model's context of 64")
     long = _write(tmp_path / "long.jsonl", [json.dumps({"prompt": "the " * 70})])
-    fails(SweepPlan(levels=(1,), dataset=DatasetKind.JSONL, dataset_path=long), "long.jsonl:1: a prompt of 70")
+    fails(SweepPlan(levels=(1,), dataset=DatasetKind.JSONL, dataset_path=long),
+          "long.jsonl:1: a prompt of 70")
 
 
 def test_tokenizer_sources_that_do_not_work_are_one_line(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="no tokenizer.json there"):
+    with pytest.raises(UserError, match=r"no tokenizer\.json there"):
         LocalTokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
-    with pytest.raises(UserError, match="tokenizer.json does not load"):
+    with pytest.raises(UserError, match=r"tokenizer\.json does not load"):
         LocalTokenizer(tmp_path)
     with serving({}) as server, pytest.raises(UserError, match="has no /tokenize endpoint") as info:
         open_tokenizer(None, [server.url], "m")
@@ -182,15 +184,16 @@ def test_a_level_whose_server_counted_other_lengths_is_flagged() -> None:
                      "tpot": 0.1, "itl": [0.1], "itl_max": 0.1, "chunk_times": [], "chunk_tokens": [],
                      "input_tokens": counted, "output_tokens": 2, "planned_input": 128, "planned_output": 2,
                      "completion_id": "", "garbage": 0})
-    summary = summarize(pd.DataFrame(rows), {"ttft": 1000.0}, {"a": 1}, SweepPlan(mode=Mode.CLOSED, levels=(1, 2)))
+    summary = summarize(pd.DataFrame(rows), {"ttft": 1000.0}, {"a": 1},
+                        SweepPlan(mode=Mode.CLOSED, levels=(1, 2)))
     assert summary["input_len_off"].tolist() == [False, True]
     assert input_len_warnings(summary) == [
         "a at 2: the server counted 500.0 input tokens per request, 128.0 planned (the prompts were not the "
         "asked length)"]
 
 
-def test_cli_bad_workload_inputs_exit_2_in_one_line_before_any_traffic(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_bad_workload_inputs_exit_2_in_one_line_before_any_traffic(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import yaml
 
     from crossover.spec import load_spec, parse_spec
