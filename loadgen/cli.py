@@ -63,8 +63,23 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--random-output-len", type=int, default=None, help="as in vllm bench: --output-len N")
     group.add_argument("--random-range-ratio", type=float, default=0.0,
                        help="as in vllm bench: lengths uniform in N x [1 - R, 1 + R]")
+    group.add_argument("--save-result", action="store_true",
+                       help="also write each (topology, level) as a vllm bench serve result JSON")
+    group.add_argument("--save-detailed", action="store_true",
+                       help="with the per-request lists (as vllm bench)")
+    group.add_argument("--percentile-metrics", default=None,
+                       help="vllm bench's: ttft,tpot,itl (default),e2el")
+    group.add_argument("--metric-percentiles", default=None, help="vllm bench's: e.g. 50,90,99 (default 99)")
     group.add_argument("--ignore-eos", action="store_true",
                        help="as in vllm bench (the default here; --no-ignore-eos turns it off)")
+
+
+def _bench_options(args: argparse.Namespace) -> Any:
+    """--save-result and its companions; None when no result JSON is asked for."""
+    from crossover.loadgen.benchjson import BenchOptions
+
+    options = BenchOptions.parse(args.percentile_metrics, args.metric_percentiles, args.save_detailed)
+    return options if args.save_result or args.save_detailed else None
 
 
 def _workload_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -161,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     plan = _plan(args)
+    _bench_options(args)  # a bad --percentile-metrics is an error before any traffic
     for name in args.topology or []:
         spec.topology(name)
     console = Console(stderr=True)
@@ -198,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
     with progress:
         try:
             result = run_sweep(spec, plan, Path(args.out), args.topology, on_level=on_level, stop=stop,
-                               on_request=on_request if live else None, csv=args.csv, n_boot=args.bootstrap)
+                               on_request=on_request if live else None, csv=args.csv, n_boot=args.bootstrap,
+                               bench=_bench_options(args))
         except KeyboardInterrupt:
             stop.set()
             raise

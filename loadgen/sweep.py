@@ -24,6 +24,7 @@ import pandas as pd
 from crossover.errors import UserError
 from crossover.eventloop import loop_factory
 from crossover.loadgen import results
+from crossover.loadgen.benchjson import BenchOptions, bench_result
 from crossover.loadgen.client import (
     Balancer,
     ClientOptions,
@@ -233,7 +234,8 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
                           on_level: Callable[[LevelDone], None] | None = None,
                           stop: StopFlag | None = None, *, on_request: RequestCallback | None = None,
                           csv: bool = False, n_boot: int = 200,
-                          client: ClientOptions | None = None) -> SweepResult:
+                          client: ClientOptions | None = None,
+                          bench: BenchOptions | None = None) -> SweepResult:
     """The sweep on the running event loop; see run_sweep (client.uvloop is the caller's)."""
     folder = Path(out_dir)
     info = run_info(spec, plan, topologies)
@@ -285,6 +287,11 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
             break
         frame = records_frame(records)
         results.write_level(folder, plan, name, level, frame, csv=csv)
+        if bench is not None:  # --save-result: the level as vllm bench serve writes it, beside its table
+            results.write_json(path.with_suffix(".json"), bench_result(
+                frame, topology=name, level=level, axis=plan.axis, model=info.model,
+                endpoint=plan.endpoint.value, tokenizer=outcome.workload["tokenizer"],
+                burstiness=plan.burstiness, slos_ms=info.slos_ms, options=bench))
         outcome.measured_levels.append((name, level))
         publish(name, level, position, frame, resumed=False)
     return outcome
@@ -293,7 +300,7 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
 def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies: Sequence[str] | None = None,
               on_level: Callable[[LevelDone], None] | None = None, stop: StopFlag | None = None, *,
               on_request: RequestCallback | None = None, csv: bool = False, n_boot: int = 200,
-              client: ClientOptions | None = None) -> SweepResult:
+              client: ClientOptions | None = None, bench: BenchOptions | None = None) -> SweepResult:
     """Run a sweep to completion (or until `stop` is set) in a fresh event loop on this thread
     (uvloop's where installed, unless client.uvloop is False: the client's hot path is the loop).
 
@@ -303,4 +310,5 @@ def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies:
     options = client or ClientOptions()
     with asyncio.Runner(loop_factory=loop_factory("auto" if options.uvloop else "asyncio")) as runner:
         return runner.run(run_sweep_async(spec, plan, out_dir, topologies, on_level, stop,
-                                          on_request=on_request, csv=csv, n_boot=n_boot, client=options))
+                                          on_request=on_request, csv=csv, n_boot=n_boot, client=options,
+                                          bench=bench))
