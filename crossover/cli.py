@@ -23,7 +23,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "rules": ("crossover.rules.cli", "generate Prometheus scrape config, recording rules and alerts"),
     "dashboards": ("crossover.dashboards.cli", "generate Grafana dashboards"),
     "app": ("crossover.app.cli", "start the Streamlit app"),
-    "demo": ("crossover.demo", "run the whole stack on the simulator"),
+    "pdproxy": ("crossover.pdproxy.cli", "serve a topology's P/D entrypoint in front of vLLM servers"),
+    "demo": ("crossover.demo.cli", "run the whole stack on the simulator"),
 }
 
 

