@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,21 +25,23 @@ from crossover.errors import UserError
 from crossover.eventloop import loop_factory
 from crossover.loadgen import results
 from crossover.loadgen.adaptive import STOP_REASONS, AdaptivePlan, check_budget, coarse_levels, decide
+from crossover.loadgen.benchjson import BenchOptions, bench_result
 from crossover.loadgen.client import (
     Balancer,
     ClientOptions,
     RequestRecord,
     build_record,
-    completion_payload,
     stamping_connector,
     stream_completion,
 )
 from crossover.loadgen.crossover import analyze
-from crossover.loadgen.dataset import SyntheticRequest, arrival_offsets, requests
+from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
+from crossover.loadgen.payloads import PATHS, request_payload
 from crossover.loadgen.plan import Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
 from crossover.loadgen.summary import summarize
-from crossover.loadgen.workers import Share, WorkerPool, check_workers, requests_of, shares
+from crossover.loadgen.tokens import open_tokenizer
+from crossover.loadgen.workers import Share, WorkerPool, check_workers, shares
 from crossover.spec import Balance, FleetSpec, Topology
 
 
@@ -70,11 +73,45 @@ class SweepResult:
     crossover: dict[str, Any] = field(repr=False)
     stopped: bool = False
     resumed_levels: int = 0
+    workload: dict[str, Any] = field(default_factory=dict)  # workload.json: tokenizer, template overhead
     measured_levels: list[tuple[str, float]] = field(default_factory=list)
     stop_reason: str = ""  # adaptive: loadgen.adaptive.STOP_REASONS; fixed: "stopped" or ""
 
 
 RequestCallback = Callable[[str, float, int, "int | None"], None]
+Prepared = tuple[SyntheticRequest, bytes]  # a request and the body that sends it
+_DURATION_BLOCK = 256  # requests prepared ahead for a closed-loop level that runs for a duration
+
+
+def tokenizer_urls(spec: FleetSpec, topologies: Sequence[str]) -> list[str]:
+    """Where to ask for /tokenize: the chosen topologies' instances first (a load balancer or P/D
+    proxy in front of them may not forward it), then their entrypoints."""
+    chosen = [spec.topology(name) for name in topologies]
+    return ([i.url for t in chosen for i in t.instances]
+            + [t.entrypoint.url for t in chosen if t.entrypoint.url is not None])
+
+
+def open_workload(spec: FleetSpec, plan: SweepPlan, topologies: Sequence[str]) -> Workload:
+    """The tokenizer, dataset and chat template, read and checked before any traffic."""
+    tokenizer = open_tokenizer(plan.tokenizer, tokenizer_urls(spec, topologies), spec.model.name)
+    try:
+        return prepare_workload(plan, tokenizer, spec.model.max_model_len)
+    finally:
+        tokenizer.close()
+
+
+def prepare_level(workload: Workload, model: str, level: float) -> Iterator[Prepared]:
+    """The level's requests with their bodies, made before the level starts: all of them when the
+    level has a count, else a first block and the rest as they are needed."""
+    plan = workload.plan
+    source = requests(workload, level)
+    total = plan.requests_for(level)
+    first = list(islice(source, total if total is not None else max(_DURATION_BLOCK, 4 * int(level))))
+    ready = [(r, request_payload(model, r, plan.ignore_eos, plan.endpoint)) for r in first]
+    workload.tokenizer.close()  # no idle connection to a server while the level runs (reopens if needed)
+    if total is not None:
+        return iter(ready)
+    return chain(ready, ((r, request_payload(model, r, plan.ignore_eos, plan.endpoint)) for r in source))
 
 
 def topology_info(topology: Topology) -> TopologyInfo:
@@ -100,7 +137,7 @@ class _LevelRunner:
 
     def __init__(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
                  on_request: RequestCallback | None, client: ClientOptions,
-                 share: Share | None = None) -> None:
+                 prepared: Iterator[Prepared], share: Share | None = None) -> None:
         policy = Balance.ROUND_ROBIN if info.balance == "entrypoint" else Balance(info.balance)
         self.balancer = Balancer(list(info.targets), policy)
         self.info, self.model, self.plan, self.level = info, model, plan, level
@@ -108,17 +145,18 @@ class _LevelRunner:
         self.on_request = on_request
         self.total = plan.requests_for(level)
         self.client = client
+        self.prepared = prepared  # this share's requests (all of them for the one share of one)
+        self.path = PATHS[plan.endpoint]
         self.share = share = share or Share()
-        # this share's part of the level's requests (all of them for the one share of one)
         self.mine = (None if self.total is None else
                      sum(1 for i in range(self.total) if share.owns(plan, level, i)))
 
-    async def _one(self, session: aiohttp.ClientSession, request: SyntheticRequest) -> None:
+    async def _one(self, session: aiohttp.ClientSession, prepared: Prepared) -> None:
+        request, payload = prepared
         url = self.balancer.acquire()
         try:
-            trace = await stream_completion(session, url, completion_payload(
-                self.model, request, self.plan.ignore_eos), self.plan.timeout_s,
-                in_protocol=self.client.in_protocol)
+            trace = await stream_completion(session, url, payload, self.plan.timeout_s,
+                                            in_protocol=self.client.in_protocol, path=self.path)
         finally:
             self.balancer.release(url)
         self.records.append(build_record(trace, request, self.info.name, self.level, url))
@@ -139,7 +177,7 @@ class _LevelRunner:
         concurrency = int(self.level)
         if self.share.index >= self.share.active(self.plan, self.level):
             return  # fewer clients than shares: this one has none
-        source = requests_of(self.share, self.plan, self.level, requests(self.plan, self.level))
+        source = self.prepared
         deadline = (time.monotonic() + self.plan.ramp_s + self.plan.duration_s
                     if self.plan.duration_s is not None and self.total is None else None)
         issued = 0
@@ -160,14 +198,12 @@ class _LevelRunner:
 
     async def _open(self, session: aiohttp.ClientSession) -> None:
         assert self.total is not None
-        offsets = arrival_offsets(self.plan, self.level, self.total)
+        offsets = arrival_offsets(self.plan, self.level, self.total).tolist()
         loop = asyncio.get_running_loop()
         start = loop.time()
         tasks = []
-        for offset, request in zip(offsets.tolist(), requests(self.plan, self.level), strict=False):
-            if not self.share.owns(self.plan, self.level, request.index):
-                continue
-            delay = start + offset - loop.time()
+        for request in self.prepared:
+            delay = start + offsets[request[0].index] - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(self._one(session, request)))
@@ -223,13 +259,17 @@ class _Sweep:
 
     def __init__(self, folder: Path, info: RunInfo, plan: SweepPlan,
                  on_level: Callable[[LevelDone], None] | None, on_request: RequestCallback | None,
-                 stop: StopFlag | None, csv: bool, n_boot: int,
-                 client: ClientOptions, pool: WorkerPool | None, share: Share) -> None:
+                 stop: StopFlag | None, csv: bool, n_boot: int, client: ClientOptions,
+                 pool: WorkerPool | None, share: Share, workload: Workload,
+                 bench: BenchOptions | None) -> None:
         self.folder, self.info, self.plan, self.on_level = folder, info, plan, on_level
         self.on_request, self.stop, self.csv, self.n_boot = on_request, stop, csv, n_boot
         self.client, self.pool, self.share = client, pool, share
+        self.workload, self.bench = workload, bench
+        self.ready: dict[float, list[Prepared]] = {}  # a level's requests, made once for every topology
         self.frames: list[pd.DataFrame] = []
-        self.outcome = SweepResult(folder, info, pd.DataFrame(), pd.DataFrame(), {})
+        self.outcome = SweepResult(folder, info, pd.DataFrame(), pd.DataFrame(), {},
+                                   workload=workload.describe())
         self.position = 0
         self.spent_requests = 0
         self.spent_s = 0.0
@@ -257,10 +297,22 @@ class _Sweep:
             self.outcome.crossover["adaptive"] = self.adaptive
         results.write_json(self.folder / results.CROSSOVER_FILE, self.outcome.crossover)
 
+    def _prepared(self, level: float) -> Iterator[Prepared]:
+        if self.plan.requests_for(level) is None:
+            return prepare_level(self.workload, self.info.model, level)
+        if level not in self.ready:
+            self.ready.clear()
+            self.ready[level] = list(prepare_level(self.workload, self.info.model, level))
+        return iter(self.ready[level])
+
     async def _records(self, name: str, level: float) -> list[RequestRecord] | None:
+        prepared = self._prepared(level)
         if self.pool is None:
-            runner = _LevelRunner(self.info.topologies[name], self.info.model, self.plan, level,
-                                  self.on_request, self.client, share=self.share)
+            share, plan = self.share, self.plan
+            mine = (prepared if share.count == 1
+                    else (p for p in prepared if share.owns(plan, level, p[0].index)))
+            runner = _LevelRunner(self.info.topologies[name], self.info.model, plan, level,
+                                  self.on_request, self.client, mine, share=share)
             return await _run_or_stop(runner.run(), self.stop)
         total = self.plan.requests_for(level)
         sent = 0
@@ -272,7 +324,7 @@ class _Sweep:
                 self.on_request(name, level, sent, total)
 
         return await self.pool.run_level(self.info.topologies[name], self.info.model, self.plan, level,
-                                         self.stop, progress)
+                                         list(prepared), self.stop, progress)
 
     async def level(self, level: float, total: int) -> bool:
         """Every topology at `level`, read back where a previous run finished it; False if stopped."""
@@ -295,6 +347,11 @@ class _Sweep:
                 return False
             frame = records_frame(records)
             results.write_level(self.folder, self.plan, name, level, frame, csv=self.csv)
+            if self.bench is not None:  # --save-result: the level as vllm bench serve writes it, beside it
+                results.write_json(path.with_suffix(".json"), bench_result(
+                    frame, topology=name, level=level, axis=self.plan.axis, model=self.info.model,
+                    endpoint=self.plan.endpoint.value, tokenizer=self.outcome.workload["tokenizer"],
+                    burstiness=self.plan.burstiness, slos_ms=self.info.slos_ms, options=self.bench))
             self.outcome.measured_levels.append((name, level))
             self._publish(name, level, frame, False, total)
         return True
@@ -355,11 +412,14 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
                           on_level: Callable[[LevelDone], None] | None = None,
                           stop: StopFlag | None = None, *, on_request: RequestCallback | None = None,
                           csv: bool = False, n_boot: int = 200,
-                          client: ClientOptions | None = None, adaptive: AdaptivePlan | None = None,
-                          traffic: Traffic = Traffic()) -> SweepResult:
+                          client: ClientOptions | None = None, bench: BenchOptions | None = None,
+                          adaptive: AdaptivePlan | None = None, traffic: Traffic = Traffic()) -> SweepResult:
     """The sweep on the running event loop; see run_sweep (client.uvloop is the caller's)."""
     folder = Path(out_dir)
     info = run_info(spec, plan, topologies)
+    if traffic.workers > 1 and any(plan.requests_for(level) is None for level in plan.levels):
+        raise UserError("--workers: a closed-loop level that runs for --duration cannot be split ahead; "
+                        "give --requests or --rounds")
     if adaptive is not None:
         check_budget(plan, adaptive, len(info.topologies))
         if n_boot < 1:
@@ -370,13 +430,15 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
     extra: dict[str, Any] = {"traffic": {"workers": traffic.workers, "shard": list(traffic.shard)}}
     if adaptive is not None:
         extra["adaptive"] = adaptive.to_json()
+    workload = open_workload(spec, plan, list(info.topologies))
     results.prepare(folder, info, extra)
+    results.write_json(folder / results.WORKLOAD_FILE, workload.describe())
     options = client or ClientOptions()
     share_list = traffic.shares
     pool = WorkerPool(share_list, options) if len(share_list) > 1 else None
     try:
         sweep = _Sweep(folder, info, plan, on_level, on_request, stop, csv, n_boot, options, pool,
-                       share_list[0])
+                       share_list[0], workload, bench)
         if adaptive is None:
             for level in plan.levels:
                 if not await sweep.level(level, len(plan.levels) * len(info.topologies)):
@@ -397,8 +459,8 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
 def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies: Sequence[str] | None = None,
               on_level: Callable[[LevelDone], None] | None = None, stop: StopFlag | None = None, *,
               on_request: RequestCallback | None = None, csv: bool = False, n_boot: int = 200,
-              client: ClientOptions | None = None, adaptive: AdaptivePlan | None = None,
-              traffic: Traffic = Traffic()) -> SweepResult:
+              client: ClientOptions | None = None, bench: BenchOptions | None = None,
+              adaptive: AdaptivePlan | None = None, traffic: Traffic = Traffic()) -> SweepResult:
     """Run a sweep to completion (or until `stop` is set) in a fresh event loop on this thread
     (uvloop's where installed, unless client.uvloop is False: the client's hot path is the loop).
 
@@ -412,4 +474,4 @@ def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies:
     with asyncio.Runner(loop_factory=loop_factory("auto" if options.uvloop else "asyncio")) as runner:
         return runner.run(run_sweep_async(spec, plan, out_dir, topologies, on_level, stop,
                                           on_request=on_request, csv=csv, n_boot=n_boot, client=options,
-                                          adaptive=adaptive, traffic=traffic))
+                                          bench=bench, adaptive=adaptive, traffic=traffic))

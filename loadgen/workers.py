@@ -20,7 +20,7 @@ import multiprocessing
 import os
 import queue
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -105,12 +105,12 @@ def _report(topology: str, level: float, done: int, total: int | None) -> None:
 
 
 def _run_share(info: TopologyInfo, model: str, plan: SweepPlan, level: float, share: Share,
-               client: ClientOptions) -> list[RequestRecord] | None:
+               client: ClientOptions, prepared: list[Any]) -> list[RequestRecord] | None:
     """In a worker process: wait for every share, then send this one's requests; None if stopped."""
     from crossover.loadgen.sweep import _LevelRunner, _run_or_stop
 
     _barrier.wait(BARRIER_TIMEOUT_S)
-    runner = _LevelRunner(info, model, plan, level, _report, client, share=share)
+    runner = _LevelRunner(info, model, plan, level, _report, client, iter(prepared), share=share)
     with asyncio.Runner(loop_factory=loop_factory("auto" if client.uvloop else "asyncio")) as loop:
         return loop.run(_run_or_stop(runner.run(), _stop))
 
@@ -141,11 +141,14 @@ class WorkerPool:
         return count
 
     async def run_level(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
-                        stop: Any, on_request: Callable[[int], None] | None) -> list[RequestRecord] | None:
-        """The level from every share, records merged; None when `stop` was set first."""
-        futures = [asyncio.wrap_future(self.executor.submit(_run_share, info, model, plan, level, share,
-                                                            self.client))
-                   for share in self.shares]
+                        prepared: list[Any], stop: Any,
+                        on_request: Callable[[int], None] | None) -> list[RequestRecord] | None:
+        """The level's prepared requests from every share, records merged; None when `stop` was set
+        first. Each process gets only its share's requests (and their bodies)."""
+        futures = [asyncio.wrap_future(self.executor.submit(
+            _run_share, info, model, plan, level, share, self.client,
+            [p for p in prepared if share.owns(plan, level, p[0].index)]))
+            for share in self.shares]
         pending = set(futures)
         while pending:
             _, pending = await asyncio.wait(pending, timeout=0.05)
@@ -159,9 +162,3 @@ class WorkerPool:
         if any(part is None for part in parts):
             return None
         return [record for part in parts if part is not None for record in part]
-
-
-def requests_of(share: Share, plan: SweepPlan, level: float, source: Iterator[Any]) -> Iterator[Any]:
-    """The share's requests, in order, from the level's full sequence."""
-    return (r for r in source if share.owns(plan, level, r.index))
-
