@@ -3,6 +3,7 @@ into the one level file with the same requests, indices and concurrency as one p
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -11,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from crossover.cli import main
 from crossover.errors import UserError
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
 from crossover.loadgen.results import level_path, load_run, merge_runs
@@ -133,3 +135,26 @@ def test_workers_stop_with_the_sweep(fleet: tuple[FleetSpec, dict[str, FakeServe
                        traffic=Traffic(workers=2))
     assert result.stopped and not result.measured_levels
     assert not level_path(tmp_path, plan, "big1x2c", 4).exists()
+
+
+def test_shards_from_the_cli_merge_with_crossover_analyze(
+        fleet: tuple[FleetSpec, dict[str, FakeServer]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    spec, _ = fleet
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(json.dumps(spec.model_dump(mode="json")))
+    common = ["sweep", str(spec_path), "--concurrency", "2,4", "--rounds", "2", "--input-len", "4",
+              "--output-len", "4", "--no-progress", "--bootstrap", "0"]
+    for machine in range(2):
+        assert main([*common, "--out", str(tmp_path / f"m{machine}"), "--shard", f"{machine}/2",
+                     "--workers", "2"]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(tmp_path / "m0"), str(tmp_path / "m1"), "--out", str(tmp_path / "all"),
+                 "--bootstrap", "0"]) == 0
+    assert "2 shard folders merged into" in capsys.readouterr().out
+    run = load_run(tmp_path / "all")
+    # every request of the plan once: 2 x 2 + 2 x 4 per topology
+    assert run.requests.groupby("topology").size().tolist() == [12, 12]
+    assert sorted(run.requests[run.requests["level"] == 4]["index"].tolist()[:8]) == list(range(8))
+    assert main(["analyze", str(tmp_path / "m0"), "--out", str(tmp_path / "half")]) == 2
+    assert capsys.readouterr().err.startswith("crossover analyze: shards: want each of 0/2 to 1/2 once")
