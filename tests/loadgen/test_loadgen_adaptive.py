@@ -198,3 +198,17 @@ def test_the_cli_summary_says_why_the_adaptive_sweep_stopped(crossing_fleet: Fle
     out = capsys.readouterr().out
     assert code == 0
     assert "adaptive sweep stopped: " in out and "levels measured: 1, 6" in out, out
+
+
+def test_the_status_line_says_the_next_level_or_why_it_stopped() -> None:
+    from crossover.loadgen.adaptive import adaptive_line
+
+    running = {"levels": [1.0, 8.0], "next_level": 6.0, "stop_reason": "",
+               "widest": {"what": "goodput crossing a/b", "x": 5.5, "width": None}}
+    assert adaptive_line(running, "concurrency") == ("adaptive sweep: levels 1, 8 so far; next concurrency 6 "
+                                                     "(to narrow the goodput crossing a/b)")
+    done = {**running, "next_level": None, "stop_reason": "max-requests",
+            "widest": {"what": "capacity a", "x": 40.0, "width": 0.25}}
+    assert adaptive_line(done, "concurrency") == (
+        "adaptive sweep stopped: the next level would overspend --max-requests; levels measured: 1, 8; "
+        "widest interval: capacity a at concurrency 40, 25% of it")
