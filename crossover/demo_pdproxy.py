@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="listen here instead of the entrypoint URL's host (0.0.0.0 in a container)")
     args = parser.parse_args(argv)
     try:
-        topology = pd_topology(load_spec(args.spec), args.topology)
-        proxy = EntrypointProxy(topology)
+        spec = load_spec(args.spec)
+        proxy = EntrypointProxy(pd_topology(spec, args.topology), spec.model.name)
         proxy.host = args.bind or urlsplit(proxy.url).hostname or "127.0.0.1"
         asyncio.run(serve(proxy))
     except UserError as exc:
