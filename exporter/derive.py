@@ -109,7 +109,8 @@ class Derived:
     requests_source: str | None = None
 
     def per_gpu(self, value: float | None) -> float | None:
-        return None if value is None else value / self.gpus
+        # An entrypoint group holds no GPUs: no per-GPU figure rather than a division by zero.
+        return None if value is None or not self.gpus else value / self.gpus
 
     @property
     def prompt_tokens_per_second_per_gpu(self) -> float | None:
