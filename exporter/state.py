@@ -7,10 +7,10 @@ over every window; /metrics and /api/v1/snapshot read only the latest Snapshot.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 

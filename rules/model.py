@@ -67,7 +67,8 @@ class KvFamily:
         return "|".join(re.escape(m.name + suffix) for m in self.metrics)
 
 
-KV_TIME = KvFamily("vllm_kv_transfer_time_seconds", tuple(c.xfer_time for c in catalog.KV_CONNECTORS.values()))
+KV_TIME = KvFamily("vllm_kv_transfer_time_seconds",
+                   tuple(c.xfer_time for c in catalog.KV_CONNECTORS.values()))
 KV_BYTES = KvFamily("vllm_kv_transfer_bytes", tuple(c.bytes for c in catalog.KV_CONNECTORS.values()))
 KV_FAILURES = KvFamily("vllm_kv_transfer_failures",
                        tuple(c.failed_transfers for c in catalog.KV_CONNECTORS.values()))
@@ -455,7 +456,8 @@ class _Builder:
             return f"sum by ({_by(by)}) (rate({name}{{{role},{matchers}[{window}]))"
 
         if family in REQUEST_FAMILIES:  # parenthesised: callers divide and multiply it
-            return "(\n  " + "\n  or on (topology)\n  ".join(with_role(role) for _, role in USER_SOURCES) + "\n)"
+            choices = "\n  or on (topology)\n  ".join(with_role(role) for _, role in USER_SOURCES)
+            return f"(\n  {choices}\n)"
         return with_role(TOPOLOGY_ROLES.get(family, NOT_ENTRYPOINT)) if name else \
             f"sum by ({_by(by)}) (rate({series}[{window}]))"
 
@@ -502,7 +504,8 @@ class _Builder:
         count = histogram_rate_name(metric, "count", window)
         total = histogram_rate_name(metric, "sum", window)
         rules = [
-            RecordingRule(bucket, self.summed_rate(self.raw(metric, "_bucket"), window, (*TOPOLOGY_BY, "le"))),
+            RecordingRule(bucket, self.summed_rate(self.raw(metric, "_bucket"), window,
+                                                   (*TOPOLOGY_BY, "le"))),
             RecordingRule(count, self.summed_rate(self.raw(metric, "_count"), window)),
             RecordingRule(total, self.summed_rate(self.raw(metric, "_sum"), window)),
         ]
@@ -703,7 +706,8 @@ class _Builder:
                 f"{rate_name(KV_FAILURES, self.kv_window)} > 0",
                 float(round(60 * scaled)), "critical",
                 summary="KV transfers of topology {{ $labels.topology }} are failing",
-                description=f"The KV connector reports failed KV-cache transfers over the last {self.kv_window}; the "
+                description="The KV connector reports failed KV-cache transfers over the last "
+                            f"{self.kv_window}; the "
                             "affected requests are recomputed or aborted.",
                 runbook_url=self.runbook("VllmKvTransferFailures")))
         return tuple(alerts)

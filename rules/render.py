@@ -102,7 +102,8 @@ def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str |
     """A complete prometheus.yml: one static target group per instance carrying its labels."""
     groups = []
     for topology in spec.topologies:
-        targets = [(_target(i.url), i.role.value, topology.tensor_parallel_size, i.name) for i in topology.instances]
+        targets = [(_target(i.url), i.role.value, topology.tensor_parallel_size, i.name)
+                   for i in topology.instances]
         if topology.entrypoint.metrics_url is not None:
             targets.append((_target(topology.entrypoint.metrics_url, metrics_path=""), ENTRYPOINT_ROLE, 0,
                             entrypoint_replica(topology.name)))

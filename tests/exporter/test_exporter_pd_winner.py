@@ -74,9 +74,9 @@ def test_server_side_figures_pick_the_client_sides_winner(tmp_path: Path) -> Non
         return (min if lower_wins else max)(values, key=values.__getitem__)
 
     names = ("colocated", "pd1p1d")
-    client_itl = {n: float(client.loc[n, "itl_p99_ms"]) for n in names}
+    client_itl = {n: float(client.at[n, "itl_p99_ms"]) for n in names}  # type: ignore[arg-type]
     server_itl = {n: server[n].latency["itl"].quantiles["0.99"] * 1000 for n in names}
-    client_goodput = {n: float(client.loc[n, "token_goodput"]) for n in names}
+    client_goodput = {n: float(client.at[n, "token_goodput"]) for n in names}  # type: ignore[arg-type]
     server_goodput = {n: _goodput(server[n]) for n in names}
     report = f"client ITL p99 {client_itl}, server {server_itl}; goodput client {client_goodput}, " \
              f"server {server_goodput}"

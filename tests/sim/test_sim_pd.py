@@ -11,11 +11,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover import catalog
+from crossover.contract import check_metrics_contract
 from crossover.netutil import spec_on_free_ports
-from crossover.sim.contract import check_metrics_contract
+from crossover.pdproxy.proxy import _Stream
 from crossover.sim.fleet import SimFleet, running_fleet
 from crossover.sim.model import PerfModel
-from crossover.sim.proxy import _Stream
 from crossover.spec import Fault, FleetSpec, load_spec
 from tests.helpers import SPECS
 from tests.sim.sim_client import get_text, post_json, stream, stream_timed
@@ -93,7 +93,8 @@ def _entrypoint_families(url: str) -> dict[str, dict[tuple[tuple[str, str], ...]
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for family in text_string_to_metric_families(get_text(url + "/metrics")):
         for sample in family.samples:
-            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in ("engine", "model_name")))
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items()
+                                  if k not in ("engine", "model_name")))
             out.setdefault(sample.name, {})[labels] = sample.value
     return out
 
@@ -138,7 +139,8 @@ def test_entrypoint_counts_failures(pd_fleet: tuple[SimFleet, FleetSpec]) -> Non
     before = _entrypoint_families(url)[catalog.REQUEST_SUCCESS.name + "_total"].get(error, 0.0)
     fleet.set_fault(topology.instances[0].name, Fault(error_rate=1.0))
     try:
-        status, _ = post_json(url + "/v1/completions", {"model": spec.model.name, "prompt": "a", "max_tokens": 2})
+        status, _ = post_json(url + "/v1/completions",
+                              {"model": spec.model.name, "prompt": "a", "max_tokens": 2})
     finally:
         fleet.clear_faults()
     assert status == 500

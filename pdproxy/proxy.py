@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog
-from crossover.sim.metrics import Hist, family
+from crossover.exposition import Hist, family
 from crossover.spec import Role, Topology
 
 # A non-streamed answer is kept (up to this size) only to read its finish reason.
@@ -64,7 +64,7 @@ class EntrypointMetrics:
         if not tokens:
             return
         self.ttft.observe(tokens[0] - arrival)
-        for previous, current in zip(tokens, tokens[1:], strict=False):
+        for previous, current in itertools.pairwise(tokens):
             self.itl.observe(current - previous)
         self.tpot.observe((tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else 0.0)
 
