@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import json
 import logging
 import math
 import time
@@ -18,6 +19,7 @@ from aiohttp import web
 from crossover import catalog
 from crossover.exporter.service import Exporter
 from crossover.exporter.state import GroupView
+from crossover.exporter.targets import parse_file_sd, spec_targets
 from crossover.netutil import free_port, spec_on_free_ports
 from crossover.spec import FleetSpec, load_spec
 from tests.exporter.exporter_traffic import Timed, send
@@ -130,3 +132,14 @@ def test_without_entrypoint_metrics_the_decode_side_is_marked(caplog: Any) -> No
     assert figures.latency["ttft"].mean < sum(t.ttft for t in timed) / len(timed)
     fallbacks = [r for r in caplog.records if "entrypoint target exposes none" in r.getMessage()]
     assert len(fallbacks) == 1 and "pd1p1d" in fallbacks[0].getMessage()
+
+
+def test_file_sd_names_an_entrypoint_target() -> None:
+    spec = load_spec(SPECS / "pd-8k-prompts.yaml")
+    document = json.dumps([{"targets": ["router.example:9000"],
+                            "labels": {"topology": "pd1p1d", "role": "entrypoint"}}])
+    (target,) = parse_file_sd(document, spec, "sd.json")
+    assert (target.role, target.gpus, target.metrics_url) == ("entrypoint", 0, "http://router.example:9000/metrics")
+    # the spec's own entrypoint target: the proxy's metrics, no GPUs
+    (entry,) = [t for t in spec_targets(spec) if t.role == "entrypoint"]
+    assert (entry.topology, entry.gpus, entry.metrics_url) == ("pd1p1d", 0, "http://127.0.0.1:8319/metrics")
