@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
 import pandas as pd
 
 from crossover.errors import UserError
@@ -29,11 +28,11 @@ from crossover.loadgen.client import (
     RequestRecord,
     build_record,
     completion_payload,
-    stamping_connector,
     stream_completion,
 )
 from crossover.loadgen.crossover import analyze
 from crossover.loadgen.dataset import SyntheticRequest, arrival_offsets, requests
+from crossover.loadgen.http import HTTPClient
 from crossover.loadgen.plan import Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
 from crossover.loadgen.summary import summarize
@@ -105,12 +104,11 @@ class _LevelRunner:
         self.total = plan.requests_for(level)
         self.client = client
 
-    async def _one(self, session: aiohttp.ClientSession, request: SyntheticRequest) -> None:
+    async def _one(self, session: HTTPClient, request: SyntheticRequest) -> None:
         url = self.balancer.acquire()
         try:
             trace = await stream_completion(session, url, completion_payload(
-                self.model, request, self.plan.ignore_eos), self.plan.timeout_s,
-                in_protocol=self.client.in_protocol)
+                self.model, request, self.plan.ignore_eos), self.plan.timeout_s)
         finally:
             self.balancer.release(url)
         self.records.append(build_record(trace, request, self.info.name, self.level, url))
@@ -118,16 +116,14 @@ class _LevelRunner:
             self.on_request(self.info.name, self.level, len(self.records), self.total)
 
     async def run(self) -> list[RequestRecord]:
-        connector = stamping_connector(limit=0, ttl_dns_cache=300, kernel_stamps=self.client.kernel_stamps)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                         auto_decompress=False) as session:
+        async with HTTPClient(kernel_stamps=self.client.kernel_stamps) as session:
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:
                 await self._open(session)
         return self.records
 
-    async def _closed(self, session: aiohttp.ClientSession) -> None:
+    async def _closed(self, session: HTTPClient) -> None:
         concurrency = int(self.level)
         source = requests(self.plan, self.level)
         deadline = (time.monotonic() + self.plan.ramp_s + self.plan.duration_s
@@ -148,7 +144,7 @@ class _LevelRunner:
 
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
 
-    async def _open(self, session: aiohttp.ClientSession) -> None:
+    async def _open(self, session: HTTPClient) -> None:
         assert self.total is not None
         offsets = arrival_offsets(self.plan, self.level, self.total)
         loop = asyncio.get_running_loop()
