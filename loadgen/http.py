@@ -22,7 +22,11 @@ import time
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from crossover.loadgen.transport import KernelStampedTransport, kernel_stamps_available
+from crossover.loadgen.transport import (
+    KernelStampedTransport,
+    keep_kernel_stamping_on,
+    kernel_stamps_available,
+)
 
 MAX_HEAD_BYTES = 64 * 1024
 _MAX_SIZE_LINE = 1024
@@ -206,7 +210,14 @@ class _Connection(asyncio.Protocol):
 
     def _chunked(self, data: bytes, stamp: float) -> None:
         """Decode chunked framing; the data of all chunks completed or cut by this read go to the
-        sink at once (the common read is one whole chunk: one event)."""
+        sink at once. The common read is one whole chunk (one token's event): taken in one step."""
+        if self._state == _CHUNK_SIZE and not self._partial and data[-2:] == b"\r\n":
+            line_end = data.find(b"\r\n", 0, 12)
+            size = data[:line_end]
+            if line_end > 0 and _HEX.issuperset(size) and line_end + 4 + int(size, 16) == len(data) \
+                    and size.strip(b"0"):
+                self._deliver(data[line_end + 2:-2], stamp)
+                return
         if self._partial:
             data, self._partial = self._partial + data, b""
         pieces: list[bytes] = []
@@ -298,6 +309,8 @@ class HTTPClient:
 
     def __init__(self, *, kernel_stamps: bool = True, ssl_context: ssl.SSLContext | None = None) -> None:
         self.kernel_stamps = kernel_stamps and kernel_stamps_available()
+        if self.kernel_stamps:  # on before the first connection, not a moment after (transport.py)
+            keep_kernel_stamping_on()
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._live: set[_Connection] = set()
