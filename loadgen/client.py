@@ -10,7 +10,6 @@ ITLs always number output_tokens - 1 and sum to e2e - TTFT.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from itertools import count
@@ -18,7 +17,7 @@ from itertools import count
 import orjson
 
 from crossover.loadgen.dataset import SyntheticRequest
-from crossover.loadgen.http import ClientError, HTTPClient
+from crossover.loadgen.httpclient import ClientError, HTTPClient
 from crossover.loadgen.sse import DONE, SSEOverflow, SSEParser
 from crossover.spec import Balance
 
@@ -137,15 +136,12 @@ def build_record(trace: StreamTrace, request: SyntheticRequest, topology: str, l
         planned_output=request.output_len, completion_id=trace.completion_id, garbage=trace.garbage)
 
 
-def completion_payload(model: str, request: SyntheticRequest, ignore_eos: bool) -> bytes:
-    body = {
-        "model": model, "prompt": request.prompt, "max_tokens": request.output_len, "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "temperature": 0.0, "ignore_eos": ignore_eos,
-    }
-    if ignore_eos:
-        body["min_tokens"] = request.output_len
-    return json.dumps(body).encode()
+def _role_only(choice: object) -> bool:
+    """A chat event whose delta carries no text (the assistant role chunk, or an empty delta)."""
+    if not isinstance(choice, dict) or "delta" not in choice:
+        return False
+    delta = choice["delta"]
+    return not (isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")))
 
 
 def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
@@ -184,6 +180,8 @@ def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
             tokens: int | None = completion_tokens - previous
         else:
             tokens = None
+        if tokens is None and _role_only(choices[0]):
+            tokens = 0  # a chat stream's first event: the assistant role, no content yet
         if tokens is None or tokens > 0:
             trace.chunk_times.append(now)
             trace.chunk_tokens.append(tokens)
@@ -204,7 +202,7 @@ class ClientOptions:
 
 
 class _CompletionSink:
-    """One stream's response, fed by its connection as the bytes arrive (loadgen/http.py): the
+    """One stream's response, fed by its connection as the bytes arrive (loadgen/httpclient.py): the
     events are parsed and stamped with the time of the read that completed them.
 
     Why in the protocol: a coroutine reading the stream runs after every other ready coroutine,
@@ -248,15 +246,15 @@ class _CompletionSink:
 _JSON = {"Content-Type": "application/json"}
 
 
-async def stream_completion(client: HTTPClient, base_url: str, payload: bytes,
-                            timeout_s: float) -> StreamTrace:
+async def stream_completion(client: HTTPClient, base_url: str, payload: bytes, timeout_s: float, *,
+                            path: str = "/v1/completions") -> StreamTrace:
     """POST one streaming completion and record when each token event arrives. Never raises for
     what the server or network does: every failure ends up in trace.error."""
     trace = StreamTrace(send_time=time.time())
     sink = _CompletionSink(trace)
     try:
         async with asyncio.timeout(timeout_s):
-            await client.request("POST", base_url + "/v1/completions", payload, sink, _JSON)
+            await client.request("POST", base_url + path, payload, sink, _JSON)
         sink.finish()
     except TimeoutError:
         trace.error = f"timeout after {timeout_s:g} s"

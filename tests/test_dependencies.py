@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # the folders setuptools maps into the `crossover` namespace: what a wheel installs
 PACKAGE_DIRS = sorted(set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()))
-LOAD_CLIENT = ("loadgen/http.py", "loadgen/transport.py", "loadgen/client.py", "loadgen/sse.py",
+LOAD_CLIENT = ("loadgen/httpclient.py", "loadgen/transport.py", "loadgen/client.py", "loadgen/sse.py",
                "crossover/eventloop.py")
 
 
@@ -98,6 +98,7 @@ def test_the_load_client_passes_its_tests_on_its_lowest_declared_versions(tmp_pa
     assert [Version(v) for v in versions.stdout.split()] == [Version(v) for v in lowest], \
         versions.stdout + versions.stderr
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                            "tests/loadgen/test_loadgen_http.py", "tests/loadgen/test_loadgen_client.py"],
+                            "tests/loadgen/test_loadgen_httpclient.py",
+                            "tests/loadgen/test_loadgen_client.py"],
                            capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]

@@ -15,12 +15,12 @@ from crossover.loadgen.client import (
     RequestRecord,
     StreamTrace,
     build_record,
-    completion_payload,
     expand_itl,
     stream_completion,
 )
 from crossover.loadgen.dataset import SyntheticRequest
-from crossover.loadgen.http import HTTPClient
+from crossover.loadgen.httpclient import HTTPClient
+from crossover.loadgen.payloads import request_payload as completion_payload
 from crossover.spec import Balance
 from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
 
@@ -168,20 +168,20 @@ def test_a_kept_alive_connection_serves_the_next_stream_with_kernel_stamps(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two streams one after the other share one connection, and every read of both carries the
     kernel's receive time."""
-    from crossover.loadgen import http
+    from crossover.loadgen import httpclient
     from crossover.loadgen.transport import KernelStampedTransport
 
     connections: set[int] = set()
     stamps: list[float | None] = []
-    original = http._Connection.data_received
+    original = httpclient._Connection.data_received
 
-    def spy(self: http._Connection, data: bytes) -> None:
+    def spy(self: httpclient._Connection, data: bytes) -> None:
         assert isinstance(self.transport, KernelStampedTransport)
         connections.add(id(self))
         stamps.append(self.read_stamp)
         original(self, data)
 
-    monkeypatch.setattr(http._Connection, "data_received", spy)
+    monkeypatch.setattr(httpclient._Connection, "data_received", spy)
 
     async def go(url: str) -> list[StreamTrace]:
         async with HTTPClient() as client:

@@ -1,5 +1,5 @@
-"""The load generator's HTTP/1.1 client (loadgen/http.py): every framing a server may choose, cut
-into socket reads anywhere, each body byte handed on with the time of the read that brought it;
+"""The load generator's HTTP/1.1 client (loadgen/httpclient.py): every framing a server may choose,
+cut into socket reads anywhere, each body byte handed on with the time of the read that brought it;
 keep-alive, interim responses, broken servers and TLS against scripted loopback servers."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossover.loadgen.http import (
+from crossover.loadgen.httpclient import (
     BufferSink,
     ClientError,
     ConnectError,
