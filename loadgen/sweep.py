@@ -18,7 +18,6 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
 import pandas as pd
 
 from crossover.errors import UserError
@@ -31,11 +30,11 @@ from crossover.loadgen.client import (
     ClientOptions,
     RequestRecord,
     build_record,
-    stamping_connector,
     stream_completion,
 )
 from crossover.loadgen.crossover import analyze
 from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
+from crossover.loadgen.httpclient import HTTPClient
 from crossover.loadgen.payloads import PATHS, request_payload
 from crossover.loadgen.plan import Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
@@ -151,12 +150,11 @@ class _LevelRunner:
         self.mine = (None if self.total is None else
                      sum(1 for i in range(self.total) if share.owns(plan, level, i)))
 
-    async def _one(self, session: aiohttp.ClientSession, prepared: Prepared) -> None:
+    async def _one(self, session: HTTPClient, prepared: Prepared) -> None:
         request, payload = prepared
         url = self.balancer.acquire()
         try:
-            trace = await stream_completion(session, url, payload, self.plan.timeout_s,
-                                            in_protocol=self.client.in_protocol, path=self.path)
+            trace = await stream_completion(session, url, payload, self.plan.timeout_s, path=self.path)
         finally:
             self.balancer.release(url)
         self.records.append(build_record(trace, request, self.info.name, self.level, url))
@@ -164,16 +162,14 @@ class _LevelRunner:
             self.on_request(self.info.name, self.level, len(self.records), self.total)
 
     async def run(self) -> list[RequestRecord]:
-        connector = stamping_connector(limit=0, ttl_dns_cache=300, kernel_stamps=self.client.kernel_stamps)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                         auto_decompress=False) as session:
+        async with HTTPClient(kernel_stamps=self.client.kernel_stamps) as session:
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:
                 await self._open(session)
         return self.records
 
-    async def _closed(self, session: aiohttp.ClientSession) -> None:
+    async def _closed(self, session: HTTPClient) -> None:
         concurrency = int(self.level)
         if self.share.index >= self.share.active(self.plan, self.level):
             return  # fewer clients than shares: this one has none
@@ -196,7 +192,7 @@ class _LevelRunner:
 
         await asyncio.gather(*(worker(n) for n in self.share.clients(self.level)))
 
-    async def _open(self, session: aiohttp.ClientSession) -> None:
+    async def _open(self, session: HTTPClient) -> None:
         assert self.total is not None
         offsets = arrival_offsets(self.plan, self.level, self.total).tolist()
         loop = asyncio.get_running_loop()
