@@ -1,6 +1,6 @@
 """Adaptive sweep vs the full fixed grid, side by side in one run against the simulator.
 
-    python benchmarks/bench_adaptive.py [--preset seed|pd|both] [--time-scale-seed 0.5] [--time-scale-pd 10]
+    python benchmarks/bench_adaptive.py [--preset seed|pd|both] [--time-scale-seed 0.25] [--time-scale-pd 5]
 
 For each preset the fixed grid runs first; the width of its crossing interval (relative to the
 estimate) becomes the adaptive sweep's --target-ci, over the same range, so the two reach the same
@@ -11,9 +11,9 @@ ground truth (crossover.sim.truth, the same model in virtual time) must lie insi
   level), the crossing of output tokens/s per GPU (tp2x2 overtakes tp4x1); truth:
   truth.ground_truth_crossover.
 - pd: compose/specs/pd-8k-prompts.yaml, open loop (request rates in steps of 0.1 req/s of
-  simulated time, 50 requests a level), the crossing of p99 ITL (P/D keeps it flat once 8K-token
-  prompts stall the colocated replicas' decodes); truth: the crossing of truth.open_loop's p99
-  ITL curves, bisected on the rate.
+  simulated time, each level 100 simulated seconds of arrivals), the crossing of p99 ITL (P/D
+  keeps it flat once 8K-token prompts stall the colocated replicas' decodes); truth: the crossing
+  of truth.open_loop's p99 ITL curves, bisected on the rate.
 Open-loop rates are wall-clock: the simulator at time_scale s serves rate r of simulated time when
 sent r x s requests per wall second, so the pd levels and its truth are scaled by s.
 """
@@ -56,6 +56,7 @@ class Preset:
 SEED_IN, SEED_OUT = 128, 16
 PD_IN, PD_OUT = 8192, 256
 PD_RATES = tuple(round(0.1 * k, 1) for k in range(1, 9))  # simulated req/s
+PD_SECONDS = 100.0  # simulated seconds of arrivals per level: 10 requests at 0.1 req/s, 80 at 0.8
 
 
 def _seed_plan(scale: float) -> SweepPlan:
@@ -74,8 +75,10 @@ def _seed_truth(spec: FleetSpec, plan: SweepPlan, scale: float) -> float:
 
 
 def _pd_plan(scale: float) -> SweepPlan:
+    # Each level runs for the same simulated time (rate x duration requests, as `--duration` does):
+    # a level costs requests in proportion to its rate, like GPU time on a real fleet.
     return SweepPlan(mode=Mode.OPEN, levels=tuple(round(r * scale, 6) for r in PD_RATES),
-                     requests_per_level=50,
+                     duration_s=PD_SECONDS / scale,
                      input_len=LengthDist.fixed(PD_IN), output_len=LengthDist.fixed(PD_OUT), timeout_s=300,
                      seed=1)
 
@@ -175,8 +178,8 @@ def report(row: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=["seed", "pd", "both"], default="both")
-    parser.add_argument("--time-scale-seed", type=float, default=0.5)
-    parser.add_argument("--time-scale-pd", type=float, default=10.0)
+    parser.add_argument("--time-scale-seed", type=float, default=0.25)
+    parser.add_argument("--time-scale-pd", type=float, default=5.0)
     args = parser.parse_args()
     names = ["seed", "pd"] if args.preset == "both" else [args.preset]
     scales = {"seed": args.time_scale_seed, "pd": args.time_scale_pd}
