@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,9 @@ from crossover.loadgen.adaptive import (
 )
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
 from crossover.loadgen.sweep import LevelDone, run_sweep
-from crossover.spec import FleetSpec, load_spec, parse_spec
+from crossover.spec import FleetSpec
 from tests.helpers import SPECS
-from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
+from tests.loadgen.loadgen_fake_server import Behaviour, fake_fleet
 
 
 def _crossing(x: float, low: float | None, high: float | None, metric: str = "goodput") -> dict[str, Any]:
@@ -120,15 +119,10 @@ def test_bad_targets_and_budgets_name_their_flag() -> None:
 def crossing_fleet() -> Iterator[FleetSpec]:
     """One instance that slows down with load vs two slower ones that do not: the pair's output
     tokens/s per GPU cross near concurrency 9 (1/(8 + 2C) ms vs 2/(48 + C/5) ms per token)."""
-    spec = load_spec(SPECS / "cpu-real-vllm.yaml")
-    data = spec.model_dump(mode="json")
     behaviours = {"big1x2c": Behaviour(ttft_s=0.008, tpot_s=0.008, per_token_s=0.002),
                   "small2x1c": Behaviour(ttft_s=0.008, tpot_s=0.024, per_token_s=0.0002)}
-    with ExitStack() as stack:
-        for topology in data["topologies"]:
-            for instance in topology["instances"]:
-                instance["url"] = stack.enter_context(FakeServer(behaviours[topology["name"]])).url
-        yield parse_spec(data)
+    with fake_fleet(behaviours.__getitem__) as (spec, _):
+        yield spec
 
 
 ADAPTIVE_PLAN = SweepPlan(levels=(1, 32), rounds=2, input_len=LengthDist.fixed(8),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pandas as pd
@@ -18,9 +17,8 @@ from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
 from crossover.loadgen.results import level_path, load_run, merge_runs
 from crossover.loadgen.sweep import Traffic, run_sweep
 from crossover.loadgen.workers import Share, parse_shard, shares
-from crossover.spec import FleetSpec, load_spec, parse_spec
-from tests.helpers import SPECS
-from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
+from crossover.spec import FleetSpec
+from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer, fake_fleet
 
 CLOSED = SweepPlan(levels=(1, 3, 8), rounds=3, input_len=LengthDist.parse("uniform:4-12"),
                    output_len=LengthDist.fixed(4))
@@ -56,16 +54,8 @@ def test_shards_of_machines_are_consecutive_shares() -> None:
 
 @pytest.fixture
 def fleet() -> Iterator[tuple[FleetSpec, dict[str, FakeServer]]]:
-    spec = load_spec(SPECS / "cpu-real-vllm.yaml")
-    data = spec.model_dump(mode="json")
-    with ExitStack() as stack:
-        servers = {}
-        for topology in data["topologies"]:
-            for instance in topology["instances"]:
-                server = stack.enter_context(FakeServer(Behaviour(ttft_s=0.01, tpot_s=0.004)))
-                instance["url"] = server.url
-                servers[instance["name"]] = server
-        yield parse_spec(data), servers
+    with fake_fleet(lambda name: Behaviour(ttft_s=0.01, tpot_s=0.004)) as made:
+        yield made
 
 
 KEY = ["topology", "level", "index", "planned_input", "planned_output", "ok"]
