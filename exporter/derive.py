@@ -105,7 +105,7 @@ class Derived:
     goodput_tokens_per_second_lower: float | None = None
     goodput_tokens_per_second_upper: float | None = None
     kv_transfer: KvTransfer | None = None
-    # Topologies only: where the request figures come from (names.REQUEST_SOURCES).
+    # Topologies only: where the request figures come from (crossover.spec.REQUEST_SOURCES).
     requests_source: str | None = None
 
     def per_gpu(self, value: float | None) -> float | None:
