@@ -21,12 +21,14 @@ from tests.loadgen.loadgen_sim_process import sim_process
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-# Twice real speed: the seed's 0.4 req/s arrive at 0.8 req/s of wall time and every latency (and
-# so every SLO threshold) halves; the decision between the topologies does not change.
-TIME_SCALE = 2.0
+# Real speed. time_scale 2 (0.8 req/s of wall time, every latency and SLO halved, the ITL SLO still
+# a bucket boundary at 25 ms) halves the run, but on a shared 2-core machine the proxy relaying
+# 8K-token requests in the simulator's process then adds its own stalls to P/D's ITL (measured p99
+# 80 ms simulated at 2x against 47 ms at 1x), which the test would compare instead of the model.
+TIME_SCALE = 1.0
 RATE = 0.4
-INPUT_LEN, OUTPUT_LEN = 8192, 64
-REQUESTS = 16
+INPUT_LEN, OUTPUT_LEN = 8192, 256  # the second seed's shape (docs/simulator.md)
+REQUESTS = 20
 
 
 def _scaled(spec: FleetSpec) -> FleetSpec:
