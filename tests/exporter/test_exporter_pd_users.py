@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from crossover import catalog
+from crossover.exporter.derive import WindowSums, _Histogram, merge, user_facing
 from crossover.exporter.service import Exporter
 from crossover.exporter.state import GroupView
 from crossover.exporter.targets import parse_file_sd, spec_targets
@@ -130,3 +132,22 @@ def test_file_sd_names_an_entrypoint_target() -> None:
     # the spec's own entrypoint target: the proxy's metrics, no GPUs
     (entry,) = [t for t in spec_targets(spec) if t.role == "entrypoint"]
     assert (entry.topology, entry.gpus, entry.metrics_url) == ("pd1p1d", 0, "http://127.0.0.1:8319/metrics")
+
+
+def test_each_request_family_from_the_first_source_that_has_it() -> None:
+    def histogram(count: float) -> _Histogram:
+        return _Histogram((1.0, math.inf), [count, count], total=count, count=count, has_count=True)
+
+    entry = WindowSums(targets=1, histograms={catalog.TTFT.name: histogram(3.0)})
+    decode = WindowSums(targets=1,
+                        histograms={catalog.TTFT.name: histogram(5.0), catalog.ITL.name: histogram(7.0)},
+                        rates={catalog.REQUEST_SUCCESS.name: 2.0, catalog.GENERATION_TOKENS.name: 9.0},
+                        reason_rates={"length": 2.0})
+    prefill = WindowSums(targets=1, histograms={catalog.TTFT.name: histogram(4.0)},
+                         rates={catalog.REQUEST_SUCCESS.name: 2.0, catalog.PROMPT_TOKENS.name: 8.0,
+                                catalog.GENERATION_TOKENS.name: 1.0}, reason_rates={"length": 2.0})
+    out = user_facing(merge([prefill, decode]), [entry, decode], decode, prefill)
+    assert out.histograms[catalog.TTFT.name].count == 3.0  # the entrypoint's
+    assert out.histograms[catalog.ITL.name].count == 7.0  # the entrypoint lacks it: the decode role's
+    assert out.rates[catalog.REQUEST_SUCCESS.name] == 2.0 and out.reason_rates == {"length": 2.0}
+    assert out.rates[catalog.GENERATION_TOKENS.name] == 9.0 and out.rates[catalog.PROMPT_TOKENS.name] == 8.0
