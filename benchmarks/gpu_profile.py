@@ -174,6 +174,7 @@ class ShardModel:
         self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(dt)
         self.gqa_native = True
         self.decode_backend: object = None
+        self.decode_choice: dict[tuple[int, int], object] = {}
 
     def decode_kernel(self) -> contextlib.AbstractContextManager[None]:
         if self.decode_backend is None:
@@ -195,38 +196,33 @@ class ShardModel:
     def rotary(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return torch.addcmul(qk * cos, qk.roll(self.s.head_dim // 2, dims=-1), sin)
 
-    def choose_decode_backend(self, profile: Profile) -> None:
-        """Decode attention through the fastest of torch's fused kernels over a few batch shapes."""
-        if self.device.type != "cuda":
-            return
+    def choose_decode_backend(self, timer: Timer, batch: int, context: int) -> str:
+        """Decode attention through the faster of torch's two fused kernels at this batch shape.
+
+        FlashAttention splits a long context across multiprocessors (fast at small batches) and cuDNN's
+        kernel streams large batches closer to the HBM rate; vLLM's own kernel does both.
+        """
+        if self.device.type != "cuda" or not batch:
+            return ""
+        if (batch, context) in self.decode_choice:
+            self.decode_backend = self.decode_choice[(batch, context)]
+            return str(self.decode_backend).split(".")[-1]
         from torch.nn.attention import SDPBackend, sdpa_kernel
         s = self.s
-        shapes = [(b, c) for b, c in ((1, 8192), (8, 2048), (64, 2048), (256, 512)) if b * c <= self.kv_tokens]
-        scores: dict[object, float] = {}
-        times: dict[object, list[float]] = {}
-        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-            times[backend] = []
-            for b, c in shapes:
-                q = torch.randn(b, s.kv_heads, s.heads // s.kv_heads, s.head_dim, device=self.device,
-                                dtype=torch.bfloat16)
-                kd = self.k_pool[0][:b * c].view(b, c, s.kv_heads, s.head_dim).transpose(1, 2)
-                vd = self.v_pool[0][:b * c].view(b, c, s.kv_heads, s.head_dim).transpose(1, 2)
-                try:
-                    with sdpa_kernel([backend]):
-                        seconds, _ = profile.timer(lambda q=q, kd=kd, vd=vd: F.scaled_dot_product_attention(q, kd, vd))
-                except RuntimeError:
-                    seconds = math.inf
-                times[backend].append(seconds)
-        best = [min(times[k][i] for k in times) for i in range(len(shapes))]
-        for backend, ts in times.items():
-            scores[backend] = sum(t / b for t, b in zip(ts, best, strict=True))
-        self.decode_backend = min(scores, key=lambda k: scores[k])
-        for backend, ts in times.items():
-            profile.writer.writerow(row("attn_probe", s, op=str(backend).split(".")[-1],
-                                        note=" ".join(f"b{b}c{c}={t * 1e6:.1f}us" for (b, c), t in
-                                                      zip(shapes, ts, strict=True))
-                                        + (" chosen" if backend == self.decode_backend else "")))
-        print(f"decode attention: {self.decode_backend} {times}", flush=True)
+        q = torch.randn(batch, s.kv_heads, s.heads // s.kv_heads, s.head_dim, device=self.device,
+                        dtype=torch.bfloat16)
+        kd = self.k_pool[0][:batch * context].view(batch, context, s.kv_heads, s.head_dim).transpose(1, 2)
+        vd = self.v_pool[0][:batch * context].view(batch, context, s.kv_heads, s.head_dim).transpose(1, 2)
+        times = {}
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+            try:
+                with sdpa_kernel([backend]):
+                    times[backend], _ = timer(lambda: F.scaled_dot_product_attention(q, kd, vd))
+            except RuntimeError:
+                continue
+        self.decode_backend = min(times, key=lambda k: times[k]) if times else None
+        self.decode_choice[(batch, context)] = self.decode_backend
+        return str(self.decode_backend).split(".")[-1]
 
     def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
         # q [1, H, P, D]; k, v [1, Hkv, start+P, D]; causal, aligned bottom-right when start > 0.
@@ -367,13 +363,15 @@ def ceilings(profile: Profile, device: torch.device, small: bool) -> None:
 def profile_steps(profile: Profile, model: ShardModel, small: bool) -> None:
     s = model.s
     cap = model.kv_tokens
+    probe = Timer(model.device, 0.02, 20)
 
     def cell(kind: str, batch: int, context: int, chunk: int, start: int) -> None:
         if batch * context + start + chunk > cap:
             return
         tokens, positions = inputs(model, batch, context, chunk, start)
+        kernel = model.choose_decode_backend(probe, batch, context)
         profile.record(row(kind, s, batch=batch, context=context, prefill_tokens=chunk, prefill_start=start,
-                           tokens=batch + chunk),
+                           tokens=batch + chunk, note=kernel),
                        lambda: model.step(tokens, positions, batch, context, chunk, start))
 
     scale = 16 if small else 1
@@ -423,7 +421,8 @@ def profile_ops(profile: Profile, model: ShardModel, small: bool) -> None:
                     out = F.scaled_dot_product_attention(q_, kd, vd)
             return out
 
-        profile.record(row("attn_decode", s, batch=batch, context=context), attn, divide=s.layers)
+        kernel = model.choose_decode_backend(Timer(model.device, 0.02, 20), batch, context)
+        profile.record(row("attn_decode", s, batch=batch, context=context, note=kernel), attn, divide=s.layers)
     for chunk in PREFILL_CHUNKS:
         chunk //= scale
         q = torch.randn(1, s.heads, chunk, s.head_dim, device=model.device, dtype=torch.bfloat16)
@@ -504,10 +503,6 @@ def main() -> int:
                       f"KV pool {kv_tokens} tokens", flush=True)
                 model = ShardModel(shard, device, kv_tokens)
                 model.probe_gqa()
-                try:
-                    model.choose_decode_backend(profile)
-                except Exception as exc:  # the probe only picks a kernel: keep torch's own choice
-                    print(f"decode attention probe failed: {exc!r}", flush=True)
                 if "steps" in parts:
                     profile_steps(profile, model, small)
                 if "ops" in parts:
