@@ -193,7 +193,7 @@ class Scheduler:
             budget -= tokens
         if not work:
             return None
-        decode_seqs = decode_context = prefill_tokens = prefill_seqs = 0
+        decode_seqs = decode_context = prefill_tokens = prefill_seqs = prefill_context = 0
         pairs = 0.0
         for request, tokens in work:
             if request.computed >= request.prefill_target:
@@ -203,7 +203,8 @@ class Scheduler:
                 prefill_seqs += 1
                 prefill_tokens += tokens
                 pairs += prefill_attention_pairs(request.computed, tokens)
-        load = StepLoad(decode_seqs, decode_context, prefill_tokens, pairs, prefill_seqs)
+                prefill_context += request.computed + tokens
+        load = StepLoad(decode_seqs, decode_context, prefill_tokens, pairs, prefill_seqs, prefill_context)
         return StepPlan(work, load, model.step_seconds(load))
 
     def complete(self, plan: StepPlan, end: float) -> StepOutcome:
