@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import math
 import os
 import platform
 import statistics
@@ -180,7 +179,7 @@ class ShardModel:
         if self.decode_backend is None:
             return contextlib.nullcontext()
         from torch.nn.attention import sdpa_kernel
-        return sdpa_kernel([self.decode_backend])  # type: ignore[list-item]
+        return sdpa_kernel([self.decode_backend])
 
     def probe_gqa(self) -> None:
         """Use the attention kernels' own grouped-query support where this torch has it."""
@@ -224,7 +223,8 @@ class ShardModel:
         self.decode_choice[(batch, context)] = self.decode_backend
         return str(self.decode_backend).split(".")[-1]
 
-    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           start: int) -> torch.Tensor:
         # q [1, H, P, D]; k, v [1, Hkv, start+P, D]; causal, aligned bottom-right when start > 0.
         causal: dict[str, object]
         if start == 0:
@@ -233,10 +233,10 @@ class ShardModel:
             from torch.nn.attention.bias import causal_lower_right
             causal = dict(attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
         if self.gqa_native:
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **causal)  # type: ignore[arg-type]
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **causal)
         group = q.shape[1] // k.shape[1]
         return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
-                                              **causal)  # type: ignore[arg-type]
+                                              **causal)
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int,
                   context: int, chunk: int, start: int) -> torch.Tensor:
@@ -261,7 +261,8 @@ class ShardModel:
             kc[start:] = k[batch:]
             vc[start:] = v[batch:]
             qc = q[batch:].view(1, chunk, s.heads, s.head_dim).transpose(1, 2)
-            out = self._prefill_attention(qc, kc.unsqueeze(0).transpose(1, 2), vc.unsqueeze(0).transpose(1, 2),
+            out = self._prefill_attention(qc, kc.unsqueeze(0).transpose(1, 2),
+                                          vc.unsqueeze(0).transpose(1, 2),
                                           start)
             outs.append(out.transpose(1, 2).reshape(chunk, s.heads * s.head_dim))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -343,12 +344,10 @@ def ceilings(profile: Profile, device: torch.device, small: bool) -> None:
     src = torch.empty(n // 2, dtype=torch.bfloat16, device=device).normal_()
     dst = torch.empty_like(src)
     profile.record(row("copy", note=f"bytes_moved={2 * n}"), lambda: dst.copy_(src))
-    del src, dst
     m = 256 if small else 8192
     a = torch.randn(m, m, device=device, dtype=torch.bfloat16)
     b = torch.randn(m, m, device=device, dtype=torch.bfloat16)
     profile.record(row("gemm_peak", note=f"flops={2 * m**3}"), lambda: a @ b)
-    del a, b
     kernels = 50 if small else 2000
     x = torch.randn(4096, device=device, dtype=torch.bfloat16)
 
@@ -422,7 +421,8 @@ def profile_ops(profile: Profile, model: ShardModel, small: bool) -> None:
             return out
 
         kernel = model.choose_decode_backend(Timer(model.device, 0.02, 20), batch, context)
-        profile.record(row("attn_decode", s, batch=batch, context=context, note=kernel), attn, divide=s.layers)
+        profile.record(row("attn_decode", s, batch=batch, context=context, note=kernel), attn,
+                       divide=s.layers)
     for chunk in PREFILL_CHUNKS:
         chunk //= scale
         q = torch.randn(1, s.heads, chunk, s.head_dim, device=model.device, dtype=torch.bfloat16)
@@ -445,7 +445,8 @@ def fast_attention(device: torch.device) -> Iterator[None]:
         yield
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    with sdpa_kernel(fused):
         yield
 
 
@@ -496,9 +497,11 @@ def main() -> int:
                 free = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 * GIB)
                 room = free - shard.weight_bytes - (RESERVE_BYTES if device.type == "cuda" else 0)
                 if room <= 0:
-                    print(f"skip {name} tp={tp}: weights {shard.weight_bytes / GIB:.1f} GiB do not fit", flush=True)
+                    print(f"skip {name} tp={tp}: weights {shard.weight_bytes / GIB:.1f} GiB do not fit",
+                          flush=True)
                     continue
-                kv_tokens = min(int(room // shard.kv_bytes_per_token), (256 * 8192 + 16384) // (16 if small else 1))
+                most = (256 * 8192 + 16384) // (16 if small else 1)
+                kv_tokens = min(int(room // shard.kv_bytes_per_token), most)
                 print(f"== {name} tp={tp}: weights {shard.weight_bytes / GIB:.1f} GiB, "
                       f"KV pool {kv_tokens} tokens", flush=True)
                 model = ShardModel(shard, device, kv_tokens)

@@ -418,7 +418,8 @@ class FleetSpec(_Strict):
                     f"fit at TP {tp}: {shard / 1024**3:.1f} GiB of weights per GPU, "
                     f"{usable / 1024**3:.1f} GiB usable (hardware.memory_gib x gpu_memory_utilization)")
         if self.hardware.kernel_us is not None and self.model.intermediate_size is None:
-            raise ValueError("model.intermediate_size: needed by the per-kernel model (hardware.kernel_us is set)")
+            raise ValueError("model.intermediate_size: needed by the per-kernel model "
+                             "(hardware.kernel_us is set)")
 
     def topology(self, name: str) -> Topology:
         for topology in self.topologies:

@@ -34,7 +34,8 @@ def allreduce_latency_s(interconnect: Interconnect, tensor_parallel_size: int,
     return per_rank * tensor_parallel_size * 1e-6
 
 
-def allreduce_bytes_s(interconnect_gbps: float | None, tensor_parallel_size: int, message_bytes: float) -> float:
+def allreduce_bytes_s(interconnect_gbps: float | None, tensor_parallel_size: int,
+                      message_bytes: float) -> float:
     """The size term of a ring all-reduce: each rank sends and receives 2(n-1)/n of the message."""
     if interconnect_gbps is None or tensor_parallel_size <= 1:
         return 0.0
@@ -188,7 +189,8 @@ class PerfModel:
             return 0.0
         host = self.host_step_s + self.host_per_seq_s * (load.decode_seqs + load.prefill_seqs)
         if self.shard is not None:
-            return (self.shard_gpu_seconds(load) + self.allreduce_seconds(tokens)) * self.gpu_time_scale + host
+            gpu = self.shard_gpu_seconds(load) + self.allreduce_seconds(tokens)
+            return gpu * self.gpu_time_scale + host
         tp = self.tensor_parallel_size
         kv_tokens_touched = load.decode_context_tokens + load.prefill_tokens  # reads + new writes
         bytes_moved = self.weight_bytes_per_gpu + kv_tokens_touched * self.kv_bytes_per_token / tp

@@ -26,7 +26,8 @@ STEP_KINDS = ("decode", "prefill", "mixed")
 SHAPES: dict[str, dict[str, object]] = {
     "llama-3.1-8b": dict(name="meta-llama/Llama-3.1-8B-Instruct", params_b=8.03, layers=32, hidden_size=4096,
                          heads=32, kv_heads=8, intermediate_size=14336, vocab_size=128256),
-    "llama-3.1-70b": dict(name="meta-llama/Llama-3.1-70B-Instruct", params_b=70.6, layers=80, hidden_size=8192,
+    "llama-3.1-70b": dict(name="meta-llama/Llama-3.1-70B-Instruct", params_b=70.6, layers=80,
+                          hidden_size=8192,
                           heads=64, kv_heads=8, intermediate_size=28672, vocab_size=128256),
 }
 
@@ -94,7 +95,8 @@ def format_table(cells: Sequence[Cell]) -> list[str]:
         step = (f"decode {c.batch} x {c.context}" if c.kind == "decode"
                 else f"prefill {c.prefill_tokens} at {c.prefill_start}" if c.kind == "prefill"
                 else f"decode {c.batch} x {c.context} + prefill {c.prefill_tokens} at {c.prefill_start}")
-        lines.append(f"| {c.model} | {c.tp} | {step} | {c.measured_s * 1000:.2f} | {c.modelled_s * 1000:.2f} | "
+        lines.append(f"| {c.model} | {c.tp} | {step} | {c.measured_s * 1000:.2f} | "
+                     f"{c.modelled_s * 1000:.2f} | "
                      f"{c.error:+.1%} |")
     return lines
 

@@ -143,7 +143,7 @@ class Scheduler:
         self.free_blocks -= need
 
     def _reuse_prefix(self, request: SimRequest) -> None:
-        """Admission: reference the cached blocks of the prompt's longest cached prefix; skip their prefill."""
+        """Admission: reference the blocks of the prompt's longest cached prefix; skip their prefill."""
         usable = (request.prompt_tokens - 1) // self.model.block_size
         for block_hash in request.block_hashes[:usable]:
             refs = self.cache_refs.get(block_hash)

@@ -32,7 +32,7 @@ from crossover.sim.emitter import EmitterStats
 from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
 from crossover.sim.model import PerfModel
-from crossover.sim.scheduler import chained_block_hashes, SimRequest
+from crossover.sim.scheduler import SimRequest, chained_block_hashes
 from crossover.spec import Fault, FleetSpec, Instance, Role, Topology
 
 RECORD_RING = 20_000

@@ -111,12 +111,14 @@ def prefix_counters(text: str) -> dict[str, float]:
     return out
 
 
-# A prompt of 40 tokens, sent twice: the second finds floor((40 - 1) / 16) = 2 full blocks cached.
-REPEATED_PROMPT = list(range(7, 47))
+# A prompt of 300 tokens, sent twice; vLLM's CPU backend keeps KV in blocks of 128 tokens, so the
+# second finds floor((300 - 1) / 128) = 2 full blocks (256 tokens) cached.
+REPEATED_PROMPT = [7 + i for i in range(300)]
+CPU_BLOCK_SIZE = 128
 EXPECTED_PREFIX_DELTA = {
-    PREFIX_CACHE_QUERIES.name: 80.0, PREFIX_CACHE_HITS.name: 32.0, PROMPT_TOKENS.name: 80.0,
-    PROMPT_TOKENS_CACHED.name: 32.0, f"{PROMPT_TOKENS_BY_SOURCE.name}:local_compute": 48.0,
-    f"{PROMPT_TOKENS_BY_SOURCE.name}:local_cache_hit": 32.0,
+    PREFIX_CACHE_QUERIES.name: 600.0, PREFIX_CACHE_HITS.name: 256.0, PROMPT_TOKENS.name: 600.0,
+    PROMPT_TOKENS_CACHED.name: 256.0, f"{PROMPT_TOKENS_BY_SOURCE.name}:local_compute": 344.0,
+    f"{PROMPT_TOKENS_BY_SOURCE.name}:local_cache_hit": 256.0,
     f"{PROMPT_TOKENS_BY_SOURCE.name}:external_kv_transfer": 0.0,
 }
 

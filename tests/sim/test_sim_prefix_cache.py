@@ -10,11 +10,17 @@ from crossover.sim.fleet import running_fleet
 from crossover.sim.model import PerfModel
 from crossover.sim.scheduler import Scheduler, SimRequest, chained_block_hashes
 from crossover.sim.truth import conversation_ttfts
-from crossover.spec import load_spec
+from crossover.spec import FleetSpec, load_spec
 from tests.helpers import SPECS
-from tests.test_real_vllm import EXPECTED_PREFIX_DELTA, REPEATED_PROMPT, prefix_delta
+from tests.test_real_vllm import CPU_BLOCK_SIZE, EXPECTED_PREFIX_DELTA, REPEATED_PROMPT, prefix_delta
 
 SEED = load_spec(SPECS / "seed-70b-h100.yaml")
+
+
+def with_block_size(spec: FleetSpec, block_size: int) -> FleetSpec:
+    data = spec.model_dump(mode="json")
+    data["simulator"]["block_size"] = block_size
+    return FleetSpec.model_validate(data)
 
 
 def test_hashes_chain_full_blocks_only() -> None:
@@ -27,7 +33,7 @@ def test_hashes_chain_full_blocks_only() -> None:
 
 def test_simulator_counts_a_repeated_prompt_as_real_vllm_does() -> None:
     """The same request pair and expected deltas as tests/test_real_vllm.py's real-server check."""
-    spec = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
+    spec = spec_on_free_ports(with_block_size(load_spec(SPECS / "seed-70b-h100.yaml"), CPU_BLOCK_SIZE))
     with running_fleet(spec):
         url = spec.topologies[1].instances[0].url
         assert prefix_delta(url, spec.model.name) == EXPECTED_PREFIX_DELTA
