@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from crossover.dashboards.generate import dashboard_files, dashboard_provisioning, datasource_provisioning
-from crossover.dashboards.lint import exporter_names, known_names, lint
+from crossover.dashboards.lint import known_names, lint
 from crossover.errors import UserError
 from crossover.outdir import write_into
 from crossover.rules.model import DEFAULT_SELECTOR, RulesConfig, build_rules
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     stem = Path(args.spec).stem
     files = dashboard_files(rules, stem)
-    known = known_names(rules, exporter_names())
+    known = known_names(rules)
     for name, text in files.items():
         problems = lint(json.loads(text), known)
         if problems:  # a generator bug, not a user mistake: say so plainly

@@ -11,7 +11,7 @@ import pytest
 from crossover import catalog
 from crossover.cli import main
 from crossover.dashboards.generate import example_outputs
-from crossover.dashboards.lint import exporter_names, known_names, lint, metric_names, substitute
+from crossover.dashboards.lint import known_names, lint, metric_names, substitute
 from crossover.dashboards.model import DATASOURCE_UID, dashboards
 from crossover.dashboards.render import to_json
 from crossover.rules.model import build_rules
@@ -27,7 +27,7 @@ def _generated(stem: str) -> dict[str, dict]:
 
 
 def _known(stem: str) -> frozenset[str]:
-    return known_names(build_rules(load_spec(SPECS / f"{stem}.yaml")), exporter_names())
+    return known_names(build_rules(load_spec(SPECS / f"{stem}.yaml")))
 
 
 def test_committed_dashboards_match_regeneration() -> None:
