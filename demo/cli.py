@@ -39,6 +39,7 @@ from crossover.demo.prom import (
 from crossover.errors import UserError
 from crossover.netutil import free_port, spec_on_free_ports
 from crossover.rules.alertmanager import alertmanager_config
+from crossover.rules.prom import alertmanager_binary, prometheus_binary
 from crossover.spec import FleetSpec, load_spec
 from crossover.starter import DEFAULT_EXAMPLE, example_spec
 
@@ -94,11 +95,6 @@ def available(subcommand: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
         return False
-
-
-def alertmanager_binary() -> str | None:
-    """Debian names it prometheus-alertmanager; upstream tarballs name it alertmanager."""
-    return shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
 def port_free(port: int) -> bool:
@@ -326,9 +322,10 @@ def generate_rules(stack: Stack) -> Path | None:
 
 def start_alerting(sup: Supervisor, stack: Stack) -> str | None:
     """Alertmanager with the webhook receiver; returns Alertmanager's host:port, or None."""
-    binary = alertmanager_binary()
-    if binary is None:
-        stack.notes.append("alertmanager: not installed (apt-get install prometheus-alertmanager), skipped")
+    try:
+        binary = alertmanager_binary()
+    except UserError as exc:
+        stack.notes.append(f"alertmanager: {exc}, skipped")
         return None
     hook_port = free_port()
     alerts_log = stack.out / "alerts.jsonl"
@@ -351,9 +348,10 @@ def start_alerting(sup: Supervisor, stack: Stack) -> str | None:
 
 
 def start_prometheus(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        stack.notes.append("prometheus: not installed (apt-get install prometheus), skipped")
+    try:
+        binary = prometheus_binary()
+    except UserError as exc:
+        stack.notes.append(f"prometheus: {exc}, skipped")
         return
     rules_dir = generate_rules(stack)
     scrape, rule_files = find_generated(rules_dir) if rules_dir else ([], [])
