@@ -15,14 +15,17 @@ from crossover.errors import UserError
 
 # subcommand -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("crossover.starter", "write a starter fleet spec from a shipped example"),
     "validate": ("crossover.validate", "check a fleet spec and print its topologies"),
     "sim": ("crossover.sim.cli", "serve a simulated vLLM fleet from a spec"),
     "exporter": ("crossover.exporter.cli", "scrape the fleet and serve per-topology goodput"),
     "sweep": ("crossover.loadgen.cli", "drive synthetic traffic and find the crossover"),
+    "analyze": ("crossover.loadgen.analyze", "find the crossover in vllm bench serve result files"),
     "rules": ("crossover.rules.cli", "generate Prometheus scrape config, recording rules and alerts"),
     "dashboards": ("crossover.dashboards.cli", "generate Grafana dashboards"),
     "app": ("crossover.app.cli", "start the Streamlit app"),
-    "demo": ("crossover.demo", "run the whole stack on the simulator"),
+    "pdproxy": ("crossover.pdproxy.cli", "serve a topology's P/D entrypoint in front of vLLM servers"),
+    "demo": ("crossover.demo.cli", "run the whole stack on the simulator"),
 }
 
 
