@@ -215,6 +215,11 @@ def show_charts(results: view.ResultsView, gpus: dict[str, int]) -> None:
 def show_table_and_downloads(results: view.ResultsView, downloads: bool) -> None:
     st.subheader("Results")
     st.dataframe(view.summary_table(results.summary), hide_index=True, width="stretch")
+    turns = view.turns_table(results)
+    if not turns.empty:
+        st.caption("Per turn: a later turn's prompt holds the conversation so far (prefix caching "
+                   "shows here)")
+        st.dataframe(turns, hide_index=True, width="stretch")
     if not downloads:
         st.caption("Downloads appear when the sweep ends.")
         return

@@ -59,6 +59,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dataset-name", choices=["random", "jsonl", "sharegpt"], default=None,
                        help="random prompts (default), a JSONL file or a ShareGPT JSON file")
     group.add_argument("--dataset-path", default=None, metavar="FILE", help="the jsonl or sharegpt file")
+    group.add_argument("--turns", type=int, default=1,
+                       help="requests per conversation (chat): each turn sends the history and a new message")
+    group.add_argument("--think-time", type=float, default=0.0,
+                       help="seconds between a turn's answer and the next")
     group.add_argument("--random-input-len", type=int, default=None, help="as in vllm bench: --input-len N")
     group.add_argument("--random-output-len", type=int, default=None, help="as in vllm bench: --output-len N")
     group.add_argument("--random-range-ratio", type=float, default=0.0,
@@ -108,7 +112,8 @@ def _workload_fields(args: argparse.Namespace) -> dict[str, Any]:
     if name != "random" and not args.dataset_path:
         raise UserError(f"--dataset-name {name}: give the file with --dataset-path")
     return {"endpoint": Endpoint(args.endpoint), "dataset": DatasetKind(name),
-            "dataset_path": args.dataset_path, "tokenizer": args.tokenizer,
+            "dataset_path": args.dataset_path, "tokenizer": args.tokenizer, "turns": args.turns,
+            "think_time_s": args.think_time,
             "input_len": length("--random-input-len", args.random_input_len, args.input_len),
             "output_len": length("--random-output-len", args.random_output_len, args.output_len)}
 
@@ -164,6 +169,21 @@ def print_summary(summary: Any, crossover: dict[str, Any], console: Any) -> None
 
     for warning in input_len_warnings(summary):
         console.print(f"warning: {warning}")
+
+
+def print_turns(turns: Any, console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="per turn (a later turn's prompt holds the conversation so far)")
+    columns = (("topology", "topology", "{}"), ("level", "level", "{:g}"), ("turn", "turn", "{:.0f}"),
+               ("requests", "n", "{:.0f}"), ("input_tokens", "input tok", "{:.0f}"),
+               ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"), ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
+               ("itl_p99_ms", "ITL p99 ms", "{:.1f}"))
+    for _, header, _ in columns:
+        table.add_column(header, justify="left" if header == "topology" else "right")
+    for _, row in turns.iterrows():
+        table.add_row(*(_cell(row.get(column), form) for column, _, form in columns))
+    console.print(table)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -222,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
     out = Console() if sys.stdout.isatty() else Console(width=160)  # files and pipes: no 80-column squeeze
     if not result.summary.empty:
         print_summary(result.summary, result.crossover, out)
+    if not result.turns.empty:
+        print_turns(result.turns, out)
     out.print(f"results in {result.out_dir} (requests per level under levels/, summary.csv, crossover.json)")
     failed = int(result.summary["failed"].sum()) if "failed" in result.summary else 0
     if failed:

@@ -46,6 +46,7 @@ class StreamTrace:
     done: bool = False  # saw [DONE]
     garbage: int = 0  # events that were not JSON objects we understand
     end_time: float = 0.0  # when the request finished (or failed), unix time
+    text: list[str] | None = None  # the streamed text, kept only when asked (a conversation's next turn)
 
 
 @dataclass
@@ -150,6 +151,14 @@ def _role_only(choice: object) -> bool:
     return not (isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")))
 
 
+def _keep_text(text: list[str], choice: object) -> None:
+    if isinstance(choice, dict):
+        delta = choice.get("delta")
+        piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(piece, str):
+            text.append(piece)
+
+
 def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
     if data == DONE:
         trace.done = True
@@ -188,6 +197,8 @@ def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
             tokens = None
         if tokens is None and _role_only(choices[0]):
             tokens = 0  # a chat stream's first event: the assistant role, no content yet
+        if trace.text is not None:
+            _keep_text(trace.text, choices[0])
         if tokens is None or tokens > 0:
             trace.chunk_times.append(now)
             trace.chunk_tokens.append(tokens)
@@ -410,11 +421,11 @@ async def _read_in_coroutine(protocol: object, body: Any, parser: SSEParser, tra
 
 async def stream_completion(session: aiohttp.ClientSession, base_url: str, payload: bytes,
                             timeout_s: float, *, in_protocol: bool = True,
-                            path: str = "/v1/completions") -> StreamTrace:
+                            path: str = "/v1/completions", keep_text: bool = False) -> StreamTrace:
     """POST one streaming completion and record when each token event arrives. Never raises for
     what the server or network does: every failure ends up in trace.error. On a stamping
     connection the events are parsed in the protocol (in_protocol), otherwise by this coroutine."""
-    trace = StreamTrace(send_time=time.time())
+    trace = StreamTrace(send_time=time.time(), text=[] if keep_text else None)
     parser = SSEParser()
     try:
         async with asyncio.timeout(timeout_s):

@@ -6,6 +6,7 @@
     OUT/summary.parquet, summary.csv   per topology x level (rewritten after every level)
     OUT/crossover.json                 crossings and capacities (rewritten after every level)
     OUT/workload.json                  the tokenizer, endpoint, dataset and chat-template overhead
+    OUT/turns.csv                      per topology x level x turn: TTFT and ITL (multi-turn sweeps)
 
 Every file is written to a temporary name and renamed, so a crash never leaves half a file that a
 rerun would take for a finished level.
@@ -30,6 +31,7 @@ SUMMARY_FILE = "summary.parquet"
 SUMMARY_CSV = "summary.csv"
 CROSSOVER_FILE = "crossover.json"
 WORKLOAD_FILE = "workload.json"
+TURNS_CSV = "turns.csv"
 LIST_COLUMNS = ("itl", "chunk_times", "chunk_tokens")
 
 
@@ -79,6 +81,7 @@ class Run:
     requests: pd.DataFrame = field(repr=False)
     summary: pd.DataFrame = field(repr=False)
     crossover: dict[str, Any] = field(default_factory=dict, repr=False)
+    turns: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # per-turn latencies (--turns)
 
 
 def _atomic_write(path: Path, write: Any) -> None:
@@ -135,6 +138,10 @@ def write_level(out_dir: Path, plan: SweepPlan, topology: str, level: float, req
         _atomic_write(path.with_suffix(".csv"), lambda p: flat.to_csv(p, index=False))
 
 
+def write_turns(out_dir: Path, turns: pd.DataFrame) -> None:
+    _atomic_write(out_dir / TURNS_CSV, lambda p: turns.to_csv(p, index=False))
+
+
 def write_summary(out_dir: Path, summary: pd.DataFrame) -> None:
     _atomic_write(out_dir / SUMMARY_FILE, lambda p: summary.to_parquet(p, index=False))
     _atomic_write(out_dir / SUMMARY_CSV, lambda p: summary.to_csv(p, index=False))
@@ -162,10 +169,10 @@ def load_run(out_dir: str | os.PathLike[str]) -> Run:
         info = RunInfo.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: cannot read it ({exc})") from None
-    from crossover.loadgen.summary import summarize  # the summary is recomputed, never trusted stale
+    from crossover.loadgen.summary import summarize, turn_summary  # recomputed, never trusted stale
 
     requests = read_requests(folder)
     summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
     crossover_path = folder / CROSSOVER_FILE
     crossover = json.loads(crossover_path.read_text()) if crossover_path.exists() else {}
-    return Run(folder, info, requests, summary, crossover)
+    return Run(folder, info, requests, summary, crossover, turn_summary(requests))
