@@ -215,6 +215,10 @@ def show_charts(results: view.ResultsView, gpus: dict[str, int]) -> None:
 def show_table_and_downloads(results: view.ResultsView, downloads: bool) -> None:
     st.subheader("Results")
     st.dataframe(view.summary_table(results.summary), hide_index=True, width="stretch")
+    server = view.server_table(results)
+    if not server.empty:
+        st.caption("The servers' side: their /metrics over each level, as the exporter derives them")
+        st.dataframe(server, hide_index=True, width="stretch")
     turns = view.turns_table(results)
     if not turns.empty:
         st.caption("Per turn: a later turn's prompt holds the conversation so far (prefix caching "

@@ -17,7 +17,7 @@ import pandas as pd
 
 from crossover.app.charts import CrossoverMark
 from crossover.app.runner import RunStatus
-from crossover.loadgen.results import Run
+from crossover.loadgen.results import Run, read_server_views
 from crossover.loadgen.summary import turn_summary
 
 # the order sentences are listed in: the question the app answers first
@@ -117,6 +117,13 @@ def turns_table(results: ResultsView) -> pd.DataFrame:
         return pd.DataFrame()
     table = turn_summary(results.requests())
     return table[[c for c in TURN_TABLE_COLUMNS if c in table.columns]] if not table.empty else table
+
+
+def server_table(results: ResultsView) -> pd.DataFrame:
+    """The servers' own figures per level of a run (kept beside each level's requests)."""
+    if results.out_dir is None or results.empty:
+        return pd.DataFrame()
+    return read_server_views(results.out_dir)
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:

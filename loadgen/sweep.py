@@ -38,6 +38,7 @@ from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offset
 from crossover.loadgen.payloads import PATHS, request_payload
 from crossover.loadgen.plan import Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
+from crossover.loadgen.serverside import ServerView
 from crossover.loadgen.summary import summarize, turn_summary
 from crossover.loadgen.tokens import open_tokenizer
 from crossover.spec import Balance, FleetSpec, Topology
@@ -135,7 +136,8 @@ class _LevelRunner:
 
     def __init__(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
                  on_request: RequestCallback | None, client: ClientOptions,
-                 prepared: Iterator[Prepared], turn_tokens: int = 0) -> None:
+                 prepared: Iterator[Prepared], turn_tokens: int = 0,
+                 server_view: ServerView | None = None) -> None:
         policy = Balance.ROUND_ROBIN if info.balance == "entrypoint" else Balance(info.balance)
         self.balancer = Balancer(list(info.targets), policy)
         self.info, self.model, self.plan, self.level = info, model, plan, level
@@ -145,6 +147,8 @@ class _LevelRunner:
         self.client = client
         self.prepared = prepared
         self.turn_tokens = turn_tokens
+        self.server_view = server_view
+        self.server: dict[str, Any] | None = None  # the servers' figures over the level
         self.path = PATHS[plan.endpoint]
 
     async def _one(self, session: aiohttp.ClientSession, prepared: Prepared) -> None:
@@ -193,10 +197,13 @@ class _LevelRunner:
         connector = stamping_connector(limit=0, ttl_dns_cache=300, kernel_stamps=self.client.kernel_stamps)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
                                          auto_decompress=False) as session:
+            before = await self.server_view.snapshot(session) if self.server_view else None
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:
                 await self._open(session)
+            if self.server_view is not None and before is not None:
+                self.server = self.server_view.level_figures(before, await self.server_view.snapshot(session))
         return self.records
 
     async def _closed(self, session: aiohttp.ClientSession) -> None:
@@ -320,13 +327,16 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
                 ready[level] = list(prepare_level(workload, info.model, level))
             prepared = iter(ready[level])
         runner = _LevelRunner(info.topologies[name], info.model, plan, level, on_request,
-                              client or ClientOptions(), prepared, workload.turn_tokens)
+                              client or ClientOptions(), prepared, workload.turn_tokens,
+                              ServerView(spec, name))
         records = await _run_or_stop(runner.run(), stop)
         if records is None:
             outcome.stopped = True
             break
         frame = records_frame(records, plan.turns)
         results.write_level(folder, plan, name, level, frame, csv=csv)
+        if runner.server is not None:
+            results.write_json(path.with_suffix(results.SERVER_SUFFIX), runner.server)
         if bench is not None:  # --save-result: the level as vllm bench serve writes it, beside its table
             results.write_json(path.with_suffix(".json"), bench_result(
                 frame, topology=name, level=level, axis=plan.axis, model=info.model,

@@ -265,7 +265,8 @@ def test_the_simulator_counts_what_its_tokenize_says_and_sweeps_get_planned_leng
                 url + "/tokenize"
 
 
-def test_multi_turn_conversations_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_multi_turn_conversations_on_the_simulator(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Each turn sends the history, the previous answer and a new message: the simulator counts
     exactly the planned input of every turn, later turns are longer, and TTFT per turn is reported."""
     import yaml
@@ -300,3 +301,25 @@ def test_multi_turn_conversations_on_the_simulator(tmp_path: Path, capsys: pytes
     assert (tmp_path / "run" / "turns.csv").exists()
     with pytest.raises(UserError, match="--endpoint chat"):
         SweepPlan(levels=(1,), turns=2)
+
+
+def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path) -> None:
+    from crossover.app.view import past_view, server_table
+    from crossover.loadgen.results import load_run
+    from crossover.loadgen.sweep import run_sweep
+    from crossover.netutil import spec_on_free_ports
+    from crossover.sim.fleet import running_fleet
+    from crossover.spec import load_spec
+
+    spec = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
+    plan = SweepPlan(levels=(1, 4), requests_per_level=8, input_len=LengthDist.fixed(64),
+                     output_len=LengthDist.fixed(16))
+    with running_fleet(spec):
+        run_sweep(spec, plan, tmp_path, ["tp2x2"], n_boot=0)
+    view = json.loads((tmp_path / "levels" / "tp2x2" / "c4.server.json").read_text())
+    assert view["scrape_errors"] == {} and view["window_s"] > 0
+    # the simulator's counters over the level: every token the sweep asked for, on both replicas
+    assert view["figures"]["generation_tokens_per_second"] * view["window_s"] == pytest.approx(8 * 16, rel=0.01)
+    server = load_run(tmp_path).server
+    assert list(server["level"]) == [1.0, 4.0] and (server["server_ttft_p99_ms"] > 0).all()
+    assert server_table(past_view(load_run(tmp_path)))["server_output_tps"].gt(0).all()
