@@ -319,7 +319,8 @@ def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path) -> None:
     view = json.loads((tmp_path / "levels" / "tp2x2" / "c4.server.json").read_text())
     assert view["scrape_errors"] == {} and view["window_s"] > 0
     # the simulator's counters over the level: every token the sweep asked for, on both replicas
-    assert view["figures"]["generation_tokens_per_second"] * view["window_s"] == pytest.approx(8 * 16, rel=0.01)
+    generated = view["figures"]["generation_tokens_per_second"] * view["window_s"]
+    assert generated == pytest.approx(8 * 16, rel=0.01)
     server = load_run(tmp_path).server
     assert list(server["level"]) == [1.0, 4.0] and (server["server_ttft_p99_ms"] > 0).all()
     assert server_table(past_view(load_run(tmp_path)))["server_output_tps"].gt(0).all()
