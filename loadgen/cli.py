@@ -163,10 +163,10 @@ def print_summary(summary: Any, crossover: dict[str, Any], console: Any) -> None
     for _, row in summary.iterrows():
         table.add_row(*(_cell(row.get(column), form) for column, _, form in _TABLE_COLUMNS))
     console.print(table)
-    for sentence in crossover.get("sentences", []):
-        console.print(f"- {sentence}")
     from crossover.loadgen.summary import input_len_warnings
 
+    for sentence in crossover.get("sentences", []):
+        console.print(f"- {sentence}")
     for warning in input_len_warnings(summary):
         console.print(f"warning: {warning}")
 
@@ -244,6 +244,10 @@ def run(args: argparse.Namespace) -> int:
         print_summary(result.summary, result.crossover, out)
     if not result.turns.empty:
         print_turns(result.turns, out)
+    workload = result.workload
+    out.print(f"prompt tokens counted with {workload['tokenizer']}"
+              + (f"; the chat template adds {workload['chat_template_tokens']} tokens per request"
+                 if workload["endpoint"] == "chat" else ""))
     out.print(f"results in {result.out_dir} (requests per level under levels/, summary.csv, crossover.json)")
     failed = int(result.summary["failed"].sum()) if "failed" in result.summary else 0
     if failed:
