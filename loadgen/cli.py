@@ -14,11 +14,10 @@ from crossover.errors import UserError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="fleet spec (YAML)")
-    load = parser.add_mutually_exclusive_group(required=True)
+    load = parser.add_mutually_exclusive_group()
     load.add_argument("--concurrency", "--max-concurrency",
                       help="closed loop: comma-separated concurrencies, e.g. 1,2,4,8,16")
-    load.add_argument("--rate", "--request-rate",
-                      help="open loop: comma-separated request rates (req/s), e.g. 0.5,1,2")
+    load.add_argument("--rate", help="open loop: comma-separated request rates (req/s), e.g. 0.5,1,2")
     parser.add_argument("--out", required=True, help="run folder; rerunning with the same folder resumes")
     parser.add_argument("--topology", action="append", default=None,
                         help="topology to drive (repeatable; default: all in the spec)")
@@ -59,6 +58,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dataset-name", choices=["random", "jsonl", "sharegpt"], default=None,
                        help="random prompts (default), a JSONL file or a ShareGPT JSON file")
     group.add_argument("--dataset-path", default=None, metavar="FILE", help="the jsonl or sharegpt file")
+    group.add_argument("--request-rate", default=None,
+                       help="as in vllm bench: --rate, or inf with --max-concurrency (closed loop)")
     group.add_argument("--turns", type=int, default=1,
                        help="requests per conversation (chat): each turn sends the history and a new message")
     group.add_argument("--think-time", type=float, default=0.0,
@@ -118,6 +119,28 @@ def _workload_fields(args: argparse.Namespace) -> dict[str, Any]:
             "output_len": length("--random-output-len", args.random_output_len, args.output_len)}
 
 
+def _request_rate(args: argparse.Namespace) -> str:
+    """The open-loop rates from --rate or vllm bench's --request-rate (whose `inf` with
+    --max-concurrency is our closed loop); one of the two loads must be given."""
+    rate = args.rate
+    asked = args.request_rate
+    if asked is not None:
+        if args.rate is not None:
+            raise UserError("--rate and --request-rate: give one of them")
+        if asked.strip().lower() == "inf":
+            if not args.concurrency:
+                raise UserError("--request-rate inf: give --max-concurrency (a closed loop at each "
+                                "concurrency)")
+        elif args.concurrency:
+            raise UserError("--request-rate with --max-concurrency: a rate capped by a concurrency is not "
+                            "supported; give one of them (or --request-rate inf)")
+        else:
+            rate = asked
+    if not args.concurrency and not rate:
+        raise UserError("give --concurrency (closed loop) or --rate (open loop)")
+    return str(rate or "")
+
+
 def _plan(args: argparse.Namespace) -> Any:
     from crossover.loadgen.plan import (
         Arrival,
@@ -127,8 +150,9 @@ def _plan(args: argparse.Namespace) -> Any:
         parse_slo_overrides,
     )
 
+    rate = _request_rate(args)
     mode = Mode.CLOSED if args.concurrency else Mode.OPEN
-    levels = parse_levels(args.concurrency or args.rate, "--concurrency" if args.concurrency else "--rate")
+    levels = parse_levels(args.concurrency or rate, "--concurrency" if args.concurrency else "--rate")
     if args.bootstrap < 0:
         raise UserError(f"--bootstrap: must be zero or positive, got {args.bootstrap}")
     return SweepPlan(

@@ -51,6 +51,7 @@ def test_sweep_speaks_vllm_bench_flags_and_writes_its_result_files(
         spec_path = _fake_spec(tmp_path, servers)
         out = tmp_path / "run"
         code = main(["sweep", str(spec_path), "--out", str(out), "--max-concurrency", "1,2,4",
+                     "--request-rate", "inf",
                      "--num-prompts", "12", "--random-input-len", "20", "--random-output-len", "6",
                      "--random-range-ratio", "0.5", "--ignore-eos", "--goodput", "ttft:15", "tpot:3",
                      "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
