@@ -15,7 +15,6 @@ import typing
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -28,8 +27,9 @@ from pydantic import (
     model_validator,
 )
 
-from crossover.catalog import SLO_HISTOGRAMS
+from crossover.catalog import KV_CONNECTORS, SLO_HISTOGRAMS
 from crossover.errors import UserError
+from crossover.netutil import check_http_url
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -90,6 +90,16 @@ class Role(StrEnum):
     DECODE = "decode"
 
 
+# The role label of a topology's entrypoint target (its router's metrics): not an instance role,
+# since the router serves no model; the exporter and the rules read user-facing figures from it.
+ENTRYPOINT_ROLE = "entrypoint"
+
+
+def entrypoint_replica(topology: str) -> str:
+    """The instance (exporter) and replica (Prometheus) label of a topology's entrypoint target."""
+    return f"{topology}-entrypoint"
+
+
 class Interconnect(StrEnum):
     NVLINK = "nvlink"
     PCIE = "pcie"
@@ -98,17 +108,6 @@ class Interconnect(StrEnum):
 class Balance(StrEnum):
     ROUND_ROBIN = "round_robin"
     LEAST_OUTSTANDING = "least_outstanding"
-
-
-def _check_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"malformed URL {value!r} (want http://host:port)")
-    try:
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        raise ValueError(f"malformed URL {value!r} ({exc})") from None
-    return value.rstrip("/")
 
 
 class Model(_Strict):
@@ -163,7 +162,7 @@ class Instance(_Strict):
     url: str
     role: Role = Role.COLOCATED
 
-    _url = field_validator("url")(_check_url)
+    _url = field_validator("url")(check_http_url)
 
 
 class Entrypoint(_Strict):
@@ -171,17 +170,21 @@ class Entrypoint(_Strict):
 
     url: str | None = None
     balance: Balance | None = None
+    metrics_url: str | None = Field(default=None, description="the router's vLLM-compatible /metrics "
+                                    "(crossover's own proxy: <url>/metrics), scraped as role entrypoint")
 
-    @field_validator("url")
+    @field_validator("url", "metrics_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value)
+        return None if value is None else check_http_url(value)
 
     @model_validator(mode="after")
     def _one_of(self) -> Entrypoint:
         if (self.url is None) == (self.balance is None):
             raise ValueError("give exactly one of url (a load balancer or P/D proxy) or balance "
                              "(round_robin or least_outstanding over the instances)")
+        if self.metrics_url is not None and self.url is None:
+            raise ValueError("metrics_url needs url: client-side balancing has no router to scrape")
         return self
 
 
@@ -332,6 +335,8 @@ class Simulator(_Strict):
 
     seed: int = 0
     vllm_version: str = "0.32.0"
+    kv_connector: str = Field(default="nixl", description="KV connector of P/D instances: the families "
+                              "their /metrics expose (nixl or mooncake)")
     faults: dict[str, Fault] = Field(default_factory=dict, description="instance name -> fault")
     time_scale: PositiveFloat = Field(default=1.0, description="simulated seconds per wall second")
     # Performance-model knobs (docs/simulator.md explains each and how the presets were fitted).
@@ -353,6 +358,14 @@ class Simulator(_Strict):
     block_size: PositiveInt = Field(default=16, description="KV-cache block size in tokens")
     mean_output_tokens: PositiveInt = Field(
         default=128, description="mean drawn output length for requests without ignore_eos")
+
+
+    @field_validator("kv_connector")
+    @classmethod
+    def _connector(cls, value: str) -> str:
+        if value not in KV_CONNECTORS:
+            raise ValueError(f"unknown KV connector {value!r} (one of {', '.join(KV_CONNECTORS)})")
+        return value
 
 
 class FleetSpec(_Strict):
@@ -386,6 +399,10 @@ class FleetSpec(_Strict):
                     raise ValueError(f"{path}.url: instance URL {instance.url} is used twice "
                                      f"(also by {urls[instance.url]})")
                 urls[instance.url] = instance.name
+            metrics_url = topology.entrypoint.metrics_url
+            if metrics_url is not None and metrics_url in urls:
+                raise ValueError(f"topologies[{index}]({topology.name}).entrypoint.metrics_url: "
+                                 f"{metrics_url} is also the URL of {urls[metrics_url]}")
         unknown = set(self.simulator.faults) - set(instance_names)
         if unknown:
             raise ValueError(f"simulator.faults: unknown instance(s) {sorted(unknown)} "

@@ -59,11 +59,12 @@ class ServerView:
         except UserError:
             self.token = None  # the exporter scrapes without it too, and says so there
 
-    async def snapshot(self, session: aiohttp.ClientSession) -> Snapshot:
-        results = await asyncio.gather(*(scrape(
-            session, target, self.parser, timeout=self.spec.scrape.timeout_seconds,
-            max_body_bytes=self.spec.scrape.max_body_bytes, max_series=self.spec.scrape.max_series,
-            bearer_token=self.token) for target in self.targets))
+    async def snapshot(self) -> Snapshot:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            results = await asyncio.gather(*(scrape(
+                session, target, self.parser, timeout=self.spec.scrape.timeout_seconds,
+                max_body_bytes=self.spec.scrape.max_body_bytes, max_series=self.spec.scrape.max_series,
+                bearer_token=self.token) for target in self.targets))
         taken = time.time()
         series, errors = {}, {}
         for result in results:

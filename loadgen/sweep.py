@@ -18,7 +18,6 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
 import pandas as pd
 
 from crossover.errors import UserError
@@ -30,11 +29,11 @@ from crossover.loadgen.client import (
     ClientOptions,
     RequestRecord,
     build_record,
-    stamping_connector,
     stream_completion,
 )
 from crossover.loadgen.crossover import analyze
 from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
+from crossover.loadgen.httpclient import HTTPClient
 from crossover.loadgen.payloads import PATHS, request_payload
 from crossover.loadgen.plan import Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
@@ -151,7 +150,7 @@ class _LevelRunner:
         self.server: dict[str, Any] | None = None  # the servers' figures over the level
         self.path = PATHS[plan.endpoint]
 
-    async def _one(self, session: aiohttp.ClientSession, prepared: Prepared) -> None:
+    async def _one(self, session: HTTPClient, prepared: Prepared) -> None:
         """One request, or a whole conversation when it has later turns (all to one instance, as a
         session-affine balancer sends them, so a prefix cache sees the history again)."""
         request, payload = prepared
@@ -164,10 +163,9 @@ class _LevelRunner:
         finally:
             self.balancer.release(url)
 
-    async def _send(self, session: aiohttp.ClientSession, url: str, request: SyntheticRequest,
+    async def _send(self, session: HTTPClient, url: str, request: SyntheticRequest,
                     payload: bytes, keep_text: bool = False) -> tuple[RequestRecord, str]:
-        trace = await stream_completion(session, url, payload, self.plan.timeout_s,
-                                        in_protocol=self.client.in_protocol, path=self.path,
+        trace = await stream_completion(session, url, payload, self.plan.timeout_s, path=self.path,
                                         keep_text=keep_text)
         record = build_record(trace, request, self.info.name, self.level, url)
         self.records.append(record)
@@ -175,7 +173,7 @@ class _LevelRunner:
             self.on_request(self.info.name, self.level, len(self.records), self.total)
         return record, "".join(trace.text or ())
 
-    async def _conversation(self, session: aiohttp.ClientSession, url: str, request: SyntheticRequest,
+    async def _conversation(self, session: HTTPClient, url: str, request: SyntheticRequest,
                             payload: bytes) -> None:
         """Each turn sends the history, the previous answer and a new user message; its planned
         input is the previous turn's counted input and output plus the new message and template."""
@@ -194,19 +192,17 @@ class _LevelRunner:
         await self._send(session, url, request, payload)
 
     async def run(self) -> list[RequestRecord]:
-        connector = stamping_connector(limit=0, ttl_dns_cache=300, kernel_stamps=self.client.kernel_stamps)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                         auto_decompress=False) as session:
-            before = await self.server_view.snapshot(session) if self.server_view else None
+        before = await self.server_view.snapshot() if self.server_view else None
+        async with HTTPClient(kernel_stamps=self.client.kernel_stamps) as session:
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:
                 await self._open(session)
-            if self.server_view is not None and before is not None:
-                self.server = self.server_view.level_figures(before, await self.server_view.snapshot(session))
+        if self.server_view is not None and before is not None:
+            self.server = self.server_view.level_figures(before, await self.server_view.snapshot())
         return self.records
 
-    async def _closed(self, session: aiohttp.ClientSession) -> None:
+    async def _closed(self, session: HTTPClient) -> None:
         concurrency = int(self.level)
         source = self.prepared
         deadline = (time.monotonic() + self.plan.ramp_s + self.plan.duration_s
@@ -228,7 +224,7 @@ class _LevelRunner:
 
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
 
-    async def _open(self, session: aiohttp.ClientSession) -> None:
+    async def _open(self, session: HTTPClient) -> None:
         conversations = self.plan.conversations_for(self.level)
         assert conversations is not None
         # conversations arrive at the rate of requests divided by their turns
