@@ -146,6 +146,20 @@ GENERATION_TOKENS = Metric(
 REQUEST_SUCCESS = Metric(
     "vllm:request_success", MetricType.COUNTER, "Count of successfully processed requests.",
     labels=(*ENGINE_LABELS, "finished_reason"))
+# vllm:request_success counts every finished request by finished_reason despite its name; "abort"
+# (the client went away, or a cancel) and "error" (an engine error) are the failures. finished_reason
+# exists since vLLM 0.4; "error" and "repetition" since 0.11 (v1 engine FinishReason).
+ADMISSION_REJECTIONS = Metric(
+    "vllm:admission_rejections", MetricType.COUNTER,
+    "Number of admission attempts rejected by a queue limit, by reason.",
+    # No engine label: the API server counts it before a request reaches an engine. New in 0.32
+    # (reasons max_num_queued_reqs, max_num_queued_tokens); absent from older servers.
+    labels=("model_name", "reason"), required=False)
+# The OpenAI server's prometheus-fastapi-instrumentator family (not vLLM's own, no model label):
+# status is grouped ("2xx", "4xx", "5xx"); a stream cut after its headers counts as 2xx.
+HTTP_REQUESTS = Metric(
+    "http_requests", MetricType.COUNTER, "Total number of requests by method, status and handler.",
+    labels=("handler", "method", "status"), required=False)
 PREFIX_CACHE_QUERIES = Metric(
     "vllm:prefix_cache_queries", MetricType.COUNTER,
     "Prefix cache queries, in terms of number of queried tokens.",
@@ -214,7 +228,8 @@ NIXL_EXPIRED_REQS = Metric(
 
 CATALOG = Catalog((
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, NUM_REQUESTS_WAITING_BY_REASON, KV_CACHE_USAGE,
-    NUM_PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCESS, PREFIX_CACHE_QUERIES,
+    NUM_PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCESS, ADMISSION_REJECTIONS,
+    HTTP_REQUESTS, PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS, TTFT, ITL, TPOT, E2E_LATENCY, QUEUE_TIME, PREFILL_TIME, DECODE_TIME,
     INFERENCE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, NIXL_XFER_TIME, NIXL_POST_TIME,
     NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS, NIXL_EXPIRED_REQS,
@@ -222,11 +237,5 @@ CATALOG = Catalog((
 
 FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS: tuple[str, ...] = ("capacity", "deferred")
+ADMISSION_REJECTION_REASONS: tuple[str, ...] = ("max_num_queued_reqs", "max_num_queued_tokens")
 
-# Which histogram each SLO reads; the SLO validator and the goodput derivation share this map.
-SLO_HISTOGRAMS: dict[str, Metric] = {
-    "ttft": TTFT,
-    "tpot": TPOT,
-    "itl": ITL,
-    "e2el": E2E_LATENCY,
-}

@@ -20,12 +20,12 @@ from crossover.exporter.derive import (
     derive_sums,
     layout_of,
     merge,
-    quantile_label,
     summarize,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
 from crossover.exporter.targets import Target
 from crossover.exporter.window import History, SeriesWindow
+from crossover.slo import GOODPUT_REQUESTS, GOODPUT_TOKENS, quantile_label
 from crossover.spec import FleetSpec, format_duration
 
 
@@ -244,8 +244,9 @@ def _headline(view: GroupView, window: str) -> dict[str, Any]:
         latency = derived.latency.get(short)
         return None if latency is None else latency.quantiles[p99] * 1000.0
 
-    return {"goodput_tps": derived.goodput_tokens_per_second_lower,
-            "goodput_tps_upper": derived.goodput_tokens_per_second_upper,
+    return {f"{GOODPUT_REQUESTS}_lower": derived.goodput_requests_per_second_lower,
+            f"{GOODPUT_TOKENS}_lower": derived.goodput_tokens_per_second_lower,
+            f"{GOODPUT_TOKENS}_upper": derived.goodput_tokens_per_second_upper,
             "output_tps": derived.generation_tokens_per_second,
             "ttft_p99_ms": ms("ttft"), "tpot_p99_ms": ms("tpot"), "itl_p99_ms": ms("itl")}
 

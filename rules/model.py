@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.catalog import Metric
 from crossover.errors import UserError
 from crossover.spec import FleetSpec, Role, bucket_neighbours, format_duration, on_boundary
@@ -30,15 +30,12 @@ ROLE_BY = ("topology", "role", "model_name")
 JOB_NAME = "vllm"
 DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
 REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written for 30 days
-QUANTILES = (0.5, 0.99)
-# SLOs judged once per finished request; only these form the joint (all-SLOs-met) bounds.
-# ITL is observed once per engine iteration, a different population, so it stays a single SLO.
-REQUEST_SLOS = ("ttft", "tpot", "e2el")
 # Histograms whose quantiles and means are recorded per topology.
 LATENCY_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
 NIXL_HISTOGRAMS: tuple[Metric, ...] = (catalog.NIXL_XFER_TIME, catalog.NIXL_BYTES)
 RATE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS,
-                                     catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS)
+                                     catalog.REQUEST_SUCCESS, catalog.ADMISSION_REJECTIONS,
+                                     catalog.NUM_PREEMPTIONS)
 NIXL_COUNTERS: tuple[Metric, ...] = (catalog.NIXL_FAILED_TRANSFERS,)
 GAUGES_SUMMED: tuple[Metric, ...] = (catalog.NUM_REQUESTS_RUNNING, catalog.NUM_REQUESTS_WAITING)
 # A P/D request is one request on the prefill instance (max_tokens 1) and one on the decode instance,
@@ -228,17 +225,32 @@ def kv_usage_name(operation: str) -> str:
     return f"topology:{catalog.KV_CACHE_USAGE.rule_stem}:{operation}"
 
 
-def goodput_name(slo: str, window: str, level: str = "topology") -> str:
-    return f"{level}:vllm_goodput_{slo}:ratio_rate{window}"
+def attainment_name(kind: str, window: str, level: str = "topology") -> str:
+    """Share of all requests served within one SLO (crossover.slo)."""
+    return f"{level}:vllm_{slo.ATTAINMENT}_{kind}:ratio_rate{window}"
 
 
-def joint_goodput_name(bound: str, window: str) -> str:
+def joint_attainment_name(bound: str, window: str) -> str:
     """bound is lower or upper: max(0, sum(a_i)-(n-1)) <= joint <= min(a_i)."""
-    return f"topology:vllm_goodput:ratio_{bound}_rate{window}"
+    return f"topology:vllm_{slo.ATTAINMENT}:ratio_{bound}_rate{window}"
+
+
+def served_share_name(window: str, level: str = "topology") -> str:
+    """Requests served / every request the fleet should have served (failed ones included)."""
+    return f"{level}:vllm_requests_served:ratio_rate{window}"
+
+
+def failed_requests_name(window: str) -> str:
+    """Failed requests per second by `reason` (slo.FAILURE_REASONS)."""
+    return f"topology:vllm_failed_requests:rate{window}"
+
+
+def goodput_requests_name(window: str) -> str:
+    return f"topology:vllm_{slo.GOODPUT}_requests:rate{window}"
 
 
 def goodput_tokens_name(window: str, per_gpu: bool = False) -> str:
-    return f"topology:vllm_goodput_tokens{'_per_gpu' if per_gpu else ''}:rate{window}"
+    return f"topology:vllm_{slo.GOODPUT}_tokens{'_per_gpu' if per_gpu else ''}:rate{window}"
 
 
 def nixl_bandwidth_name(window: str) -> str:
@@ -287,22 +299,22 @@ def slo_buckets(spec: FleetSpec, refuse_off_boundary: bool = False,
     warning), never a looser one; refuse when asked to, or when no boundary lies below."""
     chosen: list[SloBucket] = []
     warnings: list[str] = []
-    for slo, threshold_ms in spec.slos.thresholds_ms.items():
-        metric = catalog.SLO_HISTOGRAMS[slo]
+    for kind, threshold_ms in spec.slos.thresholds_ms.items():
+        metric = slo.SLO_HISTOGRAMS[kind]
         threshold_s = threshold_ms / 1000.0
         if on_boundary(threshold_s, metric.buckets):
             le = min(metric.buckets, key=lambda b: abs(b - threshold_s))
-            chosen.append(SloBucket(slo, threshold_ms, metric, le, exact=True))
+            chosen.append(SloBucket(kind, threshold_ms, metric, le, exact=True))
             continue
         below, above = bucket_neighbours(threshold_s, metric.buckets)
         near = " and ".join(f"{b * 1000:g} ms" for b in (below, above) if b is not None)
-        where = f"{source}: slos.{slo}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} " \
+        where = f"{source}: slos.{kind}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} " \
                 f"(neighbours {near})"
         if refuse_off_boundary:
             raise UserError(f"{where}; pick a boundary or drop --refuse-off-boundary to round down")
         if below is None:
             raise UserError(f"{where}; no stricter boundary exists below it, pick one of the buckets")
-        chosen.append(SloBucket(slo, threshold_ms, metric, below, exact=False))
+        chosen.append(SloBucket(kind, threshold_ms, metric, below, exact=False))
         warnings.append(f"{where}; the rules count a request as good only below {below * 1000:g} ms "
                         "(the stricter neighbour), so goodput is a lower bound")
     return tuple(chosen), tuple(warnings)
@@ -426,16 +438,34 @@ class _Builder:
             RecordingRule(count, self.summed_rate(self.sel(metric.name + "_count"), window)),
             RecordingRule(total, self.summed_rate(self.sel(metric.name + "_sum"), window)),
         ]
-        for quantile in QUANTILES:
+        for quantile in slo.QUANTILES:
             rules.append(RecordingRule(quantile_name(metric, quantile, window),
                                        f"histogram_quantile({quantile}, {bucket})"))
         rules.append(RecordingRule(mean_name(metric, window), f"{total} / {count}"))
         return rules
 
-    def goodput_ratio(self, bucket: SloBucket, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+    def attainment(self, bucket: SloBucket, window: str, level: str = "topology",
+                   by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+        """slo.attainment: the histogram's share within the threshold x the share served; 0 when
+        nothing was served (the histogram then holds no observation)."""
         good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
         every = self.sel(bucket.metric.name + "_count")
-        return f"{self.summed_rate(good, window, by)}\n/\n{self.summed_rate(every, window, by)}"
+        served = served_share_name(window, level)
+        on = f"on ({_by(by)})"
+        within = f"{self.summed_rate(good, window, by)}\n/\n{self.summed_rate(every, window, by)}"
+        return f"(\n{within}\n)\n* {on} {served} and {on} {served} > 0\nor {on} {served} == 0"
+
+    def served_share(self, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+        """slo.Outcomes.served_share: requests not failed / (all finished + rejected at admission).
+        A target without finished_reason counts every request as served (the fallback); one
+        without the admission family counts no rejection."""
+        failed = promql_string("|".join(slo.FAILED_REASONS))
+        success = catalog.REQUEST_SUCCESS.promql_name
+        served = self.summed_rate(self.sel(success, f"finished_reason!~{failed}"), window, by)
+        finished = self.summed_rate(self.sel(success), window, by)
+        rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)
+        return (f"{served}\n/\n(\n  {finished}\n  + on ({_by(by)})\n"
+                f"  ({rejected} or 0 * {finished})\n)")
 
     def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """Request figures per P/D role: the decode side is what users see after the first token
@@ -450,39 +480,48 @@ class _Builder:
                 bucket = histogram_rate_name(metric, "bucket", window, level)
                 rules.append(RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
                                                                     (*ROLE_BY, "le"))))
-                for quantile in QUANTILES:
+                for quantile in slo.QUANTILES:
                     rules.append(RecordingRule(quantile_name(metric, quantile, window, level),
                                                f"histogram_quantile({quantile}, {bucket})"))
+            rules.append(RecordingRule(served_share_name(window, level), self.served_share(window, ROLE_BY)))
             for slo_bucket in self.buckets:
-                if slo_bucket.slo in REQUEST_SLOS:
-                    rules.append(RecordingRule(goodput_name(slo_bucket.slo, window, level),
-                                               self.goodput_ratio(slo_bucket, window, ROLE_BY)))
+                if slo_bucket.slo in slo.PER_REQUEST_SLOS:
+                    rules.append(RecordingRule(attainment_name(slo_bucket.slo, window, level),
+                                               self.attainment(slo_bucket, window, level, ROLE_BY)))
         return tuple(rules)
 
     def goodput_rules(self, dashboard_windows: tuple[str, ...],
                       sli_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []
-        request_slos = [b for b in self.buckets if b.slo in REQUEST_SLOS]
+        request_slos = [b for b in self.buckets if b.slo in slo.PER_REQUEST_SLOS]
         for window in sli_windows:
+            rules.append(RecordingRule(served_share_name(window), self.served_share(window)))
             for bucket in self.buckets:
-                name = goodput_name(bucket.slo, window)
-                rules.append(RecordingRule(name, self.goodput_ratio(bucket, window)))
+                name = attainment_name(bucket.slo, window)
+                rules.append(RecordingRule(name, self.attainment(bucket, window)))
                 rules.append(RecordingRule(sli_error_name(window), f"1 - {name}", (("slo", bucket.slo),)))
         for window in dashboard_windows:
+            rules.append(RecordingRule(failed_requests_name(window), self.failed_requests(window)))
             if request_slos:
-                names = [goodput_name(b.slo, window) for b in request_slos]
+                names = [attainment_name(b.slo, window) for b in request_slos]
                 # Frechet bounds on "every SLO met" from the per-SLO shares.
                 lower = " + ".join(names)
-                rules.append(RecordingRule(joint_goodput_name("lower", window),
+                rules.append(RecordingRule(joint_attainment_name("lower", window),
                                            f"clamp_min({lower} - {len(names) - 1}, 0)"))
                 upper = " or ".join(f'label_replace({n}, "slo", "{b.slo}", "", "")'
                                     for n, b in zip(names, request_slos, strict=True))
-                rules.append(RecordingRule(joint_goodput_name("upper", window),
+                rules.append(RecordingRule(joint_attainment_name("upper", window),
                                            f"min without (slo) ({upper})"))
+                finished = rate_name(catalog.REQUEST_SUCCESS, window)
+                rejected = rate_name(catalog.ADMISSION_REJECTIONS, window)
+                rules.append(RecordingRule(
+                    goodput_requests_name(window),
+                    f"(\n  {finished}\n  + on ({_by(TOPOLOGY_BY)}) ({rejected} or 0 * {finished})\n)"
+                    f"\n* {joint_attainment_name('lower', window)}"))
                 rules.append(RecordingRule(
                     goodput_tokens_name(window),
                     f"{rate_name(catalog.GENERATION_TOKENS, window)}"
-                    f" * {joint_goodput_name('lower', window)}"))
+                    f" * {joint_attainment_name('lower', window)}"))
                 rules.append(RecordingRule(
                     goodput_tokens_name(window, per_gpu=True),
                     f"{goodput_tokens_name(window)} / on (topology) group_left {GPUS_NAME}"))
@@ -494,6 +533,15 @@ class _Builder:
             BUDGET_REMAINING_NAME,
             f"1 - {sli_error_name(period)} / {error_budget(self.spec)!r}"))
         return tuple(rules)
+
+    def failed_requests(self, window: str) -> str:
+        """Failed requests/s by reason: abort and error (finished_reason), rejected (admission)."""
+        failed = promql_string("|".join(slo.FAILED_REASONS))
+        finished = self.sel(catalog.REQUEST_SUCCESS.promql_name, f"finished_reason=~{failed}")
+        rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window)
+        return (f"sum by ({_by((*TOPOLOGY_BY, 'reason'))}) (label_replace(rate({finished}[{window}]), "
+                f'"reason", "$1", "finished_reason", "(.*)"))\n'
+                f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")')
 
     def nixl_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.catalog import Metric, MetricType
 from crossover.exporter.quantile import histogram_quantile
 from crossover.rules import model as m
@@ -26,7 +26,10 @@ from crossover.rules.render import dump, expand_annotation, header
 from crossover.spec import Instance, Role, Topology, format_duration
 
 GOOD_SHARE = (1.0, 0.5)  # per topology index (cycled): share of requests within every SLO
-REQUESTS_PER_S = 1.0  # per instance
+REQUESTS_PER_S = 1.0  # per instance, served
+# Per topology index (cycled), failed requests/s per instance by reason: the first topology meets
+# every latency SLO and fails half of its requests (errors alone must burn its budget).
+FAILED_PER_S: tuple[dict[str, float], ...] = ({"error": 0.5, "abort": 0.25, slo.REJECTED_REASON: 0.25}, {})
 GENERATION_TOKENS_PER_S = 100.0
 PROMPT_TOKENS_PER_S = 200.0
 KV_USAGE = 0.5
@@ -61,8 +64,8 @@ class _Shape:
 def _latency_shape(metric: Metric, good_share: float, rules: RuleSet) -> _Shape:
     bounds = (*metric.buckets, math.inf)
     per_second = [0.0] * len(bounds)
-    slo = next((b for b in rules.slo_buckets if b.metric is metric), None)
-    index = bounds.index(slo.le) if slo else MODEL_BUCKET_INDEX
+    chosen = next((b for b in rules.slo_buckets if b.metric is metric), None)
+    index = bounds.index(chosen.le) if chosen else MODEL_BUCKET_INDEX
     per_second[index] += REQUESTS_PER_S * good_share
     per_second[min(index + 1, len(bounds) - 1)] += REQUESTS_PER_S * (1 - good_share)
     total = sum(c * (b if math.isfinite(b) else bounds[-2]) for c, b in zip(per_second, bounds, strict=True))
@@ -111,12 +114,20 @@ class _Input:
 
 def _serving_instance(data: _Input, rules: RuleSet, role: Role, labels: dict[str, str],
                       engine: dict[str, str], good: float, spell: Any, xfer_seconds: float = XFER_SECONDS,
-                      failures_per_s: float = 0.0) -> None:
-    """Every series a healthy vLLM instance of this role exposes (NIXL ones on decode only)."""
+                      failures_per_s: float = 0.0, failed: dict[str, float] | None = None) -> None:
+    """Every series a vLLM instance of this role exposes (NIXL ones on decode only), failing
+    `failed` requests/s by slo.FAILURE_REASONS besides the served ones."""
+    failed = failed or {}
     data.gauge("up", labels, 1.0)
     data.counter(catalog.GENERATION_TOKENS.promql_name, engine, GENERATION_TOKENS_PER_S)
     data.counter(catalog.PROMPT_TOKENS.promql_name, engine, PROMPT_TOKENS_PER_S)
     data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "length"}, REQUESTS_PER_S)
+    for reason in slo.FAILED_REASONS:
+        data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": reason},
+                     failed.get(reason, 0.0))
+    model = {k: v for k, v in engine.items() if k != "engine"}
+    data.counter(catalog.ADMISSION_REJECTIONS.promql_name, {**model, "reason": "max_num_queued_reqs"},
+                 failed.get(slo.REJECTED_REASON, 0.0))
     data.counter(catalog.NUM_PREEMPTIONS.promql_name, engine, 0.0)
     data.gauge(catalog.NUM_REQUESTS_RUNNING.promql_name, engine, RUNNING)
     data.gauge(catalog.NUM_REQUESTS_WAITING.promql_name, engine, WAITING)
@@ -160,6 +171,10 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
     index = 0
     for t_index, topology in enumerate(spec.topologies):
         good = GOOD_SHARE[t_index % len(GOOD_SHARE)]
+        failed = FAILED_PER_S[t_index % len(FAILED_PER_S)]
+        every_per_s = REQUESTS_PER_S + sum(failed.values())
+        attained = slo.attainment(good, REQUESTS_PER_S / every_per_s)
+        finished_per_s = REQUESTS_PER_S + sum(failed.get(r, 0.0) for r in slo.FAILED_REASONS)
         spell = _python_spelling if t_index % 2 == 0 else _go_spelling
         model = {"model_name": spec.model.name}
         n = len(topology.instances)
@@ -168,15 +183,15 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             labels = _instance_labels(topology, instance, index)
             index += 1
             engine = {**labels, **model, "engine": "0"}
-            _serving_instance(data, rules, instance.role, labels, engine, good, spell)
+            _serving_instance(data, rules, instance.role, labels, engine, good, spell, failed=failed)
         ttft_shape = _latency_shape(catalog.TTFT, good, rules)
         cumulative = [0.0]
         for per_s in ttft_shape.per_second:
             cumulative.append(cumulative[-1] + per_s * n)
         ttft_p99 = histogram_quantile(0.99, zip(ttft_shape.bounds, cumulative[1:], strict=True))
         key = {"topology": topology.name, **model}
-        request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
-        lower = max(0.0, good * len(request_slos) - (len(request_slos) - 1))
+        request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
+        lower, upper = slo.joint_bounds([attained] * len(request_slos))
         gen_rate = GENERATION_TOKENS_PER_S * n
         expectations: list[tuple[str, dict[str, str], float]] = [
             (m.GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
@@ -187,10 +202,13 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             (m.quantile_name(catalog.TTFT, 0.99, window), key, ttft_p99),
         ]
         for bucket in rules.slo_buckets:
-            expectations.append((m.goodput_name(bucket.slo, window), key, good))
+            expectations.append((m.attainment_name(bucket.slo, window), key, attained))
+        for reason, per_s in failed.items():
+            expectations.append((m.failed_requests_name(window), {**key, "reason": reason}, per_s * n))
         if request_slos:
-            expectations.append((m.joint_goodput_name("lower", window), key, lower))
-            expectations.append((m.joint_goodput_name("upper", window), key, good))
+            expectations.append((m.joint_attainment_name("lower", window), key, lower))
+            expectations.append((m.joint_attainment_name("upper", window), key, upper))
+            expectations.append((m.goodput_requests_name(window), key, every_per_s * n * lower))
             expectations.append((m.goodput_tokens_name(window), key, gen_rate * lower))
         if topology.disaggregated:
             expectations.append((m.nixl_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
@@ -198,17 +216,19 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             for role, count in Counter(i.role.value for i in topology.instances).items():
                 role_key = {"topology": topology.name, "role": role, **model}
                 expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, "topology_role"), role_key,
-                                     REQUESTS_PER_S * count))
+                                     finished_per_s * count))
                 for bucket in request_slos:
-                    expectations.append((m.goodput_name(bucket.slo, window, "topology_role"), role_key, good))
+                    name = m.attainment_name(bucket.slo, window, "topology_role")
+                    expectations.append((name, role_key, attained))
         for name, labels, value in expectations:
             selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
             promql_tests.append({"expr": f"{name}{{{selector}}}", "eval_time": format_duration(eval_s),
                                  "exp_samples": [{"labels": _series_name(name, labels), "value": value}]})
-        if good < 1.0:
-            _expect_burn(rules, expected_alerts, key, good)
+        if attained < 1.0:
+            _expect_burn(rules, expected_alerts, key, attained)
     tests = [{
-        "name": "goodput per topology: one meets every SLO, one misses half of its requests",
+        "name": "attainment per topology: one fails half of its requests within the latency SLOs, one "
+                "serves all and misses the SLOs for half",
         "interval": format_duration(interval),
         "input_series": data.series,
         "promql_expr_test": promql_tests,
@@ -229,8 +249,8 @@ def _alert(rule: AlertRule, labels: dict[str, str]) -> dict[str, Any]:
 
 
 def _expect_burn(rules: RuleSet, expected: dict[str, list[dict[str, Any]]], key: dict[str, str],
-                 good: float) -> None:
-    error = 1 - good
+                 attained: float) -> None:
+    error = 1 - attained
     for rule in rules.alerts:
         if rule.alert == "VllmGoodputBudgetBurn":
             tier = next(t for t in rules.tiers if ("long_window", t.long) in rule.labels)

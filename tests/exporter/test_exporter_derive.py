@@ -143,11 +143,11 @@ def test_group_sums_buckets_before_taking_quantiles_and_ratios():
     assert derived.latency["ttft"].quantiles["0.5"] == histogram_quantile(0.5, summed)
     assert derived.latency["ttft"].mean == pytest.approx(0.2)
     assert derived.latency["ttft"].observations == 20
-    assert derived.goodput["ttft"].ratio == pytest.approx(10 / 20) and derived.goodput["ttft"].exact
-    assert derived.goodput["tpot"].ratio == pytest.approx(15 / 20) and derived.goodput["tpot"].exact
+    assert derived.attainment["ttft"].ratio == pytest.approx(10 / 20) and derived.attainment["ttft"].exact
+    assert derived.attainment["tpot"].ratio == pytest.approx(15 / 20) and derived.attainment["tpot"].exact
     assert derived.joint_slos == ("ttft", "tpot")
-    assert derived.joint_goodput_lower == pytest.approx(0.25)
-    assert derived.joint_goodput_upper == pytest.approx(0.5)
+    assert derived.attainment_lower == pytest.approx(0.25)
+    assert derived.attainment_upper == pytest.approx(0.5)
     assert derived.generation_tokens_per_second == pytest.approx(150.0)
     assert derived.generation_tokens_per_second_per_gpu == pytest.approx(37.5)
     assert derived.prompt_tokens_per_second == pytest.approx(300.0)
@@ -162,9 +162,9 @@ def test_group_sums_buckets_before_taking_quantiles_and_ratios():
 def test_threshold_off_a_boundary_is_interpolated_and_marked():
     (a, _) = _instance(TTFT_A, TPOT_A, 1000)
     derived = derive([a], gpus=1, slos_seconds={"ttft": 2.0, "itl": 0.05}, window_seconds=60)
-    assert not derived.goodput["ttft"].exact
-    assert derived.goodput["ttft"].ratio == pytest.approx((8 + 2 * (1.5 / 2.0)) / 10)
-    assert "itl" not in derived.goodput  # no ITL histogram exposed: absent, not zero
+    assert not derived.attainment["ttft"].exact
+    assert derived.attainment["ttft"].ratio == pytest.approx((8 + 2 * (1.5 / 2.0)) / 10)
+    assert "itl" not in derived.attainment  # no ITL histogram exposed: absent, not zero
     assert "itl" not in derived.latency
     assert derived.joint_slos == ("ttft",)
 
@@ -176,7 +176,7 @@ def test_absent_families_are_none_never_zero():
     assert derived.kv_transfer is None
     empty = derive([None, None], gpus=2, slos_seconds={"ttft": 0.5}, window_seconds=60)
     assert empty.targets == 0 and empty.latency == {} and empty.generation_tokens_per_second is None
-    assert empty.joint_goodput_lower is None
+    assert empty.attainment_lower is None
 
 
 def test_no_observations_give_nan_quantiles_and_ratios_and_zero_rates():
@@ -185,8 +185,8 @@ def test_no_observations_give_nan_quantiles_and_ratios_and_zero_rates():
     derived = derive([a], gpus=1, slos_seconds={"ttft": 0.5, "tpot": 0.1}, window_seconds=60)
     assert math.isnan(derived.latency["ttft"].quantiles["0.5"])
     assert math.isnan(derived.latency["ttft"].mean)
-    assert math.isnan(derived.goodput["ttft"].ratio)
-    assert derived.joint_goodput_lower is not None and math.isnan(derived.joint_goodput_lower)
+    assert math.isnan(derived.attainment["ttft"].ratio)
+    assert derived.attainment_lower is not None and math.isnan(derived.attainment_lower)
     assert derived.generation_tokens_per_second == 0.0
 
 
@@ -241,13 +241,13 @@ def test_real_vllm_payloads_give_every_colocated_series_finite():
     scalars = [derived.prompt_tokens_per_second, derived.generation_tokens_per_second,
                derived.requests_per_second, derived.kv_cache_usage_max, derived.kv_cache_usage_mean,
                derived.running, derived.waiting, derived.preemptions_per_second,
-               derived.joint_goodput_lower, derived.joint_goodput_upper,
+               derived.attainment_lower, derived.attainment_upper,
                derived.goodput_tokens_per_second_lower, derived.goodput_tokens_per_second_upper,
                derived.generation_tokens_per_second_per_gpu]
     assert all(v is not None and math.isfinite(v) for v in scalars), scalars
     assert derived.generation_tokens_per_second is not None and derived.generation_tokens_per_second > 0
-    assert set(derived.goodput) == {"ttft", "tpot", "itl"}
-    assert all(0 <= g.ratio <= 1 for g in derived.goodput.values())
+    assert set(derived.attainment) == {"ttft", "tpot", "itl"}
+    assert all(0 <= g.ratio <= 1 for g in derived.attainment.values())
     assert derived.requests_per_second_by_reason["length"] > 0
     assert derived.kv_transfer is None  # a colocated server exposes no NIXL families
 
