@@ -146,17 +146,18 @@ GENERATION_TOKENS = Metric(
 REQUEST_SUCCESS = Metric(
     "vllm:request_success", MetricType.COUNTER, "Count of successfully processed requests.",
     labels=(*ENGINE_LABELS, "finished_reason"))
-# vllm:request_success counts every finished request by finished_reason despite its name; "abort"
-# (the client went away, or a cancel) and "error" (an engine error) are the failures. finished_reason
-# exists since vLLM 0.4; "error" and "repetition" since 0.11 (v1 engine FinishReason).
+# vllm:request_success counts every request the engine finished, by finished_reason, despite its
+# name: "error" (an engine error) and "abort" (an engine-side cancel) are failures. A client that
+# goes away mid-stream is counted under no reason at all in 0.32 (measured, docs/slo.md).
 ADMISSION_REJECTIONS = Metric(
     "vllm:admission_rejections", MetricType.COUNTER,
     "Number of admission attempts rejected by a queue limit, by reason.",
     # No engine label: the API server counts it before a request reaches an engine. New in 0.32
     # (reasons max_num_queued_reqs, max_num_queued_tokens); absent from older servers.
     labels=("model_name", "reason"), required=False)
-# The OpenAI server's prometheus-fastapi-instrumentator family (not vLLM's own, no model label):
-# status is grouped ("2xx", "4xx", "5xx"); a stream cut after its headers counts as 2xx.
+# The OpenAI server's prometheus-fastapi-instrumentator family (not vLLM's own, no model or engine
+# label; /metrics, /health and the like are not counted). status is the class ("2xx", "4xx", "5xx"):
+# bad input 4xx, admission rejections 503, a stream cut by its client 2xx (measured on 0.32).
 HTTP_REQUESTS = Metric(
     "http_requests", MetricType.COUNTER, "Total number of requests by method, status and handler.",
     labels=("handler", "method", "status"), required=False)

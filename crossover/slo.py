@@ -54,33 +54,58 @@ def percentile_label(q: float) -> str:
 
 
 # --- request outcomes, server side -------------------------------------------------------------
-# finished_reason values of the requests counter (catalog.REQUEST_SUCCESS) for requests the fleet served.
+# What vLLM 0.32 counts (measured on the real CPU server, docs/slo.md):
+#   served request          2xx, finished_reason stop/length/repetition, every latency histogram
+#   bad input (400, 404)    4xx only
+#   client cuts a stream    2xx, no finished_reason, TTFT and ITL of the tokens sent, no e2e/TPOT
+#   admission rejection     5xx (503) and the admission counter
+#   engine error            5xx (or an error event in a 2xx stream) and finished_reason error
+# So the API server's request counter, 4xx left out, is every request the fleet should have served;
+# served ones are those finished with any reason but a failed one; the rest failed.
+SERVING_HANDLERS: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions")
+CLIENT_ERROR_STATUS = "4xx"  # the status class of requests refused as bad input (not counted)
+# finished_reason values of the requests counter (catalog.REQUEST_SUCCESS) for requests served.
 SERVED_REASONS: tuple[str, ...] = ("stop", "length", "repetition")
-# finished_reason values of requests the fleet should have served and did not: an engine error,
-# and an abort (the client went away, or an engine-side cancel). Aborts count as failures by choice:
-# the server cannot tell a user giving up on a slow stream from one who lost interest, and an SLO
-# that forgives the first hides the failure it exists to catch.
+# finished_reason values of requests the engine finished without serving them: an engine error and
+# an engine-side abort (a cancel; a client going away is counted under no reason at all).
 FAILED_REASONS: tuple[str, ...] = ("abort", "error")
 # The `reason` of failed_requests_per_second for admission rejections (one value whatever queue
 # limit rejected the request: the limit is in the admission counter's own `reason`).
 REJECTED_REASON = "rejected"
-FAILURE_REASONS: tuple[str, ...] = (*FAILED_REASONS, REJECTED_REASON)
-# The families the failure-aware definition reads; where a target lacks them (vLLM before they
-# existed) attainment falls back to the histogram share alone, flagged by FAILURES_COUNTED.
-OUTCOME_FAMILIES: tuple[Metric, ...] = (catalog.REQUEST_SUCCESS, catalog.ADMISSION_REJECTIONS)
+# Requests answered but never finished by the engine: the client went away mid-stream (counted as
+# not good by choice: the server cannot tell a user giving up on a slow stream from one who lost
+# interest, and an SLO that forgives the first hides the failure it exists to catch), or a 5xx
+# before the engine saw the request.
+UNFINISHED_REASON = "unfinished"
+FAILURE_REASONS: tuple[str, ...] = (*FAILED_REASONS, REJECTED_REASON, UNFINISHED_REASON)
+# The families the failure-aware definition reads; a target lacking finished_reason falls back to
+# the histogram share alone (flagged by FAILURES_COUNTED 0); one lacking the HTTP counter counts no
+# unfinished request, one lacking the admission counter no rejection.
+OUTCOME_FAMILIES: tuple[Metric, ...] = (catalog.REQUEST_SUCCESS, catalog.ADMISSION_REJECTIONS,
+                                        catalog.HTTP_REQUESTS)
+
+
+def is_fleet_request(handler: str, status: str) -> bool:
+    """An HTTP counter series that counts requests the fleet should have served."""
+    return handler in SERVING_HANDLERS and status != CLIENT_ERROR_STATUS
 
 
 @dataclass(frozen=True)
 class Outcomes:
     """Requests (or requests per second) by outcome over a window."""
 
-    served: float  # finished with a SERVED_REASONS reason
-    failed: dict[str, float]  # FAILURE_REASONS -> count; only reasons the target exposes
+    served: float  # finished with any reason but FAILED_REASONS
+    failed: dict[str, float]  # FAILURE_REASONS -> count; only reasons the target lets us see
     counted: bool  # False: the target exposes no finished_reason (the histogram-only fallback)
 
     @property
     def failed_total(self) -> float:
         return math.fsum(self.failed.values())
+
+    @property
+    def failed_finished(self) -> float:
+        """Failed requests the engine finished (abort, error): those its e2e histogram observed."""
+        return math.fsum(v for r, v in self.failed.items() if r in FAILED_REASONS)
 
     @property
     def total(self) -> float:
@@ -96,25 +121,49 @@ class Outcomes:
         return self.served / total if total > 0 else math.nan
 
 
-def outcomes(by_finished_reason: Mapping[str, float], rejections: float | None) -> Outcomes:
-    """Outcomes from catalog.REQUEST_SUCCESS by finished_reason and catalog.ADMISSION_REJECTIONS (None:
-    the family is absent, counted as no rejection)."""
+def outcomes(by_finished_reason: Mapping[str, float], rejections: float | None,
+             requests: float | None) -> Outcomes:
+    """Outcomes from catalog.REQUEST_SUCCESS by finished_reason, catalog.ADMISSION_REJECTIONS and
+    the fleet's requests in catalog.HTTP_REQUESTS (is_fleet_request); None: the family is absent."""
     # Whatever is not a failure was served (a reason a later vLLM adds counts as served).
     served = math.fsum(v for r, v in by_finished_reason.items() if r not in FAILED_REASONS)
     failed = {r: by_finished_reason[r] for r in FAILED_REASONS if r in by_finished_reason}
     if rejections is not None:
         failed[REJECTED_REASON] = rejections
+    if requests is not None:
+        # The counters move at slightly different moments (end of response, end of engine work):
+        # never a negative remainder.
+        failed[UNFINISHED_REASON] = max(0.0, requests - served - math.fsum(failed.values()))
     return Outcomes(served, failed, counted=bool(by_finished_reason))
 
 
 # --- attainment and goodput ------------------------------------------------------------------
-def attainment(within_share: float, served_share: float) -> float:
-    """Share of all requests that were served and met one SLO: the histogram's share within the
-    threshold (of the requests it observed: served ones) times the share served. 0 when nothing was
-    served, whatever the histogram holds."""
-    if served_share == 0:
+# SLO kinds whose histogram vLLM observes once per finished request, failed ones included (an engine
+# error or an abort is observed with its short e2e latency and a TPOT of 0). Their good requests are
+# bounded below by the observations within the threshold minus every failed one; the other kinds
+# (TTFT: only requests that reached a first token; ITL: per token) take the share within times the
+# share served.
+OBSERVES_FAILED: tuple[str, ...] = ("tpot", "e2el")
+
+
+def attainment(kind: str, within_share: float, observed: float, outcomes: Outcomes) -> float:
+    """Share of all requests the fleet should have served that were served within one SLO.
+
+    within_share: the histogram's share of observations within the threshold; observed: its
+    observations, in the unit of `outcomes` (requests, or requests per second). Without the failure
+    families (outcomes.counted False) it is the histogram share alone; 0 when requests came and
+    none was served; NaN without requests."""
+    if not outcomes.counted:
+        return within_share
+    total = outcomes.total
+    if not total > 0:
+        return math.nan
+    if outcomes.served == 0:
         return 0.0
-    return within_share * served_share
+    if kind in OBSERVES_FAILED:
+        # Conservative: the failed observations are taken to lie within the threshold.
+        return max(0.0, within_share * observed - outcomes.failed_finished) / total
+    return within_share * outcomes.served / total
 
 
 def joint_bounds(attainments: Iterable[float]) -> tuple[float, float]:
@@ -140,9 +189,21 @@ def goodput(rate: float, joint_attainment: float) -> float:
     return rate * joint_attainment
 
 
+# --- request outcomes, client side ------------------------------------------------------------
+# 4xx answers that are the fleet's failure, not the client's: a timeout, and a rejection asking to
+# retry (429 from a gateway's queue limit; vLLM's own admission control answers 503).
+FLEET_4XX: tuple[int, ...] = (408, 429)
+
+
+def is_client_error(status: int) -> bool:
+    """A request refused as bad input (HTTP 4xx): not the fleet's to serve, counted nowhere."""
+    return 400 <= status < 500 and status not in FLEET_4XX
+
+
 def is_good(ok: bool, values_s: Mapping[str, float], thresholds_s: Mapping[str, float]) -> bool:
-    """One request, client side: served, and every SLO given met (value <= threshold)."""
-    return ok and all(values_s[slo] <= threshold for slo, threshold in thresholds_s.items())
+    """One request, client side: served, and every SLO given met (value <= threshold). The sweep
+    applies the same test to whole columns (crossover.loadgen.summary.mark_requests)."""
+    return ok and all(values_s[kind] <= threshold for kind, threshold in thresholds_s.items())
 
 
 # --- names in every output -----------------------------------------------------------------------

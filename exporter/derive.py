@@ -52,8 +52,9 @@ class SloAttainment:
     exact: bool  # False when the threshold is not a bucket boundary (interpolated)
 
 
-def _attainment(threshold: float, within: float, exact: bool, outcomes: slo.Outcomes) -> SloAttainment:
-    return SloAttainment(threshold, slo.attainment(within, outcomes.served_share), exact)
+def _attainment(kind: str, threshold: float, within: float, exact: bool, observed: float,
+                outcomes: slo.Outcomes) -> SloAttainment:
+    return SloAttainment(threshold, slo.attainment(kind, within, observed, outcomes), exact)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,11 @@ def _key_info(key: SeriesKey) -> _KeyInfo | None:
     if found is None:
         return None
     metric, suffix = found
+    if metric is catalog.HTTP_REQUESTS:
+        # Only the fleet's requests: the serving handlers without client errors (crossover.slo).
+        labels = dict(key[1])
+        if not slo.is_fleet_request(labels.get("handler", ""), labels.get("status", "")):
+            return None
     le: float | None = None
     reason: str | None = None
     for name, value in key[1]:
@@ -393,7 +399,8 @@ def derive_sums(sums: WindowSums, *, gpus: int, slos_seconds: Mapping[str, float
         if summary is not None:
             latency[short] = summary
 
-    outcomes = slo.outcomes(sums.reason_rates, sums.rates.get(catalog.ADMISSION_REJECTIONS.name))
+    outcomes = slo.outcomes(sums.reason_rates, sums.rates.get(catalog.ADMISSION_REJECTIONS.name),
+                            sums.rates.get(catalog.HTTP_REQUESTS.name))
     attainment: dict[str, SloAttainment] = {}
     for kind, threshold in slos_seconds.items():
         slo_metric = SLO_HISTOGRAMS.get(kind)
@@ -402,7 +409,8 @@ def derive_sums(sums: WindowSums, *, gpus: int, slos_seconds: Mapping[str, float
             continue
         count = histogram.count if histogram.has_count else None
         fraction = fraction_of(threshold, histogram.prepared(), count)
-        attainment[kind] = _attainment(threshold, fraction.value, fraction.exact, outcomes)
+        observed = sums.hist_rates.get(slo_metric.name + "_count", math.nan)  # type: ignore[union-attr]
+        attainment[kind] = _attainment(kind, threshold, fraction.value, fraction.exact, observed, outcomes)
     requests = sums.rates.get(catalog.REQUEST_SUCCESS.name)
     generation = sums.rates.get(catalog.GENERATION_TOKENS.name)
     joint = _joint(attainment, slos_seconds, outcomes, requests, generation)
@@ -633,8 +641,8 @@ class WindowBatch:
             np.divide(total, observations, out=mean, where=observations > 0)
             latency[short] = ([list(row) for row in zip(*quantiles, strict=True)], mean.tolist(),
                               observations.tolist())
-        # SLO -> (threshold, ratio per row, exact, per row: no observations (NaN and exact))
-        goodput: dict[str, tuple[float, list[float], bool, list[bool]]] = {}
+        # SLO -> (threshold, share within per row, exact, no observations per row, observed/s per row)
+        goodput: dict[str, tuple[float, list[float], bool, list[bool], list[float]]] = {}
         for kind, threshold in slos_seconds.items():
             slo_metric = SLO_HISTOGRAMS.get(kind)
             found = self.histograms.get(slo_metric.name) if slo_metric is not None else None
@@ -648,11 +656,13 @@ class WindowBatch:
             else:
                 monotonic = None
             if monotonic is None:
-                goodput[kind] = (threshold, [math.nan] * rows, False, [False] * rows)
+                goodput[kind] = (threshold, [math.nan] * rows, False, [False] * rows, [math.nan] * rows)
                 continue
             denominator = count if has_count else monotonic[:, -1]
             values, exact, empty = _fraction_rows(threshold, bounds, monotonic, denominator)
-            goodput[kind] = (threshold, np.where(empty, math.nan, values).tolist(), exact, empty.tolist())
+            observed = (count * self.per_second if has_count else np.full(rows, math.nan)).tolist()
+            goodput[kind] = (threshold, np.where(empty, math.nan, values).tolist(), exact, empty.tolist(),
+                             observed)
         generation = self.rates.get(catalog.GENERATION_TOKENS.name)
         generation_list = generation.tolist() if generation is not None else None
         requests = self.rates.get(catalog.REQUEST_SUCCESS.name)
@@ -665,6 +675,8 @@ class WindowBatch:
         reason_lists = [self.reason_rates[r].tolist() for r in reasons]
         rejections = self.rates.get(catalog.ADMISSION_REJECTIONS.name)
         rejections_list = rejections.tolist() if rejections is not None else None
+        http = self.rates.get(catalog.HTTP_REQUESTS.name)
+        http_list = http.tolist() if http is not None else None
         kv = catalog.KV_CACHE_USAGE.name
         kv_max = self.gauge_max[kv].tolist() if kv in self.gauge_max else None
         kv_mean = self.gauge_target_mean[kv].tolist() if kv in self.gauge_target_mean else None
@@ -680,9 +692,11 @@ class WindowBatch:
             row_reasons = {r: values[row] for r, values in zip(reasons, reason_lists, strict=True)}
             row_rejections = rejections_list[row] if rejections_list is not None else None
             row_requests = requests_list[row] if requests_list is not None else None
-            outcomes = slo.outcomes(row_reasons, row_rejections)
-            row_attainment = {kind: _attainment(threshold, values[row], exact or empty[row], outcomes)
-                              for kind, (threshold, values, exact, empty) in goodput.items()}
+            outcomes = slo.outcomes(row_reasons, row_rejections,
+                                    http_list[row] if http_list is not None else None)
+            row_attainment = {kind: _attainment(kind, threshold, values[row], exact or empty[row],
+                                                observed[row], outcomes)
+                              for kind, (threshold, values, exact, empty, observed) in goodput.items()}
             tokens = generation_list[row] if generation_list is not None else None
             out.append(Derived(
                 window_seconds=window_seconds, targets=1, gpus=gpus[row], latency=row_latency,

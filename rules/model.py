@@ -34,8 +34,7 @@ REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written fo
 LATENCY_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
 NIXL_HISTOGRAMS: tuple[Metric, ...] = (catalog.NIXL_XFER_TIME, catalog.NIXL_BYTES)
 RATE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS,
-                                     catalog.REQUEST_SUCCESS, catalog.ADMISSION_REJECTIONS,
-                                     catalog.NUM_PREEMPTIONS)
+                                     catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS)
 NIXL_COUNTERS: tuple[Metric, ...] = (catalog.NIXL_FAILED_TRANSFERS,)
 GAUGES_SUMMED: tuple[Metric, ...] = (catalog.NUM_REQUESTS_RUNNING, catalog.NUM_REQUESTS_WAITING)
 # A P/D request is one request on the prefill instance (max_tokens 1) and one on the decode instance,
@@ -235,9 +234,14 @@ def joint_attainment_name(bound: str, window: str) -> str:
     return f"topology:vllm_{slo.ATTAINMENT}:ratio_{bound}_rate{window}"
 
 
-def served_share_name(window: str, level: str = "topology") -> str:
-    """Requests served / every request the fleet should have served (failed ones included)."""
-    return f"{level}:vllm_requests_served:ratio_rate{window}"
+REQUEST_OUTCOMES = ("all", "served", "failed_finished")
+
+
+def requests_name(outcome: str, window: str, level: str = "topology") -> str:
+    """Requests per second by outcome (crossover.slo.Outcomes): all the fleet should have served
+    (finished + rejected at admission), served, or failed and finished by the engine (abort, error)."""
+    stem = "vllm_requests" if outcome == "all" else f"vllm_requests_{outcome}"
+    return f"{level}:{stem}:rate{window}"
 
 
 def failed_requests_name(window: str) -> str:
@@ -446,26 +450,48 @@ class _Builder:
 
     def attainment(self, bucket: SloBucket, window: str, level: str = "topology",
                    by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-        """slo.attainment: the histogram's share within the threshold x the share served; 0 when
-        nothing was served (the histogram then holds no observation)."""
-        good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
-        every = self.sel(bucket.metric.name + "_count")
-        served = served_share_name(window, level)
+        """slo.attainment in PromQL, on the outcome rates recorded by outcome_rules."""
+        good = self.summed_rate(self.sel(bucket.metric.name + "_bucket", bucket.le_matcher), window, by)
+        every = requests_name("all", window, level)
         on = f"on ({_by(by)})"
-        within = f"{self.summed_rate(good, window, by)}\n/\n{self.summed_rate(every, window, by)}"
-        return f"(\n{within}\n)\n* {on} {served} and {on} {served} > 0\nor {on} {served} == 0"
+        if bucket.slo in slo.OBSERVES_FAILED:
+            failed = requests_name("failed_finished", window, level)
+            return f"clamp_min(\n{good}\n- {on} {failed},\n0)\n/ {on} {every}"
+        served = requests_name("served", window, level)
+        count = self.summed_rate(self.sel(bucket.metric.name + "_count"), window, by)
+        # 0, not NaN, when requests came and none was served (the histogram then observed nothing)
+        return (f"(\n{good}\n/\n{count}\n* {on} {served} and {on} {served} > 0\nor {on} 0 * {served}\n)"
+                f"\n/ {on} {every}")
 
-    def served_share(self, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-        """slo.Outcomes.served_share: requests not failed / (all finished + rejected at admission).
-        A target without finished_reason counts every request as served (the fallback); one
-        without the admission family counts no rejection."""
-        failed = promql_string("|".join(slo.FAILED_REASONS))
+    def fleet_requests(self, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+        """The API server's requests the fleet should have served (slo.is_fleet_request). The
+        counter has no model label: one spec serves one model, so it is added here."""
+        handlers = promql_string("|".join(re.escape(h) for h in slo.SERVING_HANDLERS))
+        series = self.sel(catalog.HTTP_REQUESTS.promql_name,
+                          f"handler=~{handlers},status!={promql_string(slo.CLIENT_ERROR_STATUS)}")
+        summed = self.summed_rate(series, window, tuple(label for label in by if label != "model_name"))
+        return f'label_replace({summed}, "model_name", {promql_string(self.spec.model.name)}, "", "")'
+
+    def outcome_rules(self, window: str, level: str = "topology",
+                      by: tuple[str, ...] = TOPOLOGY_BY) -> list[RecordingRule]:
+        """slo.outcomes in PromQL: all requests are the API server's (4xx left out), at least the
+        finished and rejected ones. A target without finished_reason counts every request as
+        served (the fallback); one without the HTTP or admission family counts none there."""
+        failed = f"finished_reason=~{promql_string('|'.join(slo.FAILED_REASONS))}"
         success = catalog.REQUEST_SUCCESS.promql_name
-        served = self.summed_rate(self.sel(success, f"finished_reason!~{failed}"), window, by)
         finished = self.summed_rate(self.sel(success), window, by)
         rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)
-        return (f"{served}\n/\n(\n  {finished}\n  + on ({_by(by)})\n"
-                f"  ({rejected} or 0 * {finished})\n)")
+        served = self.summed_rate(self.sel(success, failed.replace("=~", "!~")), window, by)
+        failed_finished = self.summed_rate(self.sel(success, failed), window, by)
+        on = f"on ({_by(by)})"
+        counted = f"(\n  {finished}\n  + {on}\n  ({rejected} or 0 * {finished})\n)"
+        return [
+            RecordingRule(requests_name("all", window, level),
+                          f"{self.fleet_requests(window, by)}\n>= {on} {counted}\nor {on}\n{counted}"),
+            RecordingRule(requests_name("served", window, level), served),
+            RecordingRule(requests_name("failed_finished", window, level),
+                          f"{failed_finished}\nor\n0 * {finished}"),
+        ]
 
     def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """Request figures per P/D role: the decode side is what users see after the first token
@@ -483,7 +509,7 @@ class _Builder:
                 for quantile in slo.QUANTILES:
                     rules.append(RecordingRule(quantile_name(metric, quantile, window, level),
                                                f"histogram_quantile({quantile}, {bucket})"))
-            rules.append(RecordingRule(served_share_name(window, level), self.served_share(window, ROLE_BY)))
+            rules.extend(self.outcome_rules(window, level, ROLE_BY))
             for slo_bucket in self.buckets:
                 if slo_bucket.slo in slo.PER_REQUEST_SLOS:
                     rules.append(RecordingRule(attainment_name(slo_bucket.slo, window, level),
@@ -495,7 +521,7 @@ class _Builder:
         rules: list[RecordingRule] = []
         request_slos = [b for b in self.buckets if b.slo in slo.PER_REQUEST_SLOS]
         for window in sli_windows:
-            rules.append(RecordingRule(served_share_name(window), self.served_share(window)))
+            rules.extend(self.outcome_rules(window))
             for bucket in self.buckets:
                 name = attainment_name(bucket.slo, window)
                 rules.append(RecordingRule(name, self.attainment(bucket, window)))
@@ -512,12 +538,9 @@ class _Builder:
                                     for n, b in zip(names, request_slos, strict=True))
                 rules.append(RecordingRule(joint_attainment_name("upper", window),
                                            f"min without (slo) ({upper})"))
-                finished = rate_name(catalog.REQUEST_SUCCESS, window)
-                rejected = rate_name(catalog.ADMISSION_REJECTIONS, window)
                 rules.append(RecordingRule(
                     goodput_requests_name(window),
-                    f"(\n  {finished}\n  + on ({_by(TOPOLOGY_BY)}) ({rejected} or 0 * {finished})\n)"
-                    f"\n* {joint_attainment_name('lower', window)}"))
+                    f"{requests_name('all', window)} * {joint_attainment_name('lower', window)}"))
                 rules.append(RecordingRule(
                     goodput_tokens_name(window),
                     f"{rate_name(catalog.GENERATION_TOKENS, window)}"
@@ -535,13 +558,20 @@ class _Builder:
         return tuple(rules)
 
     def failed_requests(self, window: str) -> str:
-        """Failed requests/s by reason: abort and error (finished_reason), rejected (admission)."""
+        """Failed requests/s by reason (slo.FAILURE_REASONS): abort and error (finished_reason),
+        rejected (admission), unfinished (the rest of all requests)."""
         failed = promql_string("|".join(slo.FAILED_REASONS))
         finished = self.sel(catalog.REQUEST_SUCCESS.promql_name, f"finished_reason=~{failed}")
         rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window)
+        on = f"on ({_by(TOPOLOGY_BY)})"
+        every = requests_name("all", window)
+        unfinished = (f"clamp_min(\n  {every}\n  - {on} {requests_name('served', window)}"
+                      f"\n  - {on} {requests_name('failed_finished', window)}"
+                      f"\n  - {on} ({rejected} or 0 * {every}),\n0)")
         return (f"sum by ({_by((*TOPOLOGY_BY, 'reason'))}) (label_replace(rate({finished}[{window}]), "
                 f'"reason", "$1", "finished_reason", "(.*)"))\n'
-                f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")')
+                f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")\n'
+                f'or\nlabel_replace({unfinished}, "reason", {promql_string(slo.UNFINISHED_REASON)}, "", "")')
 
     def nixl_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []

@@ -29,7 +29,9 @@ GOOD_SHARE = (1.0, 0.5)  # per topology index (cycled): share of requests within
 REQUESTS_PER_S = 1.0  # per instance, served
 # Per topology index (cycled), failed requests/s per instance by reason: the first topology meets
 # every latency SLO and fails half of its requests (errors alone must burn its budget).
-FAILED_PER_S: tuple[dict[str, float], ...] = ({"error": 0.5, "abort": 0.25, slo.REJECTED_REASON: 0.25}, {})
+FAILED_PER_S: tuple[dict[str, float], ...] = (
+    {"error": 0.25, "abort": 0.25, slo.REJECTED_REASON: 0.25, slo.UNFINISHED_REASON: 0.25}, {})
+CLIENT_ERRORS_PER_S = 0.5  # per instance, 4xx answers: counted nowhere
 GENERATION_TOKENS_PER_S = 100.0
 PROMPT_TOKENS_PER_S = 200.0
 KV_USAGE = 0.5
@@ -61,9 +63,13 @@ class _Shape:
     sum_per_second: float
 
 
-def _latency_shape(metric: Metric, good_share: float, rules: RuleSet) -> _Shape:
+def _latency_shape(metric: Metric, good_share: float, rules: RuleSet, failed_per_s: float = 0.0) -> _Shape:
+    """Served requests, `good_share` of them at the SLO's bucket and the rest one bucket above;
+    failed ones in the first bucket where vLLM observes them (slo.OBSERVES_FAILED)."""
     bounds = (*metric.buckets, math.inf)
     per_second = [0.0] * len(bounds)
+    if any(slo.SLO_HISTOGRAMS[kind] is metric for kind in slo.OBSERVES_FAILED):
+        per_second[0] += failed_per_s
     chosen = next((b for b in rules.slo_buckets if b.metric is metric), None)
     index = bounds.index(chosen.le) if chosen else MODEL_BUCKET_INDEX
     per_second[index] += REQUESTS_PER_S * good_share
@@ -128,12 +134,25 @@ def _serving_instance(data: _Input, rules: RuleSet, role: Role, labels: dict[str
     model = {k: v for k, v in engine.items() if k != "engine"}
     data.counter(catalog.ADMISSION_REJECTIONS.promql_name, {**model, "reason": "max_num_queued_reqs"},
                  failed.get(slo.REJECTED_REASON, 0.0))
+    # The API server's counter, as vLLM 0.32 answers (docs/slo.md): streams, cut or aborted ones
+    # included, are 2xx; engine errors and admission rejections 5xx; bad input 4xx.
+    by_status = {
+        "2xx": REQUESTS_PER_S + failed.get("abort", 0.0) + failed.get(slo.UNFINISHED_REASON, 0.0),
+        "4xx": CLIENT_ERRORS_PER_S,
+        "5xx": failed.get("error", 0.0) + failed.get(slo.REJECTED_REASON, 0.0),
+    }
+    for status, per_s in by_status.items():
+        served_by = {**labels, "handler": slo.SERVING_HANDLERS[0], "method": "POST", "status": status}
+        data.counter(catalog.HTTP_REQUESTS.promql_name, served_by, per_s)
+    data.counter(catalog.HTTP_REQUESTS.promql_name, {**labels, "handler": "/v1/models", "method": "GET",
+                                                     "status": "2xx"}, 1.0)
     data.counter(catalog.NUM_PREEMPTIONS.promql_name, engine, 0.0)
     data.gauge(catalog.NUM_REQUESTS_RUNNING.promql_name, engine, RUNNING)
     data.gauge(catalog.NUM_REQUESTS_WAITING.promql_name, engine, WAITING)
     data.gauge(catalog.KV_CACHE_USAGE.promql_name, engine, KV_USAGE)
+    failed_finished = sum(failed.get(r, 0.0) for r in slo.FAILED_REASONS)
     for metric in m.LATENCY_HISTOGRAMS:
-        data.histogram(metric, engine, _latency_shape(metric, good, rules), spell)
+        data.histogram(metric, engine, _latency_shape(metric, good, rules, failed_finished), spell)
     if role is Role.DECODE:
         data.histogram(catalog.NIXL_XFER_TIME, engine,
                        _fixed_shape(catalog.NIXL_XFER_TIME, xfer_seconds, REQUESTS_PER_S), spell)
@@ -173,7 +192,9 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
         good = GOOD_SHARE[t_index % len(GOOD_SHARE)]
         failed = FAILED_PER_S[t_index % len(FAILED_PER_S)]
         every_per_s = REQUESTS_PER_S + sum(failed.values())
-        attained = slo.attainment(good, REQUESTS_PER_S / every_per_s)
+        # vLLM observes failed requests in the e2e and TPOT histograms (fast, within the SLO), so
+        # every SLO kind comes out at the same attainment: the served share of the good share.
+        attained = good * REQUESTS_PER_S / every_per_s
         finished_per_s = REQUESTS_PER_S + sum(failed.get(r, 0.0) for r in slo.FAILED_REASONS)
         spell = _python_spelling if t_index % 2 == 0 else _go_spelling
         model = {"model_name": spec.model.name}

@@ -88,6 +88,9 @@ class InstanceMetrics:
         self.generation_tokens = 0
         self.prefix_queries = 0
         self.success = dict.fromkeys(catalog.FINISHED_REASONS, 0)
+        self.rejections = dict.fromkeys(catalog.ADMISSION_REJECTION_REASONS, 0)
+        self.http: dict[tuple[str, str, str], int] = {}  # (handler, method, status class) -> requests
+        self.http_created: dict[tuple[str, str, str], float] = {}
         token_buckets = catalog.token_count_buckets(self.max_model_len)
         self.ttft = Hist(catalog.TTFT.buckets, now)
         self.itl = Hist(catalog.ITL.buckets, now)
@@ -121,6 +124,22 @@ class InstanceMetrics:
         self.request_prompt.observe(prompt_tokens)
         self.request_generation.observe(generated)
 
+    def on_failed(self, *, reason: str, arrival: float, now: float, prompt_tokens: int, generated: int,
+                  first_token: float | None) -> None:
+        """A request the engine finished without serving it (abort, error): vLLM counts it by
+        finished_reason and observes it in the per-finished-request histograms like any other."""
+        self.on_finished(reason=reason, arrival=arrival, scheduled=arrival if first_token is None else
+                         min(first_token, now), first_token=first_token if first_token is not None else now,
+                         last_token=now, prompt_tokens=prompt_tokens, generated=generated)
+
+    def on_http(self, handler: str, method: str, status: int) -> None:
+        """One answered API request, as prometheus-fastapi-instrumentator counts it (status class)."""
+        key = (handler, method, f"{status // 100}xx")
+        if key not in self.http:
+            self.http[key] = 0
+            self.http_created[key] = time.time()
+        self.http[key] += 1
+
     def on_kv_transfer(self, seconds: float, nbytes: float, descriptors: int) -> None:
         self.nixl_xfer.observe(seconds)
         self.nixl_post.observe(min(seconds, 0.0005))
@@ -142,6 +161,7 @@ class InstanceMetrics:
             (catalog.PROMPT_TOKENS, float(self.prompt_tokens)),
             (catalog.GENERATION_TOKENS, float(self.generation_tokens)),
             (catalog.REQUEST_SUCCESS, {k: float(v) for k, v in self.success.items()}),
+            (catalog.ADMISSION_REJECTIONS, {k: float(v) for k, v in self.rejections.items()}),
             (catalog.REQUEST_PROMPT_TOKENS, self.request_prompt),
             (catalog.REQUEST_GENERATION_TOKENS, self.request_generation),
             (catalog.TTFT, self.ttft),
@@ -163,6 +183,7 @@ class InstanceMetrics:
                 (catalog.NIXL_FAILED_NOTIFICATIONS, float(self.nixl_failed_notifications)),
                 (catalog.NIXL_EXPIRED_REQS, float(self.nixl_expired)),
             ]
+        yield self._http_family()
         for metric, value in values:
             names = []
             if current or not metric.aliases:
@@ -186,9 +207,11 @@ class InstanceMetrics:
             family.add_sample(name + "_created", self.labels, value.created)
             return family
         per_label = value if isinstance(value, dict) else {None: value}
-        extra = metric.labels[len(self.labels):]
+        # Families the API server counts carry no engine label (admission rejections).
+        base = {k: v for k, v in self.labels.items() if k in metric.labels}
+        extra = metric.labels[len(base):]
         for label_value, number in per_label.items():
-            labels = dict(self.labels)
+            labels = dict(base)
             if extra and label_value is not None:
                 labels[extra[0]] = label_value
             if metric.type is MetricType.COUNTER:
@@ -196,6 +219,16 @@ class InstanceMetrics:
                 family.add_sample(name + "_created", labels, self.created)
             else:
                 family.add_sample(name, labels, float(number))  # type: ignore[arg-type]
+        return family
+
+
+    def _http_family(self) -> PromFamily:
+        metric = catalog.HTTP_REQUESTS
+        family = PromFamily(metric.name, metric.help, metric.type.value)
+        for key, count in self.http.items():
+            labels = dict(zip(metric.labels, key, strict=True))
+            family.add_sample(metric.name + "_total", labels, float(count))
+            family.add_sample(metric.name + "_created", labels, self.http_created[key])
         return family
 
 

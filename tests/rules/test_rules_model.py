@@ -120,16 +120,24 @@ def test_ratios_sum_numerator_and_denominator_before_dividing() -> None:
         level = rule.record.split(":")[0]
         if ":ratio_rate" in rule.record and rule.record.split(":")[1].startswith("vllm_attainment_"):
             by = {"topology": "topology, model_name", "topology_role": "topology, role, model_name"}[level]
-            within, share = rule.expr.removeprefix("(\n").split("\n)\n")
-            numerator, denominator = within.split("\n/\n")
-            assert numerator.startswith(f"sum by ({by}) (rate(")
-            assert denominator.startswith(f"sum by ({by}) (rate(")
-            # failed requests count: the histogram share is scaled by the share served
             window = rule.record.split("ratio_rate")[1]
-            assert m.served_share_name(window, level) in share
+            good, every = rule.expr.rsplit("\n/ on ", 1)
+            # failed requests count: every attainment divides by all requests the fleet should have served
+            assert every == f"({by}) {m.requests_name('all', window, level)}"
+            sums = [part for part in good.split("\n") if part.startswith("sum by")]
+            assert sums and all(part.startswith(f"sum by ({by}) (rate(") for part in sums)
             checked += 1
         assert "avg_over_time" not in rule.expr
     assert checked > 20
+
+
+def test_outcome_rules_fall_back_when_failure_families_are_absent() -> None:
+    """No admission family: no rejection; no finished_reason: the failed rate is 0, not absent."""
+    rules = build_rules(load_spec(PD))
+    exprs = {r.record: r.expr for r in rules.records}
+    every = exprs[m.requests_name("all", "5m")]
+    assert f"or 0 * sum by (topology, model_name) (rate({catalog.REQUEST_SUCCESS.promql_name}" in every
+    assert "\nor\n0 * " in exprs[m.requests_name("failed_finished", "5m")]
 
 
 def test_windows_cover_the_spec_and_the_alerts() -> None:
