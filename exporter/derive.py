@@ -562,6 +562,7 @@ class WindowBatch:
         self.positive = durations > 0
         self.rows = len(windows)
         self.histograms: dict[str, tuple[tuple[float, ...], np.ndarray, np.ndarray, np.ndarray, bool]] = {}
+        self.hist_rates: dict[str, np.ndarray] = {}  # as WindowSums.hist_rates, one row per target
         for family, columns in layout.histograms.items():
             if columns.direct is not None:
                 counts = increase[:, columns.direct] if columns.direct else np.zeros((self.rows, 0))
@@ -573,6 +574,10 @@ class WindowBatch:
             total = _column_total(increase, columns.sums) if columns.sums else zero
             count = _column_total(increase, columns.counts) if columns.counts else zero
             self.histograms[family] = (columns.bounds, counts, total, count, bool(columns.counts))
+            if columns.sums:
+                self.hist_rates[family + "_sum"] = total * self.per_second
+            if columns.counts:
+                self.hist_rates[family + "_count"] = count * self.per_second
         self.rates = {family: _column_total(increase, cols) * self.per_second
                       for family, cols in layout.counters.items()}
         self.reason_rates = {reason: _column_total(increase, cols) * self.per_second
@@ -612,6 +617,10 @@ class WindowBatch:
                             (out.gauge_mean_sum, self.gauge_mean_sum)):
             for name, values in rates.items():
                 into[name] = _sequential(values, rows)
+        timed = [row for row in rows if self.positive[row]]  # summarize() has no rate without a duration
+        if timed:
+            for name, values in self.hist_rates.items():
+                out.hist_rates[name] = _sequential(values, timed)
         for family, highest in self.gauge_max.items():
             out.gauge_max[family] = max(highest[list(rows)].tolist())
         for family, means in self.gauge_target_mean.items():

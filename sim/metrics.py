@@ -124,13 +124,11 @@ class InstanceMetrics:
         self.request_prompt.observe(prompt_tokens)
         self.request_generation.observe(generated)
 
-    def on_failed(self, *, reason: str, arrival: float, now: float, prompt_tokens: int, generated: int,
-                  first_token: float | None) -> None:
-        """A request the engine finished without serving it (abort, error): vLLM counts it by
-        finished_reason and observes it in the per-finished-request histograms like any other."""
-        self.on_finished(reason=reason, arrival=arrival, scheduled=arrival if first_token is None else
-                         min(first_token, now), first_token=first_token if first_token is not None else now,
-                         last_token=now, prompt_tokens=prompt_tokens, generated=generated)
+    def on_engine_error(self, *, arrival: float, now: float, prompt_tokens: int) -> None:
+        """A request the engine failed before its first token: vLLM counts it by finished_reason
+        "error" and observes it in the per-finished-request histograms like any other."""
+        self.on_finished(reason="error", arrival=arrival, scheduled=arrival, first_token=now, last_token=now,
+                         prompt_tokens=prompt_tokens, generated=0)
 
     def on_http(self, handler: str, method: str, status: int) -> None:
         """One answered API request, as prometheus-fastapi-instrumentator counts it (status class)."""

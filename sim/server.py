@@ -328,13 +328,16 @@ class SimInstance:
         if request.path not in COUNTED_PATHS:
             response: web.StreamResponse = await handler(request)
             return response
-        status = 500
+        status = 200  # a client that goes away is counted as 2xx, streamed or not (measured on 0.32)
         try:
             response = await handler(request)
             status = response.status
             return response
         except web.HTTPException as exc:
             status = exc.status
+            raise
+        except Exception:
+            status = 500
             raise
         finally:
             self.metrics.on_http(request.path, request.method, status)
@@ -383,8 +386,7 @@ class SimInstance:
         return await self._serve(request, chat=True)
 
     async def _serve(self, http: web.Request, *, chat: bool) -> web.StreamResponse:
-        if self.fault.error_rate and self.rng.random() < self.fault.error_rate:
-            return _error(500, "simulated engine error (fault error_rate)", "InternalServerError")
+        error = bool(self.fault.error_rate) and self.rng.random() < self.fault.error_rate
         try:
             body = await http.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -399,6 +401,12 @@ class SimInstance:
         if model != self.model_name:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
         prompt_tokens, output_tokens, finish_reason, stream, include_usage, continuous, kv_params = parsed
+        if error:
+            # An engine error as vLLM counts one: finished with reason "error", observed in the
+            # per-finished-request histograms, answered 500.
+            now = time.monotonic()
+            self.metrics.on_engine_error(arrival=now, now=now, prompt_tokens=prompt_tokens)
+            return _error(500, "simulated engine error (fault error_rate)", "InternalServerError")
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         arrival_unix = time.time()
         record: dict[str, Any] = {"id": request_id, "arrival": arrival_unix, "token_times": array("d"),
