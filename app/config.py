@@ -10,9 +10,9 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from crossover.errors import UserError
+from crossover.netutil import check_http_url
 
 DEFAULT_PORT = 8501
 DEFAULT_RESULTS = "results"
@@ -31,14 +31,10 @@ def check_url(value: str | None, flag: str) -> str | None:
     """A plain http(s)://host[:port] URL, or a one-line UserError naming the flag."""
     if value is None or not value.strip():
         return None
-    parts = urlsplit(value.strip())
     try:
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError:
-        raise UserError(f"{flag}: malformed URL {value!r} (bad port)") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"{flag}: malformed URL {value!r} (want http://host:port)")
-    return value.strip().rstrip("/")
+        return check_http_url(value)
+    except ValueError as exc:
+        raise UserError(f"{flag}: {exc}") from None
 
 
 def add_page_arguments(parser: argparse.ArgumentParser) -> None:

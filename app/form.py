@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from crossover.errors import UserError
-from crossover.loadgen.plan import SLO_NAMES, LengthDist, Mode, SweepPlan, parse_levels
+from crossover.loadgen.plan import SLO_NAMES, Endpoint, LengthDist, Mode, SweepPlan, parse_levels
 from crossover.spec import FleetSpec
 
 SLO_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
@@ -32,6 +32,7 @@ class SweepForm:
     input_len: str = "128"
     output_len: str = "64"
     seed: int = 0
+    endpoint: str = Endpoint.COMPLETIONS.value
     slos_ms: dict[str, float | None] = field(default_factory=dict)  # None or 0: that SLO is off
     objective: float = 0.99
     bootstrap: int = DEFAULT_BOOTSTRAP  # resamples for the crossover's interval; 0: none
@@ -100,11 +101,15 @@ def build_request(form: SweepForm, spec: FleetSpec) -> SweepRequest:
         raise UserError(f"Input + output length: up to {longest} tokens exceeds the model's "
                         f"max_model_len {spec.model.max_model_len}")
     slos = check_slos(form.slos_ms, form.objective)
+    try:
+        endpoint = Endpoint(form.endpoint)
+    except ValueError:
+        raise UserError(f"Endpoint: unknown endpoint {form.endpoint!r} (completions or chat)") from None
     if not 0 <= form.bootstrap <= MAX_BOOTSTRAP:
         raise UserError(f"Bootstrap resamples: between 0 and {MAX_BOOTSTRAP}, got {form.bootstrap}")
     try:
         plan = SweepPlan(mode=mode, levels=levels, requests_per_level=int(form.requests_per_level),
-                         input_len=input_len, output_len=output_len, seed=int(form.seed),
+                         input_len=input_len, output_len=output_len, seed=int(form.seed), endpoint=endpoint,
                          slos_ms=slos, objective=float(form.objective))
     except UserError as exc:
         raise UserError(str(exc).replace("plan.levels", what)) from None

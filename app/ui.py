@@ -24,8 +24,9 @@ from crossover.app.config import AppConfig, parse_page_args
 from crossover.app.preflight import unreachable_targets
 from crossover.app.runner import RunState, RunStatus, SweepRunner, in_child_process, jobs_in, sweep_spec_plan
 from crossover.errors import UserError
-from crossover.loadgen.plan import SLO_NAMES, Mode
+from crossover.loadgen.plan import SLO_NAMES, Endpoint, Mode
 from crossover.loadgen.results import RUN_FILE, load_run
+from crossover.loadgen.summary import input_len_warnings
 from crossover.spec import FleetSpec, load_spec
 
 REFRESH_S = 1.0
@@ -61,6 +62,7 @@ def form_from_state(state: Any, spec: FleetSpec) -> form.SweepForm:
         input_len=str(state.get("input_len", defaults.input_len)),
         output_len=str(state.get("output_len", defaults.output_len)),
         seed=int(state.get("seed", defaults.seed)),
+        endpoint=str(state.get("endpoint", defaults.endpoint)),
         slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_NAMES},
         objective=float(state.get("objective", defaults.objective)),
         bootstrap=int(state.get("bootstrap", defaults.bootstrap)))
@@ -87,6 +89,9 @@ def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> Non
     right.text_input("Output tokens", value=defaults.output_len, key="output_len",
                      help="N, uniform:LOW-HIGH or normal:MEAN,STD")
     sb.number_input("Seed", min_value=0, value=defaults.seed, step=1, key="seed")
+    sb.radio("Endpoint", [e.value for e in Endpoint], horizontal=True, key="endpoint",
+             help="/v1/completions (prompts as token ids) or /v1/chat/completions; lengths are counted "
+                  "with the server's /tokenize")
     with sb.expander("SLOs (from the spec; 0 switches one off)", expanded=False):
         for name in SLO_NAMES:
             st.number_input(f"{form.SLO_LABELS[name]} (ms)", min_value=0.0,
@@ -163,7 +168,7 @@ def show_headline(results: view.ResultsView) -> None:
         st.success(sentence)
     if not headlines and not results.empty:
         st.info("No goodput crossover yet: the curves have not crossed over the levels measured so far.")
-    for line in view.failure_warnings(results.summary):
+    for line in view.failure_warnings(results.summary) + input_len_warnings(results.summary):
         st.warning(line)
 
 

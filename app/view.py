@@ -24,7 +24,7 @@ METRIC_ORDER = ("goodput", "token_goodput", "output_tps", "ttft_p99", "tpot_p99"
 SUMMARY_TABLE_COLUMNS = (
     "topology", "level", "gpus", "requests", "failed", "output_tps", "output_tps_per_gpu", "goodput",
     "goodput_per_gpu", "token_goodput", "attainment", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms",
-    "e2el_p99_ms", "top_error",
+    "e2el_p99_ms", "input_tokens_planned", "input_tokens_counted", "top_error",
 )
 
 

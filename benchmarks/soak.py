@@ -178,7 +178,7 @@ def time_rows(samples: list[Sample], targets: int, bucket_s: float) -> list[dict
     return rows
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="exporter soak: 500 targets, faults on and off")
     parser.add_argument("--duration", type=float, default=180.0, help="seconds (default 180)")
     parser.add_argument("--targets", type=int, default=500)
@@ -192,8 +192,46 @@ def main() -> int:
                              "Python heap vs RSS over time, and the lines that grew (costs exporter CPU)")
     parser.add_argument("--bucket", type=float, default=60.0,
                         help="seconds per row of the over-time table (default 60)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+@dataclass
+class SoakRun:
+    """What one soak measured, for the report."""
+
+    samples: list[Sample]
+    probes: list[dict[str, Any]]
+    tracebacks: int
+    farm_cpu_s: float
+    load_start: str
+    load_end: str
+
+
+def sample_exporter(args: argparse.Namespace, farm_url: str, exporter: subprocess.Popen[bytes],
+                    exporter_url: str) -> list[Sample]:
+    """Flip the farm's faults every fault period and read the exporter twice an interval."""
+    samples: list[Sample] = []
+    started = time.monotonic()
+    phase = -1
+    while (now := time.monotonic() - started) < args.duration:
+        current = int(now // args.fault_period)
+        if current != phase:
+            phase = current
+            fraction = args.fault_fraction if phase % 2 else 0.0
+            kinds = json.loads(http(farm_url + "/admin/faults", {"fraction": fraction, "seed": phase}))
+            state = "on " + json.dumps(kinds) if kinds else "off"
+            print(f"  {now:6.1f} s phase {phase}: faults {state}", flush=True)
+        scrapes, cycle, up, size, errors_now = read_metrics(exporter_url)
+        rss, cpu = proc_stats(exporter.pid)
+        samples.append(Sample(now, phase, rss, cpu, scrapes, cycle, up, size, errors_now))
+        time.sleep(max(0.0, args.interval / 2 - (time.monotonic() - started - now)))
+    if exporter.poll() is not None:
+        sys.exit(f"soak: the exporter died ({exporter.returncode})")
+    return samples
+
+
+def run_soak(args: argparse.Namespace) -> SoakRun:
+    """Start the target farm and the exporter, sample them for the duration, stop both."""
     with tempfile.TemporaryDirectory(prefix="crossover-soak-") as folder:
         farm_port, exporter_port = free_port(), free_port()
         farm_url, exporter_url = f"http://127.0.0.1:{farm_port}", f"http://127.0.0.1:{exporter_port}"
@@ -206,9 +244,9 @@ def main() -> int:
                                  str(farm_port), "--targets", str(args.targets),
                                  "--slow", str(args.timeout * 5)], env=env, stdin=subprocess.DEVNULL)
         exporter = None
+        probe = Path(folder) / "probe.jsonl"
         try:
             wait_ready(farm_url + "/health", farm, "the target farm")
-            probe = Path(folder) / "probe.jsonl"
             launcher = ([str(REPO / "benchmarks" / "soak_probe.py"), str(probe), "--every",
                          str(args.bucket / 2), "--"] if args.trace else ["-m", "crossover"])
             exporter = subprocess.Popen([sys.executable, *launcher, "exporter", str(spec_path),
@@ -219,38 +257,23 @@ def main() -> int:
             print(f"soak: {args.targets} targets, interval {args.interval:g} s, timeout {args.timeout:g} s, "
                   f"{args.duration:g} s, faults flip every {args.fault_period:g} s on "
                   f"{args.fault_fraction:.0%} of the targets", flush=True)
-            samples: list[Sample] = []
-            started = time.monotonic()
-            phase = -1
             farm_cpu_start = proc_stats(farm.pid)[1]
-            while (now := time.monotonic() - started) < args.duration:
-                current = int(now // args.fault_period)
-                if current != phase:
-                    phase = current
-                    fraction = args.fault_fraction if phase % 2 else 0.0
-                    kinds = json.loads(http(farm_url + "/admin/faults",
-                                            {"fraction": fraction, "seed": phase}))
-                    state = "on " + json.dumps(kinds) if kinds else "off"
-                    print(f"  {now:6.1f} s phase {phase}: faults {state}", flush=True)
-                scrapes, cycle, up, size, errors_now = read_metrics(exporter_url)
-                rss, cpu = proc_stats(exporter.pid)
-                samples.append(Sample(now, phase, rss, cpu, scrapes, cycle, up, size, errors_now))
-                time.sleep(max(0.0, args.interval / 2 - (time.monotonic() - started - now)))
+            samples = sample_exporter(args, farm_url, exporter, exporter_url)
             farm_cpu = proc_stats(farm.pid)[1] - farm_cpu_start
             load_end = Path("/proc/loadavg").read_text().split()[0]
-            if exporter.poll() is not None:
-                sys.exit(f"soak: the exporter died ({exporter.returncode})")
         finally:
             for process in (exporter, farm):
                 if process is not None and process.poll() is None:
                     process.terminate()
                     process.wait(10)
             log.close()
-        errors = (Path(folder) / "exporter.log").read_text(errors="replace").count("Traceback")
+        tracebacks = (Path(folder) / "exporter.log").read_text(errors="replace").count("Traceback")
         probes = ([json.loads(line) for line in probe.read_text().splitlines()]
                   if args.trace and probe.exists() else [])
+    return SoakRun(samples, probes, tracebacks, farm_cpu, load_start, load_end)
 
-    rows = phase_rows(samples, args.targets, args.fault_period, args.interval + args.timeout + 1)
+
+def print_phases(rows: list[dict[str, Any]]) -> None:
     print("\nphase faults seconds cycles  CPU/cycle s  cycle wall mean/max s  RSS start/end/max MB  up(min)"
           "  scrape errors in the phase")
     for r in rows:
@@ -259,6 +282,9 @@ def main() -> int:
               f"  {r['cycle_wall_mean_s']:>9.3f} / {r['cycle_wall_max_s']:<9.3f}"
               f"  {r['rss_start_mb']:>6.0f} / {r['rss_end_mb']:>4.0f} / {r['rss_max_mb']:<6.0f}"
               f"  {r['targets_up_min']:>6}  {r['errors']}")
+
+
+def print_trends(args: argparse.Namespace, samples: list[Sample], rows: list[dict[str, Any]]) -> None:
     print(f"\nover time ({args.bucket:g} s rows)\n  from s  cycles  CPU/cycle s  RSS mean/max MB  up(min)")
     for t in time_rows(samples, args.targets, args.bucket):
         print(f"  {t['from_s']:>6} {t['cycles']:>7.1f}  {t['cpu_per_cycle_s']:>11.3f}"
@@ -276,18 +302,31 @@ def main() -> int:
     if clean and faulted:
         print(f"CPU per cycle: clean phases {statistics.fmean(clean):.3f} s, faulted phases "
               f"{statistics.fmean(faulted):.3f} s")
-    if probes:
-        print("\ntracemalloc in the exporter (Python heap traced vs RSS)")
-        print("      at s  traced MB  RSS MB  objects")
-        for row in probes:
-            print(f"  {row['at']:>8.0f}  {row['traced_mb']:>9.1f}  {row['rss_mb']:>6.0f}"
-                  f"  {row['objects']:>7}")
-        print("lines grown most since the baseline snapshot, at the end:")
-        for line in probes[-1].get("grown", []):
-            print(f"  {line}")
-    print(f"/metrics body {samples[-1].metrics_bytes / 1024:.0f} KB; target farm CPU {farm_cpu:.1f} s; "
-          f"tracebacks in the exporter log: {errors}; machine load average {load_start} at the start, "
-          f"{load_end} at the end ({os.cpu_count()} CPUs)")
+
+
+def print_probes(probes: list[dict[str, Any]]) -> None:
+    print("\ntracemalloc in the exporter (Python heap traced vs RSS)")
+    print("      at s  traced MB  RSS MB  objects")
+    for row in probes:
+        print(f"  {row['at']:>8.0f}  {row['traced_mb']:>9.1f}  {row['rss_mb']:>6.0f}"
+              f"  {row['objects']:>7}")
+    print("lines grown most since the baseline snapshot, at the end:")
+    for line in probes[-1].get("grown", []):
+        print(f"  {line}")
+
+
+def main() -> int:
+    args = parse_args()
+    run = run_soak(args)
+    rows = phase_rows(run.samples, args.targets, args.fault_period, args.interval + args.timeout + 1)
+    print_phases(rows)
+    print_trends(args, run.samples, rows)
+    if run.probes:
+        print_probes(run.probes)
+    print(f"/metrics body {run.samples[-1].metrics_bytes / 1024:.0f} KB; "
+          f"target farm CPU {run.farm_cpu_s:.1f} s; tracebacks in the exporter log: {run.tracebacks}; "
+          f"machine load average {run.load_start} at the start, {run.load_end} at the end "
+          f"({os.cpu_count()} CPUs)")
     return 0
 
 

@@ -19,10 +19,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("crossover.sim.cli", "serve a simulated vLLM fleet from a spec"),
     "exporter": ("crossover.exporter.cli", "scrape the fleet and serve per-topology goodput"),
     "sweep": ("crossover.loadgen.cli", "drive synthetic traffic and find the crossover"),
+    "analyze": ("crossover.loadgen.analyze", "find the crossover in vllm bench serve result files"),
     "rules": ("crossover.rules.cli", "generate Prometheus scrape config, recording rules and alerts"),
     "dashboards": ("crossover.dashboards.cli", "generate Grafana dashboards"),
     "app": ("crossover.app.cli", "start the Streamlit app"),
-    "demo": ("crossover.demo", "run the whole stack on the simulator"),
+    "pdproxy": ("crossover.pdproxy.cli", "serve a topology's P/D entrypoint in front of vLLM servers"),
+    "demo": ("crossover.demo.cli", "run the whole stack on the simulator"),
 }
 
 

@@ -28,7 +28,3 @@ def loop_factory(kind: str = "auto") -> Callable[[], asyncio.AbstractEventLoop]:
 
 def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
     return loop_factory(kind)()
-
-
-def loop_name(loop: asyncio.AbstractEventLoop) -> str:
-    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"

@@ -1,11 +1,28 @@
-"""Loopback helpers shared by the simulator, the demo and the tests."""
+"""URL and loopback helpers shared by the spec, the command lines, the simulator, the demo and the tests."""
 
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-from crossover.spec import FleetSpec
+if TYPE_CHECKING:  # the spec checks its URLs with check_http_url: no import back at run time
+    from crossover.spec import FleetSpec
+
+
+def check_http_url(value: str) -> str:
+    """A plain http(s)://host[:port] URL without its trailing slash, or a ValueError saying what is wrong
+    (the caller names the field or flag)."""
+    parts = urlsplit(value.strip())
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or out of range
+        port = 0
+    if port == 0:
+        raise ValueError(f"malformed URL {value!r} (bad port)")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"malformed URL {value!r} (want http://host:port)")
+    return value.strip().rstrip("/")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -29,4 +46,4 @@ def spec_on_free_ports(spec: FleetSpec) -> FleetSpec:
             instance["url"] = _with_port(instance["url"], free_port())
         if topology["entrypoint"].get("url"):
             topology["entrypoint"]["url"] = _with_port(topology["entrypoint"]["url"], free_port())
-    return FleetSpec.model_validate(data)
+    return type(spec).model_validate(data)

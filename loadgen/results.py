@@ -5,6 +5,7 @@
     OUT/levels/TOPOLOGY/LEVEL.csv      the same, when CSV was asked for
     OUT/summary.parquet, summary.csv   per topology x level (rewritten after every level)
     OUT/crossover.json                 crossings and capacities (rewritten after every level)
+    OUT/workload.json                  the tokenizer, endpoint, dataset and chat-template overhead
 
 Every file is written to a temporary name and renamed, so a crash never leaves half a file that a
 rerun would take for a finished level.
@@ -28,6 +29,7 @@ LEVELS_DIR = "levels"
 SUMMARY_FILE = "summary.parquet"
 SUMMARY_CSV = "summary.csv"
 CROSSOVER_FILE = "crossover.json"
+WORKLOAD_FILE = "workload.json"
 LIST_COLUMNS = ("itl", "chunk_times", "chunk_tokens")
 
 

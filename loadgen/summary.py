@@ -26,6 +26,10 @@ import pandas as pd
 from crossover import slo
 from crossover.loadgen.plan import Mode, SweepPlan
 
+# Planned and server-counted prompt lengths agree when they differ by at most this share or this
+# many tokens (the larger): beyond it, the level measured another workload than the one asked for.
+INPUT_LEN_TOLERANCE = 0.01
+INPUT_LEN_TOLERANCE_TOKENS = 2.0
 _SOURCE_COLUMN = {"ttft": "ttft", "tpot": "tpot", "itl": "itl_max", "e2el": "e2e"}
 
 
@@ -104,9 +108,38 @@ def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, lev
     itl = np.concatenate([np.asarray(v, float) for v in finished["itl"]]) if len(finished) else np.array([])
     row.update(_percentiles(itl, "itl"))
     row.update(_percentiles(finished["e2e"].to_numpy(float), "e2el"))
+    row.update(_input_lengths(finished))
     errors = counted.loc[~counted["ok"], "error"]
     row["top_error"] = str(errors.value_counts().index[0]) if len(errors) else ""  # type: ignore[assignment]
     return row
+
+
+def input_len_off(planned: float, counted: float) -> bool:
+    """Whether the server counted prompts of another length than planned (see INPUT_LEN_TOLERANCE)."""
+    if not (np.isfinite(planned) and np.isfinite(counted)):
+        return False
+    return abs(counted - planned) > max(INPUT_LEN_TOLERANCE * planned, INPUT_LEN_TOLERANCE_TOKENS)
+
+
+def _input_lengths(finished: pd.DataFrame) -> dict[str, float]:
+    """Mean planned and server-counted prompt tokens per request, and whether they disagree."""
+    if finished.empty or "planned_input" not in finished:
+        return {"input_tokens_planned": float("nan"), "input_tokens_counted": float("nan"),
+                "input_len_off": False}
+    planned = float(finished["planned_input"].mean())
+    counted = float(finished["input_tokens"].mean())
+    return {"input_tokens_planned": planned, "input_tokens_counted": counted,
+            "input_len_off": input_len_off(planned, counted)}
+
+
+def input_len_warnings(summary: pd.DataFrame) -> list[str]:
+    """One line per (topology, level) whose server counted other prompt lengths than planned."""
+    if summary is None or summary.empty or "input_len_off" not in summary.columns:
+        return []
+    return [f"{row['topology']} at {float(row['level']):g}: the server counted "
+            f"{row['input_tokens_counted']:.1f} input tokens per request, {row['input_tokens_planned']:.1f} "
+            "planned (the prompts were not the asked length)"
+            for row in summary[summary["input_len_off"].astype(bool)].to_dict("records")]
 
 
 def summarize(requests: pd.DataFrame, slos_ms: Mapping[str, float], gpus: Mapping[str, int],

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,20 +24,22 @@ import pandas as pd
 from crossover.errors import UserError
 from crossover.eventloop import loop_factory
 from crossover.loadgen import results
+from crossover.loadgen.benchjson import BenchOptions, bench_result
 from crossover.loadgen.client import (
     Balancer,
     ClientOptions,
     RequestRecord,
     build_record,
-    completion_payload,
     stamping_connector,
     stream_completion,
 )
 from crossover.loadgen.crossover import analyze
-from crossover.loadgen.dataset import SyntheticRequest, arrival_offsets, requests
+from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
+from crossover.loadgen.payloads import PATHS, request_payload
 from crossover.loadgen.plan import Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
 from crossover.loadgen.summary import summarize
+from crossover.loadgen.tokens import open_tokenizer
 from crossover.spec import Balance, FleetSpec, Topology
 
 
@@ -68,10 +71,44 @@ class SweepResult:
     crossover: dict[str, Any] = field(repr=False)
     stopped: bool = False
     resumed_levels: int = 0
+    workload: dict[str, Any] = field(default_factory=dict)  # workload.json: tokenizer, template overhead
     measured_levels: list[tuple[str, float]] = field(default_factory=list)
 
 
 RequestCallback = Callable[[str, float, int, "int | None"], None]
+Prepared = tuple[SyntheticRequest, bytes]  # a request and the body that sends it
+_DURATION_BLOCK = 256  # requests prepared ahead for a closed-loop level that runs for a duration
+
+
+def tokenizer_urls(spec: FleetSpec, topologies: Sequence[str]) -> list[str]:
+    """Where to ask for /tokenize: the chosen topologies' instances first (a load balancer or P/D
+    proxy in front of them may not forward it), then their entrypoints."""
+    chosen = [spec.topology(name) for name in topologies]
+    return ([i.url for t in chosen for i in t.instances]
+            + [t.entrypoint.url for t in chosen if t.entrypoint.url is not None])
+
+
+def open_workload(spec: FleetSpec, plan: SweepPlan, topologies: Sequence[str]) -> Workload:
+    """The tokenizer, dataset and chat template, read and checked before any traffic."""
+    tokenizer = open_tokenizer(plan.tokenizer, tokenizer_urls(spec, topologies), spec.model.name)
+    try:
+        return prepare_workload(plan, tokenizer, spec.model.max_model_len)
+    finally:
+        tokenizer.close()
+
+
+def prepare_level(workload: Workload, model: str, level: float) -> Iterator[Prepared]:
+    """The level's requests with their bodies, made before the level starts: all of them when the
+    level has a count, else a first block and the rest as they are needed."""
+    plan = workload.plan
+    source = requests(workload, level)
+    total = plan.requests_for(level)
+    first = list(islice(source, total if total is not None else max(_DURATION_BLOCK, 4 * int(level))))
+    ready = [(r, request_payload(model, r, plan.ignore_eos, plan.endpoint)) for r in first]
+    workload.tokenizer.close()  # no idle connection to a server while the level runs (reopens if needed)
+    if total is not None:
+        return iter(ready)
+    return chain(ready, ((r, request_payload(model, r, plan.ignore_eos, plan.endpoint)) for r in source))
 
 
 def topology_info(topology: Topology) -> TopologyInfo:
@@ -96,7 +133,8 @@ class _LevelRunner:
     """One (topology, level): sends the requests and returns the records."""
 
     def __init__(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
-                 on_request: RequestCallback | None, client: ClientOptions) -> None:
+                 on_request: RequestCallback | None, client: ClientOptions,
+                 prepared: Iterator[Prepared]) -> None:
         policy = Balance.ROUND_ROBIN if info.balance == "entrypoint" else Balance(info.balance)
         self.balancer = Balancer(list(info.targets), policy)
         self.info, self.model, self.plan, self.level = info, model, plan, level
@@ -104,13 +142,15 @@ class _LevelRunner:
         self.on_request = on_request
         self.total = plan.requests_for(level)
         self.client = client
+        self.prepared = prepared
+        self.path = PATHS[plan.endpoint]
 
-    async def _one(self, session: aiohttp.ClientSession, request: SyntheticRequest) -> None:
+    async def _one(self, session: aiohttp.ClientSession, prepared: Prepared) -> None:
+        request, payload = prepared
         url = self.balancer.acquire()
         try:
-            trace = await stream_completion(session, url, completion_payload(
-                self.model, request, self.plan.ignore_eos), self.plan.timeout_s,
-                in_protocol=self.client.in_protocol)
+            trace = await stream_completion(session, url, payload, self.plan.timeout_s,
+                                            in_protocol=self.client.in_protocol, path=self.path)
         finally:
             self.balancer.release(url)
         self.records.append(build_record(trace, request, self.info.name, self.level, url))
@@ -129,7 +169,7 @@ class _LevelRunner:
 
     async def _closed(self, session: aiohttp.ClientSession) -> None:
         concurrency = int(self.level)
-        source = requests(self.plan, self.level)
+        source = self.prepared
         deadline = (time.monotonic() + self.plan.ramp_s + self.plan.duration_s
                     if self.plan.duration_s is not None and self.total is None else None)
         issued = 0
@@ -154,7 +194,7 @@ class _LevelRunner:
         loop = asyncio.get_running_loop()
         start = loop.time()
         tasks = []
-        for offset, request in zip(offsets.tolist(), requests(self.plan, self.level), strict=False):
+        for offset, request in zip(offsets.tolist(), self.prepared, strict=False):
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -194,14 +234,18 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
                           on_level: Callable[[LevelDone], None] | None = None,
                           stop: StopFlag | None = None, *, on_request: RequestCallback | None = None,
                           csv: bool = False, n_boot: int = 200,
-                          client: ClientOptions | None = None) -> SweepResult:
+                          client: ClientOptions | None = None,
+                          bench: BenchOptions | None = None) -> SweepResult:
     """The sweep on the running event loop; see run_sweep (client.uvloop is the caller's)."""
     folder = Path(out_dir)
     info = run_info(spec, plan, topologies)
+    workload = open_workload(spec, plan, list(info.topologies))
     results.prepare(folder, info)
+    results.write_json(folder / results.WORKLOAD_FILE, workload.describe())
+    ready: dict[float, list[Prepared]] = {}  # a level's requests, made once for every topology
     jobs = [(name, level) for level in plan.levels for name in info.topologies]
     frames: list[pd.DataFrame] = []
-    outcome = SweepResult(folder, info, pd.DataFrame(), pd.DataFrame(), {})
+    outcome = SweepResult(folder, info, pd.DataFrame(), pd.DataFrame(), {}, workload=workload.describe())
 
     def publish(name: str, level: float, position: int, frame: pd.DataFrame, resumed: bool) -> None:
         frames.append(frame)
@@ -228,14 +272,26 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
         if stop is not None and stop.is_set():
             outcome.stopped = True
             break
+        if plan.requests_for(level) is None:
+            prepared = prepare_level(workload, info.model, level)
+        else:
+            if level not in ready:
+                ready.clear()
+                ready[level] = list(prepare_level(workload, info.model, level))
+            prepared = iter(ready[level])
         runner = _LevelRunner(info.topologies[name], info.model, plan, level, on_request,
-                              client or ClientOptions())
+                              client or ClientOptions(), prepared)
         records = await _run_or_stop(runner.run(), stop)
         if records is None:
             outcome.stopped = True
             break
         frame = records_frame(records)
         results.write_level(folder, plan, name, level, frame, csv=csv)
+        if bench is not None:  # --save-result: the level as vllm bench serve writes it, beside its table
+            results.write_json(path.with_suffix(".json"), bench_result(
+                frame, topology=name, level=level, axis=plan.axis, model=info.model,
+                endpoint=plan.endpoint.value, tokenizer=outcome.workload["tokenizer"],
+                burstiness=plan.burstiness, slos_ms=info.slos_ms, options=bench))
         outcome.measured_levels.append((name, level))
         publish(name, level, position, frame, resumed=False)
     return outcome
@@ -244,7 +300,7 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
 def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies: Sequence[str] | None = None,
               on_level: Callable[[LevelDone], None] | None = None, stop: StopFlag | None = None, *,
               on_request: RequestCallback | None = None, csv: bool = False, n_boot: int = 200,
-              client: ClientOptions | None = None) -> SweepResult:
+              client: ClientOptions | None = None, bench: BenchOptions | None = None) -> SweepResult:
     """Run a sweep to completion (or until `stop` is set) in a fresh event loop on this thread
     (uvloop's where installed, unless client.uvloop is False: the client's hot path is the loop).
 
@@ -254,4 +310,5 @@ def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies:
     options = client or ClientOptions()
     with asyncio.Runner(loop_factory=loop_factory("auto" if options.uvloop else "asyncio")) as runner:
         return runner.run(run_sweep_async(spec, plan, out_dir, topologies, on_level, stop,
-                                          on_request=on_request, csv=csv, n_boot=n_boot, client=options))
+                                          on_request=on_request, csv=csv, n_boot=n_boot, client=options,
+                                          bench=bench))

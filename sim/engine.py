@@ -177,10 +177,6 @@ class LiveEngine:
         self.scheduler = Scheduler(self.model)
         return dropped
 
-    def record_gap(self, gap: float) -> None:
-        self.emission_gaps[self.emission_count % GAP_RING] = gap if gap >= 0 else -gap
-        self.emission_count += 1
-
     def _arm(self, from_due: bool = False) -> None:
         """Plan the step that starts at the previous one's scheduled end, format its chunks, and set a
         timer for its end; with nothing to run, go idle until a request (or in-flight KV) arrives.
@@ -316,7 +312,3 @@ class LiveEngine:
             if request.sink is not None:
                 request.sink.on_finish(request)
 
-
-def loop_to_unix_offset() -> float:
-    """Add to an engine time (monotonic) to get a unix time (both clocks read back to back)."""
-    return time.time() - time.monotonic()

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from crossover.errors import UserError
 from crossover.eventloop import new_event_loop
+from crossover.pdproxy.proxy import EntrypointProxy
 from crossover.sim import emitter as emitters
 from crossover.sim.metrics import legacy_mode
-from crossover.sim.proxy import EntrypointProxy
 from crossover.sim.server import SimInstance, record_view
 from crossover.spec import Fault, FleetSpec
 
@@ -163,11 +163,6 @@ class SimFleet:
             return [record_view(r) for r in self.instance(instance_name).records]
         result: list[dict[str, Any]] = self._call(snapshot)
         return result
-
-    def run_coroutine(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60) -> T:
-        """Run a coroutine on the fleet's loop from another thread (for tests)."""
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
 
 @contextmanager

@@ -7,7 +7,6 @@ simulator serves exactly what the model predicts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from crossover.spec import FleetSpec, Interconnect
@@ -135,7 +134,3 @@ class PerfModel:
 def prefill_attention_pairs(start: int, chunk: int) -> float:
     """Sum over a causal prefill chunk's tokens of the context each attends to (start+1 .. start+chunk)."""
     return chunk * start + chunk * (chunk + 1) / 2.0
-
-
-def ceil_div(a: int, b: int) -> int:
-    return math.ceil(a / b)

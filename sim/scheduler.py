@@ -85,9 +85,6 @@ class Scheduler:
         total = self.model.kv_capacity_blocks
         return 0.0 if total == 0 else 1.0 - self.free_blocks / total
 
-    def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.transferring)
-
     def next_kv_ready(self) -> float | None:
         return min((r.kv_ready_time for r in self.transferring if r.kv_ready_time is not None), default=None)
 

@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from crossover.sim import gcpause
+from crossover.sim import gcpause, tokenizer
 from crossover.sim.emitter import EmitterStats
 from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
@@ -60,28 +60,12 @@ def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Resp
 
 
 def count_prompt_tokens(prompt: Any) -> int:
-    """A cheap deterministic token count: whitespace words of a text, or the length of a token-id list."""
-    if isinstance(prompt, str):
-        return max(1, len(prompt.split()))
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
-    if isinstance(prompt, list) and len(prompt) == 1:
-        return count_prompt_tokens(prompt[0])
-    raise BadRequest("prompt must be a string or a list of token ids (batched prompts are not simulated)")
+    """Prompt tokens as the simulator counts them (sim/tokenizer.py); an empty text counts as one."""
+    return max(1, len(tokenizer.encode_prompt(prompt)))
 
 
 def count_chat_tokens(messages: Any) -> int:
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list")
-    total = 0
-    for message in messages:
-        if not isinstance(message, dict):
-            raise BadRequest("each message must be an object with role and content")
-        content = message.get("content") or ""
-        if isinstance(content, list):  # content parts
-            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        total += len(str(content).split()) + 4  # chat-template tokens around each message
-    return total
+    return len(tokenizer.encode_chat(messages))
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
@@ -313,6 +297,8 @@ class SimInstance:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_endpoint)
         app.router.add_get("/admin/faults", self.get_faults)
@@ -395,7 +381,7 @@ class SimInstance:
             return _error(400, "request body must be a JSON object")
         try:
             parsed = self._parse(body, chat=chat)
-        except BadRequest as exc:
+        except (BadRequest, tokenizer.TokenizeError) as exc:
             return _error(400, str(exc))
         model = body.get("model", self.model_name)
         if model != self.model_name:
@@ -562,6 +548,39 @@ class SimInstance:
             raise BadRequest("kv_transfer_params must be an object")
         return (prompt_tokens, output_tokens, finish_reason, stream, bool(options.get("include_usage")),
                 bool(options.get("continuous_usage_stats")), kv_params)
+
+    async def _json_body(self, http: web.Request) -> dict[str, Any]:
+        try:
+            body = await http.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadRequest("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model", self.model_name)
+        if model is not None and model != self.model_name:
+            raise BadRequest(f"The model `{model}` does not exist.")
+        return body
+
+    async def tokenize(self, http: web.Request) -> web.Response:
+        """vLLM's POST /tokenize: a prompt or chat messages, counted as the completions endpoints count."""
+        try:
+            body = await self._json_body(http)
+            ids = (tokenizer.encode_chat(body["messages"]) if "messages" in body
+                   else tokenizer.encode_prompt(body.get("prompt")))
+        except (BadRequest, tokenizer.TokenizeError) as exc:
+            return _error(400, str(exc))
+        return web.json_response({"count": len(ids), "max_model_len": self.spec.model.max_model_len,
+                                  "tokens": ids, "token_strs": None})
+
+    async def detokenize(self, http: web.Request) -> web.Response:
+        try:
+            body = await self._json_body(http)
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                raise BadRequest("tokens must be a list of token ids")
+        except BadRequest as exc:
+            return _error(400, str(exc))
+        return web.json_response({"prompt": tokenizer.decode(ids)})
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{

@@ -27,3 +27,18 @@ def require(condition: bool, message: str) -> None:
     CI=true, as it does every other skip."""
     if not condition:
         pytest.skip(message)
+
+
+def word_tokenizer(folder: Path) -> str:
+    """A local tokenizer (one whitespace word, one token) that counts like the simulator and the
+    loopback test servers, for sweeps against servers without /tokenize (--tokenizer DIR)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from crossover.loadgen.dataset import POOL_TEXT
+
+    words = ["<unk>", *dict.fromkeys(POOL_TEXT.split()), *(f"w{i}" for i in range(509))]
+    tokenizer = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return str(folder)

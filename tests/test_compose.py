@@ -136,7 +136,7 @@ def test_crossover_commands_are_accepted_by_the_cli(profile: str) -> None:
             args = parser.parse_args(command[1:])  # exits (fails the test) on an unknown flag
             spec_arg = getattr(args, "spec", None)
         else:
-            assert command[:2] == ["python", "-m"] and command[2].startswith("crossover.demo_"), name
+            assert command[:2] == ["python", "-m"] and command[2].startswith("crossover.demo."), name
             spec_arg = next((a for a in command[3:] if a.startswith("/specs/")), None)
             usage = module_help(command[2])
             for option in [a for a in command[3:] if a.startswith("--")]:

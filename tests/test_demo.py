@@ -197,53 +197,6 @@ def test_interactive_stack_is_wired_and_ctrl_c_stops_everything(tmp_path: Path) 
     assert_nothing_left(out)
 
 
-@pytest.mark.timeout(90)
-def test_pd_proxy_routes_prefill_then_decode(tmp_path: Path) -> None:
-    """The compose stack's pd-proxy against simulated prefill and decode instances: the prefill gets
-    the one-token request, the decode gets the whole generation, the client gets every token."""
-    from crossover.netutil import free_port
-    from crossover.sim.fleet import running_fleet
-
-    spec = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
-    # The simulator serves its own entrypoint on the spec's port; ours listens on another.
-    data = spec.model_dump(mode="json")
-    proxy_port = free_port()
-    for topology in data["topologies"]:
-        if topology["name"] == "pd1p1d":
-            topology["entrypoint"]["url"] = f"http://127.0.0.1:{proxy_port}"
-    proxy_spec = tmp_path / "pd.yaml"
-    proxy_spec.write_text(yaml.safe_dump(data))
-    with running_fleet(spec) as fleet:
-        proxy = subprocess.Popen([sys.executable, "-m", "crossover.demo_pdproxy", str(proxy_spec)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 stdin=subprocess.DEVNULL)
-        try:
-            assert proxy.stdout is not None
-            assert "P/D proxy for pd1p1d" in proxy.stdout.readline()
-            body = {"model": spec.model.name, "prompt": " ".join(f"w{i}" for i in range(64)),
-                    "max_tokens": 12, "ignore_eos": True, "stream": True}
-            request = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/v1/completions",
-                                             data=json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=30) as response:
-                events = [line for line in response.read().decode().splitlines()
-                          if line.startswith("data: {")]
-            tokens = sum(1 for e in events if json.loads(e[6:])["choices"])
-            assert tokens == 12
-            prefill, decode = fleet.requests("prefill-0"), fleet.requests("decode-0")
-            assert len(prefill) == 1 and len(prefill[0]["token_times"]) == 1
-            assert len(decode) == 1 and len(decode[0]["token_times"]) == 12
-        finally:
-            proxy.send_signal(signal.SIGTERM)
-            assert proxy.wait(timeout=20) == 0
-
-
-def test_pd_proxy_refuses_a_spec_without_pd(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "crossover.demo_pdproxy", str(SEED)], capture_output=True,
-                            text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert result.returncode == 2 and "give --topology" in result.stderr and "Traceback" not in result.stderr
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -268,7 +221,7 @@ def test_alert_webhook_prints_each_alert_and_refuses_garbage(tmp_path: Path) -> 
     from crossover.netutil import free_port
 
     port, log = free_port(), tmp_path / "alerts.jsonl"
-    hook = subprocess.Popen([sys.executable, "-m", "crossover.demo_webhook", "--port", str(port),
+    hook = subprocess.Popen([sys.executable, "-m", "crossover.demo.webhook", "--port", str(port),
                              "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL)
     try:
@@ -362,8 +315,8 @@ def test_every_command_the_demo_builds_is_accepted_by_the_cli(tmp_path: Path) ->
     at `make demo`."""
     import argparse
 
-    from crossover import demo as demo_module
     from crossover.cli import build_parser
+    from crossover.demo import cli as demo_module
 
     parser = build_parser()
     spec = tmp_path / "spec.yaml"
@@ -374,6 +327,8 @@ def test_every_command_the_demo_builds_is_accepted_by_the_cli(tmp_path: Path) ->
         return parser.parse_args(command[3:])
 
     assert parse(demo_module.sim_command(spec)).spec == str(spec)
+    pdproxy = parse(demo_module.pdproxy_command(spec, "pd1p1d"))
+    assert (pdproxy.spec, pdproxy.topology, pdproxy.bind) == (str(spec), "pd1p1d", None)
     exporter = parse(demo_module.exporter_command(spec, 9411))
     assert (exporter.port, exporter.bind) == (9411, "127.0.0.1")
     rules = parse(demo_module.rules_command(spec, tmp_path / "rules", "127.0.0.1:9411"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from crossover.netutil import free_port
+from crossover.sim import tokenizer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -73,3 +74,19 @@ def exposition(families: dict[str, list[tuple[dict[str, str], float]]], kind: st
             inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
             lines.append(f"{name}{{{inner}}} {value!r}\n")
     return "".join(lines).encode()
+
+
+async def _tokenize(request: web.Request) -> web.StreamResponse:
+    ids = tokenizer.encode_prompt((await request.json())["prompt"])
+    return web.json_response({"count": len(ids), "max_model_len": 4096, "tokens": ids})
+
+
+async def _detokenize(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"prompt": tokenizer.decode((await request.json())["tokens"])})
+
+
+def tokenizer_routes(*prefixes: str) -> dict[tuple[str, str], Handler]:
+    """vLLM's /tokenize and /detokenize under each prefix, counting as the simulator counts, so the
+    sweep can plan exact prompt lengths against these servers."""
+    return {("POST", f"{prefix}{path}"): handler for prefix in prefixes
+            for path, handler in (("/tokenize", _tokenize), ("/detokenize", _detokenize))}

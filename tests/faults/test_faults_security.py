@@ -29,7 +29,7 @@ from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import free_port
 from crossover.spec import FleetSpec, load_spec, parse_spec
 from tests.faults.faults_exporter import HEALTHY_PAYLOAD, errors, get, samples, snapshot, up, wait_for
-from tests.faults.faults_servers import LoopbackApp, serving
+from tests.faults.faults_servers import LoopbackApp, serving, tokenizer_routes
 from tests.helpers import REPO, SPECS
 
 pytestmark = pytest.mark.timeout(150)
@@ -102,7 +102,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         return web.Response(status=403, text=f"forbidden: {request.headers.get('Authorization')}")
 
     routes = {("GET", "/good/metrics"): guarded, ("GET", "/other/metrics"): other_token,
-              ("POST", "/good/v1/completions"): _completion}
+              ("POST", "/good/v1/completions"): _completion, **tokenizer_routes("/good")}
     with serving(routes) as server:
         spec = _spec([
             {"name": "secure", "gpus": 2, "tensor_parallel_size": 1, "instances": [
@@ -203,8 +203,9 @@ def test_the_exporter_listens_on_loopback_by_default(secured: Secured) -> None:
 
 
 def test_the_sweep_sends_traffic_only_to_the_spec_targets(tmp_path: Path) -> None:
-    routes = {("POST", f"/{name}/v1/completions"): _completion
-              for name in ("entry", "behind-0", "behind-1", "replica-0", "replica-1", "canary")}
+    names = ("entry", "behind-0", "behind-1", "replica-0", "replica-1", "canary")
+    routes = {("POST", f"/{name}/v1/completions"): _completion for name in names} | tokenizer_routes(
+        *(f"/{name}" for name in names))
     with serving(routes) as server:
         spec = _proxied_and_balanced(server.url)
         plan = SweepPlan(levels=(1, 2), requests_per_level=4, input_len=LengthDist.fixed(3),
@@ -212,7 +213,9 @@ def test_the_sweep_sends_traffic_only_to_the_spec_targets(tmp_path: Path) -> Non
         result = run_sweep(spec, plan, tmp_path, n_boot=0)
         hits: dict[str, int] = {}
         for _method, path, _headers in server.seen:
-            hits[path.split("/")[1]] = hits.get(path.split("/")[1], 0) + 1
+            if path.endswith("/v1/completions"):  # the tokenizer is asked too, only spec targets
+                hits[path.split("/")[1]] = hits.get(path.split("/")[1], 0) + 1
+        assert {p.split("/")[1] for _m, p, _h in server.seen} <= set(names)
     assert result.requests["ok"].all()
     assert hits == {"entry": 8, "replica-0": 4, "replica-1": 4}, hits
 
@@ -233,8 +236,9 @@ def test_the_app_sends_traffic_only_to_the_spec_targets_and_shows_no_token(
     """The app's own path (form, pre-flight check, sweep in a child process, page): requests reach
     only the spec's targets, and the scrape token is on neither the page nor in the results."""
     monkeypatch.setenv(TOKEN_ENV, secured.token)
-    routes = {("POST", f"/{name}/v1/completions"): _completion
-              for name in ("entry", "behind-0", "behind-1", "replica-0", "replica-1")}
+    names = ("entry", "behind-0", "behind-1", "replica-0", "replica-1")
+    routes = {("POST", f"/{name}/v1/completions"): _completion for name in names} | tokenizer_routes(
+        *(f"/{name}" for name in names))
     results = tmp_path / "results"
     with serving(routes) as server:
         spec = _proxied_and_balanced(server.url, {"bearer_token_env": TOKEN_ENV})
@@ -258,7 +262,9 @@ def test_the_app_sends_traffic_only_to_the_spec_targets_and_shows_no_token(
             app.run()
         hits: dict[str, int] = {}
         for _method, path, _headers in server.seen:
-            hits[path.split("/")[1]] = hits.get(path.split("/")[1], 0) + 1
+            if path.endswith("/v1/completions"):  # the tokenizer is asked too, only spec targets
+                hits[path.split("/")[1]] = hits.get(path.split("/")[1], 0) + 1
+        assert {p.split("/")[1] for _m, p, _h in server.seen} <= set(names)
     assert not app.exception and not app.error, _page_text(app)
     assert hits == {"entry": 8, "replica-0": 4, "replica-1": 4}, hits
     shown = _page_text(app)

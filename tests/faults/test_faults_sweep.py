@@ -26,7 +26,7 @@ from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import SimFleet, running_fleet
 from crossover.spec import Fault, FleetSpec, load_spec, parse_spec
-from tests.faults.faults_servers import serving
+from tests.faults.faults_servers import serving, tokenizer_routes
 from tests.helpers import SPECS
 
 pytestmark = pytest.mark.timeout(120)
@@ -188,7 +188,7 @@ def _garbage_spec(base_url: str, kinds: list[str]) -> FleetSpec:
 
 def test_sse_garbage_is_failed_never_good_and_never_hangs(tmp_path: Path) -> None:
     routes = {("POST", f"/{kind}/v1/completions"): handler for kind, handler in GARBAGE.items()}
-    with serving(routes) as server:
+    with serving(routes | tokenizer_routes(*(f"/{kind}" for kind in GARBAGE))) as server:
         spec = _garbage_spec(server.url, list(GARBAGE))
         started = time.monotonic()
         result = run_sweep(spec, _plan(requests=2 * len(GARBAGE), concurrency=3, timeout_s=1.5), tmp_path,
@@ -212,7 +212,7 @@ def test_sse_garbage_is_failed_never_good_and_never_hangs(tmp_path: Path) -> Non
 
 def test_a_stream_claiming_more_tokens_than_asked_is_not_good(tmp_path: Path) -> None:
     # Found by this suite (the usage count was trusted) and fixed in loadgen/client.py build_record.
-    with serving({("POST", "/inflated/v1/completions"): _inflated}) as server:
+    with serving({("POST", "/inflated/v1/completions"): _inflated} | tokenizer_routes("/inflated")) as server:
         spec = _garbage_spec(server.url, ["inflated"])
         result = run_sweep(spec, _plan(requests=2, timeout_s=5), tmp_path, n_boot=0)
     requests = result.requests

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from crossover.netutil import free_port
+from crossover.sim import tokenizer
 
 
 @dataclass
@@ -72,7 +73,7 @@ class FakeServer:
             return web.Response(status=b.status, text=json.dumps({"error": {"message": "overloaded"}}))
         self._counter += 1
         record = Recorded(id=f"cmpl-{self._counter}", arrival=arrival,
-                          prompt_tokens=len(str(body["prompt"]).split()))
+                          prompt_tokens=len(tokenizer.encode_prompt(body["prompt"])))
         self.recorded.append(record)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -124,6 +125,14 @@ class FakeServer:
             self.in_flight -= 1
         return response
 
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """Counts as the simulator does (one word, one token), like vLLM's /tokenize answers."""
+        ids = tokenizer.encode_prompt((await request.json())["prompt"])
+        return web.json_response({"count": len(ids), "max_model_len": 4096, "tokens": ids})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        return web.json_response({"prompt": tokenizer.decode((await request.json())["tokens"])})
+
     async def _admin_requests(self, request: web.Request) -> web.Response:
         return web.json_response([vars(r) for r in self.recorded])
 
@@ -134,6 +143,8 @@ class FakeServer:
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/admin/requests", self._admin_requests)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
         self._runner = web.AppRunner(app, handle_signals=False)
         loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=1024)

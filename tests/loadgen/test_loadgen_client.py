@@ -18,11 +18,11 @@ from crossover.loadgen.client import (
     RequestRecord,
     StreamTrace,
     build_record,
-    completion_payload,
     expand_itl,
     stream_completion,
 )
 from crossover.loadgen.dataset import SyntheticRequest
+from crossover.loadgen.payloads import request_payload as completion_payload
 from crossover.spec import Balance
 from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 from crossover.errors import UserError
-from crossover.loadgen.dataset import arrival_offsets, requests
+from crossover.loadgen.dataset import arrival_offsets
 from crossover.loadgen.plan import (
     Arrival,
     LengthDist,
@@ -74,26 +72,6 @@ def test_cli_parsers() -> None:
     for bad in (["ttft"], ["foo:1"], ["ttft:-1"], ["ttft:nan"]):
         with pytest.raises(UserError):
             parse_slo_overrides(bad)
-
-
-def test_dataset_is_seeded_per_level_and_independent_of_consumption() -> None:
-    plan = SweepPlan(levels=(1, 2), input_len=LengthDist.parse("uniform:10-20"),
-                     output_len=LengthDist.parse("normal:8,3,2-12"), shared_prefix=5, seed=7)
-    first = list(itertools.islice(requests(plan, 1), 300))
-    again = list(itertools.islice(requests(plan, 1), 10))
-    assert first[:10] == again
-    assert [r.index for r in first] == list(range(300))
-    other_level = list(itertools.islice(requests(plan, 2), 10))
-    assert other_level != first[:10]
-    prefix = first[0].prompt.split()[:5]
-    for request in first:
-        words = request.prompt.split()
-        assert len(words) == request.input_len and 10 <= request.input_len <= 20
-        assert words[:5] == prefix
-        assert 2 <= request.output_len <= 12
-    assert len({r.output_len for r in first}) > 3
-    other_seed = list(itertools.islice(requests(SweepPlan(levels=(1,), seed=8), 1), 3))
-    assert other_seed[0].prompt != first[0].prompt
 
 
 def test_poisson_and_gamma_arrivals_have_the_asked_rate_and_burstiness() -> None:

@@ -1,13 +1,16 @@
 """The sweep end to end against real vLLM CPU servers: one instance on both cores vs two
-instances on one core each, balanced client-side (compose/specs/cpu-real-vllm.yaml)."""
+instances on one core each, balanced client-side (compose/specs/cpu-real-vllm.yaml). Their
+tokenizer is a byte-level BPE where most words are several tokens, so a prompt of the asked length
+is one the sweep counted with the server's own /tokenize."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from crossover.loadgen.plan import LengthDist, SweepPlan
+from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist, SweepPlan
 from crossover.loadgen.results import load_run
 from crossover.loadgen.sweep import run_sweep
 
@@ -22,7 +25,8 @@ def test_sweep_reports_every_level_on_real_vllm(real_vllm_fleet, tmp_path: Path)
     requests = result.requests
     assert requests["ok"].all(), requests["error"].unique()
     assert (requests["output_tokens"] == 8).all()  # ignore_eos + min_tokens honoured
-    assert (requests["input_tokens"] >= 16).all()  # usage from the server, not our plan
+    assert (requests["input_tokens"] == 16).all()  # the server counted exactly the planned prompt
+    assert not result.summary["input_len_off"].any()
     # real vLLM sends continuous usage, so every event's token count is known
     assert all(sum(tokens) == 8 for tokens in requests["chunk_tokens"])
     assert all(len(itl) == 7 for itl in requests["itl"])
@@ -34,3 +38,36 @@ def test_sweep_reports_every_level_on_real_vllm(real_vllm_fleet, tmp_path: Path)
     assert small["instance"].nunique() == 2  # both small replicas served
     run = load_run(tmp_path)
     assert len(run.requests) == len(requests) and run.crossover["sentences"]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_chat_and_dataset_sweeps_get_the_planned_lengths_on_real_vllm(real_vllm_fleet,
+                                                                    tmp_path: Path) -> None:
+    spec = real_vllm_fleet.spec
+    chat = SweepPlan(levels=(2,), requests_per_level=6, input_len=LengthDist.parse("uniform:40-120"),
+                     output_len=LengthDist.fixed(6), timeout_s=60, endpoint=Endpoint.CHAT)
+    result = run_sweep(spec, chat, tmp_path / "chat", ["big1x2c"], n_boot=0)
+    requests = result.requests
+    assert requests["ok"].all(), requests["error"].unique()
+    overhead = result.workload["chat_template_tokens"]
+    assert overhead > 0  # the template's role markers, measured once with the server's /tokenize
+    assert (requests["input_tokens"] == requests["planned_input"]).all(), \
+        requests[["input_tokens", "planned_input"]]
+    assert requests["planned_input"].between(40 + overhead, 120 + overhead).all()
+    assert (requests["output_tokens"] == 6).all() and all(len(itl) == 5 for itl in requests["itl"])
+    # a ShareGPT file on /v1/completions: text prompts, counted with the BOS the server adds
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(json.dumps([
+        {"id": str(n), "conversations": [{"from": "human", "value": f"platform engineer plans capacity {n} "
+                                                                    "for a fleet of replicas"},
+                                         {"from": "gpt", "value": "the model serves tokens " * (n + 1)}]}
+        for n in range(5)]))
+    plan = SweepPlan(levels=(2,), requests_per_level=5, timeout_s=60, dataset=DatasetKind.SHAREGPT,
+                     dataset_path=str(sharegpt))
+    result = run_sweep(spec, plan, tmp_path / "sharegpt", ["big1x2c"], n_boot=0)
+    requests = result.requests
+    assert requests["ok"].all(), requests["error"].unique()
+    assert (requests["input_tokens"] == requests["planned_input"]).all()
+    assert sorted(requests["output_tokens"]) == sorted(requests["planned_output"])
+    assert requests["planned_output"].nunique() == 5  # each answer's own length

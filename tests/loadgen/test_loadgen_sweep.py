@@ -53,8 +53,11 @@ def test_sweep_writes_every_level_and_resumes(fleet: tuple[FleetSpec, dict[str, 
     # the same requests went to both topologies
     big = result.requests[result.requests["topology"] == "big1x2c"]
     small = result.requests[result.requests["topology"] == "small2x1c"]
-    prompts = {b["prompt"] for s in ("small-0", "small-1") for b in servers[s].bodies}
-    assert prompts == {b["prompt"] for b in servers["big-0"].bodies}
+    prompts = {tuple(b["prompt"]) for s in ("small-0", "small-1") for b in servers[s].bodies}
+    assert prompts == {tuple(b["prompt"]) for b in servers["big-0"].bodies}
+    # token-id prompts of exactly the planned length, as the server counted them
+    assert (result.requests["input_tokens"] == 8).all() and (result.requests["planned_input"] == 8).all()
+    assert not result.summary["input_len_off"].any()
     assert big["planned_input"].tolist() == small["planned_input"].tolist()
     # balanced over both small instances, one instance for the big one
     assert len(servers["small-0"].bodies) > 0 and len(servers["small-1"].bodies) > 0

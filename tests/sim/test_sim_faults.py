@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover import catalog
+from crossover.contract import check_metrics_contract
 from crossover.netutil import spec_on_free_ports
-from crossover.sim.contract import check_metrics_contract
 from crossover.sim.fleet import SimFleet, running_fleet
 from crossover.spec import Fault, FleetSpec, load_spec
 from tests.helpers import SPECS

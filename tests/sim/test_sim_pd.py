@@ -8,8 +8,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover import catalog
+from crossover.contract import check_metrics_contract
 from crossover.netutil import spec_on_free_ports
-from crossover.sim.contract import check_metrics_contract
 from crossover.sim.fleet import SimFleet, running_fleet
 from crossover.sim.model import PerfModel
 from crossover.spec import FleetSpec, load_spec

@@ -7,15 +7,15 @@ results are, and keeps everything up until Ctrl-C. `--headless` runs only the fl
 prints the per-level table and the crossover sentence, and exits: the same job for a terminal or CI.
 
 Every part is started through its own `crossover` subcommand as a child process (one process
-group each, see demo_procs), so the demo depends on the parts' command lines, not their insides;
+group each, see demo/procs.py), so the demo depends on the parts' command lines, not their insides;
 a part missing from this build, or a binary missing from this machine, is skipped with a note.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
-import json
 import os
 import shutil
 import socket
@@ -30,8 +30,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from crossover.cli import SUBCOMMANDS
-from crossover.demo_procs import Supervisor, crossover_command, http_ok, tail, terminate_as_interrupt
-from crossover.demo_prom import (
+from crossover.demo.procs import Supervisor, crossover_command, http_ok, tail, terminate_as_interrupt
+from crossover.demo.prom import (
     alertmanager_config,
     fallback_scrape_configs,
     find_generated,
@@ -39,6 +39,7 @@ from crossover.demo_prom import (
 )
 from crossover.errors import UserError
 from crossover.netutil import free_port, spec_on_free_ports
+from crossover.rules.prom import alertmanager_binary, prometheus_binary
 from crossover.spec import FleetSpec, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,11 +95,6 @@ def available(subcommand: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
         return False
-
-
-def alertmanager_binary() -> str | None:
-    """Debian names it prometheus-alertmanager; upstream tarballs name it alertmanager."""
-    return shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
 def port_free(port: int) -> bool:
@@ -215,6 +211,10 @@ def sim_command(spec_path: Path) -> list[str]:
     return crossover_command("sim", str(spec_path))
 
 
+def pdproxy_command(spec_path: Path, topology: str) -> list[str]:
+    return crossover_command("pdproxy", str(spec_path), "--topology", topology)
+
+
 def exporter_command(spec_path: Path, port: int) -> list[str]:
     return crossover_command("exporter", str(spec_path), "--port", str(port), "--bind", "127.0.0.1")
 
@@ -266,6 +266,7 @@ def start_fleet(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
     if not stack.simulated:
         check_real_fleet(spec)
         stack.notes.append("fleet: real servers, not simulated")
+        start_entrypoints(sup, stack, spec)
         return
     if not available("sim"):
         raise UserError("this build has no simulator (crossover sim); give a spec of real servers "
@@ -276,6 +277,21 @@ def start_fleet(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
     sup.wait_ready(child, lambda: all(http_ok(u + "/health", 1.0) for u in urls)
                    and all(tcp_open(u) for u in entrypoints), READY_TIMEOUT_S)
     stack.urls["simulator"] = ", ".join(f"{name} {url}" for name, url in instance_urls(spec))
+
+
+def start_entrypoints(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
+    """A real fleet's entrypoint that nothing serves yet gets `crossover pdproxy` (the simulator
+    serves its own); one that answers is the user's and is left alone."""
+    for topology in spec.topologies:
+        url = topology.entrypoint.url
+        if url is None or tcp_open(url):
+            continue
+        if not available("pdproxy"):
+            raise UserError(f"nothing answers at topology {topology.name}'s entrypoint {url} and this "
+                            "build has no P/D proxy (crossover pdproxy) to serve it")
+        child = sup.start(f"pdproxy-{topology.name}", pdproxy_command(stack.spec_path, topology.name))
+        sup.wait_ready(child, functools.partial(tcp_open, url), READY_TIMEOUT_S)
+        stack.urls[f"entrypoint {topology.name}"] = url
 
 
 def start_exporter(sup: Supervisor, stack: Stack) -> None:
@@ -306,13 +322,14 @@ def generate_rules(stack: Stack) -> Path | None:
 
 def start_alerting(sup: Supervisor, stack: Stack) -> str | None:
     """Alertmanager with the webhook receiver; returns Alertmanager's host:port, or None."""
-    binary = alertmanager_binary()
-    if binary is None:
-        stack.notes.append("alertmanager: not installed (apt-get install prometheus-alertmanager), skipped")
+    try:
+        binary = alertmanager_binary()
+    except UserError as exc:
+        stack.notes.append(f"alertmanager: {exc}, skipped")
         return None
     hook_port = free_port()
     alerts_log = stack.out / "alerts.jsonl"
-    hook = sup.start("alert-webhook", [sys.executable, "-m", "crossover.demo_webhook", "--port",
+    hook = sup.start("alert-webhook", [sys.executable, "-m", "crossover.demo.webhook", "--port",
                                        str(hook_port), "--log", str(alerts_log)])
     sup.wait_ready(hook, lambda: http_ok(f"http://127.0.0.1:{hook_port}/health"), READY_TIMEOUT_S)
     folder = stack.out / "alertmanager"
@@ -331,9 +348,10 @@ def start_alerting(sup: Supervisor, stack: Stack) -> str | None:
 
 
 def start_prometheus(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        stack.notes.append("prometheus: not installed (apt-get install prometheus), skipped")
+    try:
+        binary = prometheus_binary()
+    except UserError as exc:
+        stack.notes.append(f"prometheus: {exc}, skipped")
         return
     rules_dir = generate_rules(stack)
     scrape, rule_files = find_generated(rules_dir) if rules_dir else ([], [])
@@ -467,8 +485,3 @@ def run(args: argparse.Namespace) -> int:
             sup.stop_all()
             say("crossover demo: stopped")
             return 130
-
-
-def read_crossover(out: Path) -> dict[str, object]:
-    """The sweep's crossover.json of a demo run (for tests and scripts)."""
-    return dict(json.loads((out / "sweep" / "crossover.json").read_text()))

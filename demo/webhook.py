@@ -1,6 +1,6 @@
 """An Alertmanager webhook receiver that prints each alert as one JSON line.
 
-The example receiver of the demo and of the compose stack (`python -m crossover.demo_webhook`):
+The example receiver of the demo and of the compose stack (`python -m crossover.demo.webhook`):
 it shows what a page or ticket from the goodput burn-rate alerts carries, so that wiring it to a
 real incident tool is a matter of changing one URL in alertmanager.yml.
 """
@@ -58,14 +58,14 @@ def make_app(log_path: Path | None) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m crossover.demo_webhook",
+    parser = argparse.ArgumentParser(prog="python -m crossover.demo.webhook",
                                      description="print Alertmanager notifications as JSON lines")
     parser.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=9099)
     parser.add_argument("--log", type=Path, default=None, help="also append the lines to this file")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
-        print(f"demo_webhook: --port must be between 1 and 65535, got {args.port}", file=sys.stderr)
+        print(f"webhook: --port must be between 1 and 65535, got {args.port}", file=sys.stderr)
         return 2
     def listening(*_args: object, **_kwargs: object) -> None:
         # run_app calls this once the socket listens: only then is the announcement true.
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         web.run_app(make_app(args.log), host=args.bind, port=args.port, print=listening, handle_signals=True)
     except OSError as exc:
-        print(f"demo_webhook: cannot listen on {args.bind}:{args.port}: {exc.strerror}", file=sys.stderr)
+        print(f"webhook: cannot listen on {args.bind}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 2
     return 0
 

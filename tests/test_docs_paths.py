@@ -1,0 +1,100 @@
+"""Every repository path that README.md and docs/*.md cite exists: in code spans and code blocks
+(relative to the repository root) and in Markdown links (relative to the document)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Endings that make a bare top-level name in code a path (`pyproject.toml`), not a word (`app`).
+PATH_SUFFIXES = (".py", ".md", ".yml", ".yaml", ".toml", ".json", ".c", ".sh", ".png", ".txt", ".cfg")
+_FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+_CODE = re.compile(r"`([^`\n]+)`")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_TOKEN = re.compile(r"^\.{0,2}/?[\w.*<>{}-]+(?:/[\w.*<>{}-]*)*$")
+# Files the user makes from a committed template, which docs name on purpose.
+USER_MADE = {"compose/.env"}
+
+
+def tracked_top_level() -> set[str]:
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return {line.split("/")[0] for line in listed.splitlines()}
+
+
+def code(text: str) -> list[str]:
+    blocks = _FENCED.findall(text)
+    return blocks + _CODE.findall(_FENCED.sub("", text))
+
+
+def prose(text: str) -> str:
+    return _CODE.sub("", _FENCED.sub("", text))
+
+
+def cited_in_code(text: str, top_level: set[str]) -> list[str]:
+    """Tokens of code that name a repository path: under a tracked top-level entry, or the entry
+    itself (`pyproject.toml`). `path::test` and `path:line` cite the path; a path under a folder the
+    repository does not have (`logs/pids.json` of a run's output) is not a repository path."""
+    cited = []
+    for span in code(text):
+        for token in span.split():
+            token = re.sub(r"(::\S*|:\d+(?:-\d+)?)$", "", token).rstrip(".,;:)")
+            if token.startswith(("/", "~", "$", "http", "-")) or not _TOKEN.match(token):
+                continue
+            first = token.removeprefix("./").split("/")[0]
+            if first in top_level and ("/" in token or token.endswith(PATH_SUFFIXES)):
+                cited.append(token.removeprefix("./"))
+    return cited
+
+
+def cited_in_links(text: str) -> list[str]:
+    return [target.split("#")[0] for target in _LINK.findall(prose(text))
+            if not re.match(r"^[a-z]+:", target) and not target.startswith("#")]
+
+
+def exists(base: Path, cited: str) -> bool:
+    pattern = re.sub(r"<[^>]*>|\{[^}]*\}", "*", cited.rstrip("/"))
+    if "*" in pattern:
+        return any(base.glob(pattern))
+    return (base / pattern).exists()
+
+
+def missing_paths(doc: Path, top_level: set[str]) -> list[str]:
+    text = doc.read_text()
+    missing = [c for c in cited_in_code(text, top_level) if c not in USER_MADE and not exists(ROOT, c)]
+    missing += [link for link in cited_in_links(text) if link and not exists(doc.parent, link)]
+    return missing
+
+
+def test_every_cited_path_exists() -> None:
+    top_level = tracked_top_level()
+    missing = {str(doc.relative_to(ROOT)): found for doc in DOCS if (found := missing_paths(doc, top_level))}
+    assert not missing, f"docs cite paths that do not exist: {missing}"
+
+
+def test_the_extractor_sees_the_forms_docs_use(tmp_path: Path) -> None:
+    text = ("See `exporter/derive.py`, `tests/sim/test_sim_pd.py::test_x`, `rules/nowhere.py:12`, "
+            "`python -m crossover.rules.generate`, `dashboards/generated/<stem>/*.json`, "
+            "`crossover sweep SPEC --out results/run`, [the app](docs/app.md#flags), "
+            "[site](https://example.com), `topologies[1](tp2x2)`, `logs/pids.json` and `pyproject.toml`.\n"
+            "```\ncp compose/.env.example compose/nothing.yml\n```\n")
+    top = {"exporter", "tests", "rules", "dashboards", "docs", "pyproject.toml"}
+    top.add("compose")
+    assert cited_in_code(text, top) == [
+        "compose/.env.example", "compose/nothing.yml", "exporter/derive.py", "tests/sim/test_sim_pd.py",
+        "rules/nowhere.py", "dashboards/generated/<stem>/*.json", "pyproject.toml"]
+    assert cited_in_links(text) == ["docs/app.md"]
+    (tmp_path / "doc.md").write_text(text)
+    assert "rules/nowhere.py" in missing_paths(tmp_path / "doc.md", top)
+
+
+def test_nothing_points_at_the_teams_shared_folder() -> None:
+    """Users have no `shared` folder beside their checkout: what they need is in docs/."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    needles = ("shared/" + "reference", "../" + "shared", "/work/" + "shared")
+    pointing = [path for path in listed.splitlines()
+                if (ROOT / path).is_file() and not path.endswith(".png")
+                and any(n in (ROOT / path).read_text(errors="replace") for n in needles)]
+    assert not pointing, f"these files point at the team's shared folder: {pointing}"

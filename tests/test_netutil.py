@@ -1,0 +1,22 @@
+"""The one URL check that the spec, `crossover app` and `crossover dashboards` share."""
+
+from __future__ import annotations
+
+import pytest
+
+from crossover.netutil import check_http_url
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "https://prometheus:9090/", " http://h "])
+def test_plain_http_urls_pass_without_their_trailing_slash(url: str) -> None:
+    assert check_http_url(url) == url.strip().rstrip("/")
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("notaurl", "want http://host:port"), ("ftp://prometheus:9090", "want http://host:port"),
+    ("http://:9090", "want http://host:port"), ("localhost:9090", "want http://host:port"),
+    ("http://p:0", "bad port"), ("http://p:abc", "bad port"), ("http://127.0.0.1:99999", "bad port")])
+def test_a_bad_url_says_what_is_wrong(url: str, why: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        check_http_url(url)
+    assert str(caught.value) == f"malformed URL {url!r} ({why})"
