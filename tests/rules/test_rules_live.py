@@ -177,8 +177,22 @@ def test_rates_and_goodput_match_the_python_derivation(stack: LiveStack) -> None
         good = _rates(stack, f"{bucket.metric.name}_bucket{{{sel},{bucket.le_matcher}}}", at, window)
         every = _rates(stack, f"{bucket.metric.name}_count{{{sel}}}", at, window)
         for topology, value in recorded.items():
-            want = good[(topology,)] / every[(topology,)]
+            within = good[(topology,)] / every[(topology,)]
+            outcomes = _outcomes(stack, topology, at, window)
+            want = slo.attainment(bucket.slo, within, every[(topology,)], outcomes)
             assert _close(value, want, REL), (bucket.slo, topology, value, want)
+
+
+def _outcomes(stack: LiveStack, topology: str, at: float, window: str) -> slo.Outcomes:
+    """crossover.slo.outcomes of one topology from the raw counters' rates."""
+    sel = f'{stack.rules.config.selector},topology="{topology}"'
+    by_reason = {k[1]: v for k, v in _rates(stack, f"{catalog.REQUEST_SUCCESS.promql_name}{{{sel}}}", at,
+                                            window, ("topology", "finished_reason")).items()}
+    rejected = _rates(stack, f"{catalog.ADMISSION_REJECTIONS.promql_name}{{{sel}}}", at, window)
+    http = _rates(stack, f"{catalog.HTTP_REQUESTS.promql_name}{{{sel}}}", at, window,
+                  ("topology", "handler", "status"))
+    requests = sum(v for (_, handler, status), v in http.items() if slo.is_fleet_request(handler, status))
+    return slo.outcomes(by_reason, rejected.get((topology,)), requests if http else None)
 
 
 def test_joint_bounds_follow_from_the_per_slo_shares(stack: LiveStack) -> None:
