@@ -137,7 +137,7 @@ def test_outcome_rules_fall_back_when_failure_families_are_absent() -> None:
     rules = build_rules(load_spec(PD))
     exprs = {r.record: r.expr for r in rules.records}
     every = exprs[m.requests_name("all", "5m")]
-    assert f"or 0 * sum by (topology, model_name) (rate({catalog.REQUEST_SUCCESS.promql_name}" in every
+    assert "or 0 * (\n  sum by (topology, model_name) (rate(" + catalog.REQUEST_SUCCESS.promql_name in every
     assert "\nor\n0 * " in exprs[m.requests_name("failed_finished", "5m")]
 
 
