@@ -146,6 +146,12 @@ NUM_PREEMPTIONS = Metric(
     "vllm:num_preemptions", MetricType.COUNTER, "Cumulative number of preemptions from the engine.")
 PROMPT_TOKENS = Metric(
     "vllm:prompt_tokens", MetricType.COUNTER, "Number of prefill tokens processed.")
+PROMPT_TOKENS_BY_SOURCE = Metric(
+    "vllm:prompt_tokens_by_source", MetricType.COUNTER,
+    "Number of prompt tokens by source.", labels=(*ENGINE_LABELS, "source"), required=False)
+PROMPT_TOKENS_CACHED = Metric(
+    "vllm:prompt_tokens_cached", MetricType.COUNTER,
+    "Number of cached prompt tokens (local + external).", required=False)
 GENERATION_TOKENS = Metric(
     "vllm:generation_tokens", MetricType.COUNTER, "Number of generation tokens processed.")
 REQUEST_SUCCESS = Metric(
@@ -278,8 +284,8 @@ KV_CONNECTORS: dict[str, KvConnector] = {c.name: c for c in (NIXL, MOONCAKE)}
 
 CATALOG = Catalog((
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, NUM_REQUESTS_WAITING_BY_REASON, KV_CACHE_USAGE,
-    NUM_PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCESS, ADMISSION_REJECTIONS,
-    HTTP_REQUESTS, PREFIX_CACHE_QUERIES,
+    NUM_PREEMPTIONS, PROMPT_TOKENS, PROMPT_TOKENS_BY_SOURCE, PROMPT_TOKENS_CACHED, GENERATION_TOKENS,
+    REQUEST_SUCCESS, ADMISSION_REJECTIONS, HTTP_REQUESTS, PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS, TTFT, ITL, TPOT, E2E_LATENCY, QUEUE_TIME, PREFILL_TIME, DECODE_TIME,
     INFERENCE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, NIXL_XFER_TIME, NIXL_POST_TIME,
     NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS, NIXL_EXPIRED_REQS,
@@ -294,4 +300,5 @@ ENTRYPOINT_FAMILIES: tuple[Metric, ...] = (REQUEST_SUCCESS, TTFT, ITL, TPOT, E2E
 FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS: tuple[str, ...] = ("capacity", "deferred")
 ADMISSION_REJECTION_REASONS: tuple[str, ...] = ("max_num_queued_reqs", "max_num_queued_tokens")
+PROMPT_SOURCES: tuple[str, ...] = ("local_compute", "local_cache_hit", "external_kv_transfer")
 

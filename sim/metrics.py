@@ -66,6 +66,8 @@ class InstanceMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prompt_by_source = dict.fromkeys(catalog.PROMPT_SOURCES, 0)
         self.success = dict.fromkeys(catalog.FINISHED_REASONS, 0)
         self.rejections = dict.fromkeys(catalog.ADMISSION_REJECTION_REASONS, 0)
         self.http: dict[tuple[str, str, str], int] = {}  # (handler, method, status class) -> requests
@@ -88,6 +90,15 @@ class InstanceMetrics:
         self.kv_failed_transfers = 0
 
     # --- events --------------------------------------------------------------------------------
+    def on_prompt(self, prompt_tokens: int, cached_tokens: int, remote_tokens: int) -> None:
+        """A request's prefill is done: vLLM counts every prompt token, then where each came from."""
+        self.prompt_tokens += prompt_tokens
+        self.prefix_queries += prompt_tokens
+        self.prefix_hits += cached_tokens
+        self.prompt_by_source["local_cache_hit"] += cached_tokens
+        self.prompt_by_source["external_kv_transfer"] += remote_tokens
+        self.prompt_by_source["local_compute"] += prompt_tokens - cached_tokens - remote_tokens
+
     def on_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
                     last_token: float, prompt_tokens: int, generated: int) -> None:
         self.success[reason] += 1
@@ -128,9 +139,12 @@ class InstanceMetrics:
              {"capacity": float(state.waiting_capacity), "deferred": float(state.waiting_deferred)}),
             (catalog.KV_CACHE_USAGE, state.kv_usage),
             (catalog.PREFIX_CACHE_QUERIES, float(self.prefix_queries)),
-            (catalog.PREFIX_CACHE_HITS, 0.0),
+            (catalog.PREFIX_CACHE_HITS, float(self.prefix_hits)),
             (catalog.NUM_PREEMPTIONS, float(state.preemptions)),
             (catalog.PROMPT_TOKENS, float(self.prompt_tokens)),
+            (catalog.PROMPT_TOKENS_BY_SOURCE, {k: float(v) for k, v in self.prompt_by_source.items()}),
+            (catalog.PROMPT_TOKENS_CACHED,
+             float(self.prefix_hits + self.prompt_by_source["external_kv_transfer"])),
             (catalog.GENERATION_TOKENS, float(self.generation_tokens)),
             (catalog.REQUEST_SUCCESS, {k: float(v) for k, v in self.success.items()}),
             (catalog.ADMISSION_REJECTIONS, {k: float(v) for k, v in self.rejections.items()}),

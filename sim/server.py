@@ -33,7 +33,7 @@ from crossover.sim.emitter import EmitterStats
 from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
 from crossover.sim.model import PerfModel
-from crossover.sim.scheduler import SimRequest
+from crossover.sim.scheduler import SimRequest, chained_block_hashes
 from crossover.spec import Fault, FleetSpec, Instance, Role, Topology
 
 RECORD_RING = 20_000
@@ -67,6 +67,23 @@ def count_prompt_tokens(prompt: Any) -> int:
 
 def count_chat_tokens(messages: Any) -> int:
     return len(tokenizer.encode_chat(messages))
+
+
+def prompt_keys(body: dict[str, Any], *, chat: bool) -> list[Any]:
+    """The prompt as the tokens the counts above see (words, ids, 4 template tokens per chat message):
+    what the prefix cache hashes, block by block."""
+    if not chat:
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+            prompt = prompt[0]
+        return prompt.split() if isinstance(prompt, str) else list(prompt)
+    keys: list[Any] = []
+    for message in body["messages"]:
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        keys += ["<|start|>", str(message.get("role")), "<|content|>", *str(content).split(), "<|end|>"]
+    return keys
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
@@ -402,7 +419,8 @@ class SimInstance:
         remote_kv = bool(kv_params and kv_params.get("do_remote_prefill")
                          and self.instance.role is Role.DECODE)
         sim = SimRequest(request_id, prompt_tokens, output_tokens, time.monotonic(), finish_reason,
-                         remote_kv=remote_kv)
+                         remote_kv=remote_kv, block_hashes=chained_block_hashes(
+                             prompt_keys(body, chat=chat), self.perf.block_size))
         drop_after = None
         if self.fault.drop_rate and self.rng.random() < self.fault.drop_rate:
             drop_after = self.rng.randint(1, max(1, output_tokens - 1)) if output_tokens > 1 else 1
