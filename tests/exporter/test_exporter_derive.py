@@ -347,7 +347,7 @@ def _fleet_histories(seed: int) -> tuple[FleetSpec, list[TargetHealth], float]:
     rng = random.Random(seed)
     spec = load_spec(SPECS / "seed-70b-h100.yaml").model_dump(mode="json")
     spec["topologies"] = [
-        {"name": f"t{t}", "gpus": 12, "tensor_parallel_size": 1,
+        {"name": f"t{t}", "gpus": 48, "tensor_parallel_size": 4,
          "instances": [{"name": f"i{t}-{i}", "url": f"http://127.0.0.1:1/{t}-{i}"} for i in range(12)]}
         for t in range(2)]
     spec["scrape"].update({"interval": "5s", "timeout": "5s", "windows": ["30s", "1m"]})
