@@ -142,6 +142,26 @@ def input_len_warnings(summary: pd.DataFrame) -> list[str]:
             for row in summary[summary["input_len_off"].astype(bool)].to_dict("records")]
 
 
+def turn_summary(requests: pd.DataFrame) -> pd.DataFrame:
+    """One row per (topology, level, turn) of a multi-turn sweep: how many turns finished, their
+    mean counted input, and TTFT and ITL percentiles (a later turn's prompt holds the history, so
+    prefix caching shows here first)."""
+    if requests.empty or "turn" not in requests or requests["turn"].max() <= 1:
+        return pd.DataFrame(columns=["topology", "level", "turn", "requests"])
+    rows = []
+    for (topology, level, turn), group in requests.groupby(["topology", "level", "turn"], sort=True):
+        finished = group[group["ok"].astype(bool)]
+        itl = (np.concatenate([np.asarray(v, float) for v in finished["itl"]]) if len(finished)
+               else np.array([]))
+        row = {"topology": topology, "level": float(level), "turn": int(turn),  # type: ignore[arg-type,call-overload]
+               "requests": len(group), "failed": len(group) - len(finished),
+               "input_tokens": float(finished["input_tokens"].mean())}
+        row.update(_percentiles(finished["ttft"].to_numpy(float), "ttft"))
+        row.update(_percentiles(itl, "itl"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def summarize(requests: pd.DataFrame, slos_ms: Mapping[str, float], gpus: Mapping[str, int],
               plan: SweepPlan | None = None) -> pd.DataFrame:
     """One row per (topology, level), sorted; columns documented in docs/sweep.md."""
