@@ -27,9 +27,10 @@ from pydantic import (
     model_validator,
 )
 
-from crossover.catalog import KV_CONNECTORS, SLO_HISTOGRAMS
+from crossover.catalog import KV_CONNECTORS
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
+from crossover.slo import SLO_HISTOGRAMS
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}

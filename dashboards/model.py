@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.rules import model as m
 from crossover.rules.model import RuleSet
 from crossover.spec import REQUEST_SOURCES
@@ -93,14 +93,14 @@ def _requests(name: str, legend: str = SOURCE_LEGEND) -> Query:
     return Query(f'label_replace(\n{joined},\n"source", "{decode}", "source", "decode")', legend)
 
 
-def _latency_panel(rules: RuleSet, metric: catalog.Metric, slo: str, title: str, what: str) -> Panel:
-    threshold = next((b for b in rules.slo_buckets if b.slo == slo), None)
+def _latency_panel(rules: RuleSet, metric: catalog.Metric, kind: str, title: str, what: str) -> Panel:
+    threshold = next((b for b in rules.slo_buckets if b.slo == kind), None)
     lines = (Line(threshold.le),) if threshold else ()
     note = ""
     if threshold:
         spec_ms = threshold.threshold_ms
         how = "" if threshold.exact else f", the stricter neighbour of the spec's {spec_ms:g} ms"
-        note = (f" The red line is the {SLO_TITLES[slo]} SLO as the rules count it "
+        note = (f" The red line is the {SLO_TITLES[kind]} SLO as the rules count it "
                 f"({threshold.le * 1000:g} ms bucket{how}).")
     return Panel(
         title=title,
@@ -121,9 +121,9 @@ def _uid(stem: str, kind: str) -> str:
 def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
     spec = rules.spec
     objective = spec.slos.objective
-    slo_queries = tuple(_requests(m.goodput_name(b.slo, WINDOW), f"{SOURCE_LEGEND} {b.slo}")
+    slo_queries = tuple(_requests(m.attainment_name(b.slo, WINDOW), f"{SOURCE_LEGEND} {b.slo}")
                         for b in rules.slo_buckets)
-    request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
+    request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     goodput_rows: list[Panel] = [Panel(
         title="Goodput ratio per SLO",
         description="Share of requests (ITL: of engine iterations) within each SLO, per topology: "
@@ -137,8 +137,8 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                         "only bound it: lower = max(0, sum of shares - (n-1)), upper = min of shares. "
                         f"The red line is the objective ({objective:g}).",
             unit="percentunit",
-            queries=(_requests(m.joint_goodput_name("lower", WINDOW), f"{SOURCE_LEGEND} lower bound"),
-                     _requests(m.joint_goodput_name("upper", WINDOW), f"{SOURCE_LEGEND} upper bound")),
+            queries=(_requests(m.joint_attainment_name("lower", WINDOW), f"{SOURCE_LEGEND} lower bound"),
+                     _requests(m.joint_attainment_name("upper", WINDOW), f"{SOURCE_LEGEND} upper bound")),
             lines=(Line(objective),), min=0, max=1))
         goodput_rows += [
             Panel(title="Goodput tokens/s",
@@ -326,7 +326,8 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
         Panel(title="Decode ITL p99: P/D next to colocated",
               description="p99 inter-token latency of every topology: with 8K-token prompts, prefill chunks "
                           "stall colocated decode steps; a P/D decode instance never runs a prefill.",
-              unit="s", queries=(_per_topology(m.quantile_name(catalog.ITL, 0.99, WINDOW)),),
+              unit="s",
+              queries=(_requests(m.quantile_name(catalog.ITL, 0.99, WINDOW), f"{SOURCE_LEGEND} p99"),),
               lines=(Line(itl_slo.le),) if itl_slo else (), min=0),
         Panel(title="Queue depth: prefill vs decode",
               description="Waiting requests per role (prefill, decode, colocated) of each topology.",
@@ -334,7 +335,7 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
               queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, "topology_role")),
                              "{{topology}} {{role}}"),), min=0),
     )
-    request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
+    request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     twice = ("A P/D request is one request on the prefill instance (max_tokens 1), one on the decode "
              "instance and one at the entrypoint; the overlay counts it once (entrypoint, else decode-side), "
              "here each role shows its own.")
@@ -363,7 +364,7 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
             description="Share of requests within each per-request SLO on each role (rate of the SLO "
                         f"bucket over the rate of the count, summed per role first). {twice}",
             unit="percentunit",
-            queries=tuple(Query(_sel(m.goodput_name(b.slo, WINDOW, role_level)),
+            queries=tuple(Query(_sel(m.attainment_name(b.slo, WINDOW, role_level)),
                                 f"{{{{topology}}}} {{{{role}}}} {b.slo}") for b in request_slos),
             lines=(Line(rules.spec.slos.objective),), min=0, max=1))
     return DashboardModel(
