@@ -82,14 +82,11 @@ def _all_emitted(spec: FleetSpec, topology: str) -> list[dict]:
 
 
 VARIANTS = {
-    # the client as the sweep runs it
-    "new": ClientOptions(),
-    # before: asyncio's loop, each stream's coroutine reading its body, user-space read stamps
-    "old": ClientOptions(uvloop=False, in_protocol=False, kernel_stamps=False),
-    # one change at a time, to tell them apart
-    "uvloop-only": ClientOptions(uvloop=True, in_protocol=False, kernel_stamps=False),
-    "in-protocol-only": ClientOptions(uvloop=False, in_protocol=True, kernel_stamps=False),
-    "no-kernel-stamps": ClientOptions(uvloop=True, in_protocol=True, kernel_stamps=False),
+    # the client as the sweep runs it: uvloop, kernel read stamps
+    "sweep": ClientOptions(),
+    # one thing off at a time, to tell what each brings
+    "no-kernel-stamps": ClientOptions(kernel_stamps=False),
+    "asyncio-loop": ClientOptions(uvloop=False),
 }
 
 
@@ -238,7 +235,7 @@ def main() -> int:
     parser.add_argument("--topology", default="tp4x1")
     parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON))
     parser.add_argument("--json", default=None, help="also write the figures here")
-    parser.add_argument("--variants", default="new,old",
+    parser.add_argument("--variants", default="sweep,no-kernel-stamps",
                         help="client variants to run, the first compared with vllm bench serve: "
                         + ", ".join(VARIANTS))
     parser.add_argument("--no-vllm", action="store_true", help="skip vllm bench serve")

@@ -10,25 +10,19 @@ ITLs always number output_tokens - 1 and sum to e2e - TTFT.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any
 
-import aiohappyeyeballs
-import aiohttp
 import orjson
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.helpers import ceil_timeout
-from aiohttp.streams import StreamReader
 
 from crossover.loadgen.dataset import SyntheticRequest
+from crossover.loadgen.httpclient import ClientError, HTTPClient
 from crossover.loadgen.sse import DONE, SSEOverflow, SSEParser
-from crossover.loadgen.transport import KernelStampedTransport, kernel_stamps_available
 from crossover.spec import Balance
 
 _ERROR_BODY_CHARS = 200
+_ERROR_BODY_BYTES = 4096
 
 
 @dataclass
@@ -200,251 +194,75 @@ def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
 @dataclass(frozen=True)
 class ClientOptions:
     """How the sweep's client reads streams (the defaults are the fastest and most exact; the
-    others exist to measure against): uvloop runs the event loop when installed; in_protocol
-    parses events in the connection's data_received instead of in each stream's coroutine;
-    kernel_stamps times reads with the kernel's receive time instead of time.time()."""
+    others exist to measure against): uvloop runs the event loop when installed; kernel_stamps
+    times reads with the kernel's receive time instead of time.time() in data_received."""
 
     uvloop: bool = True
-    in_protocol: bool = True
     kernel_stamps: bool = True
 
 
-class _StreamSink:
-    """One stream's parser, fed by its connection's protocol as the body's bytes arrive: the
-    events are parsed and stamped inside data_received, and the stream's coroutine wakes once, at
-    the end, instead of once per read."""
+class _CompletionSink:
+    """One stream's response, fed by its connection as the bytes arrive (loadgen/httpclient.py): the
+    events are parsed and stamped with the time of the read that completed them.
 
-    __slots__ = ("body", "feeding", "parser", "trace")
+    Why in the protocol: a coroutine reading the stream runs after every other ready coroutine,
+    so at hundreds of streams whose tokens arrive in the same engine step, a time taken there is
+    late by the time the others took (milliseconds); data_received runs as the bytes come off
+    the socket, and on plain TCP its time is the kernel's receive time of the read."""
 
-    def __init__(self, body: Any, parser: SSEParser, trace: StreamTrace) -> None:
-        self.body = body
-        self.parser = parser
+    __slots__ = ("error_body", "parser", "streaming", "trace")
+
+    def __init__(self, trace: StreamTrace) -> None:
         self.trace = trace
-        self.feeding = False
+        self.parser = SSEParser()
+        self.streaming = False
+        self.error_body = b""
 
-    def feed(self, now: float) -> None:
-        body = self.body
-        # nothing new, already failed, or called again from inside read_nowait (which resumes a
-        # paused protocol, whose resume_reading calls data_received)
-        if not body._buffer or body._exception is not None or self.feeding:
-            return
-        self.feeding = True
-        try:
-            data = body.read_nowait(-1)
+    def head(self, status: int, headers: dict[str, str]) -> None:
+        self.trace.status = status
+        self.streaming = status == 200
+
+    def feed(self, data: bytes, stamp: float) -> bool:
+        if self.streaming:
+            trace = self.trace
             for event in self.parser.feed(data):
-                _consume_event(self.trace, event, now)
-        except SSEOverflow as exc:
-            body.set_exception(exc)  # the coroutine, waiting for the end, raises it
-        finally:
-            self.feeding = False
+                _consume_event(trace, event, stamp)
+            return False
+        self.error_body += data
+        return len(self.error_body) >= _ERROR_BODY_BYTES
 
-
-class StampingResponseHandler(ResponseHandler):
-    """aiohttp's connection protocol, noting when each socket read arrived and how far into the
-    response body it reached: (body bytes so far, unix time); with a stream's sink attached, it
-    parses the events itself as they arrive.
-
-    Why: a coroutine reading the stream runs after every other ready coroutine, so at hundreds of
-    streams whose tokens arrive in the same engine step, a time taken there is late by the time
-    the others took (milliseconds). data_received runs as the bytes come off the socket, and with
-    KernelStampedTransport `read_stamp` is the kernel's receive time of the read.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop)
-        self.stamps: list[tuple[int, float]] = []
-        self.stamped_body: object = None
-        self.sink: _StreamSink | None = None
-        self.read_stamp: float | None = None  # set by KernelStampedTransport before each read
-
-    def resume_reading(self, resume_parser: bool = True) -> None:
-        # The body's StreamReader calls this after every read that leaves it below its low-water
-        # mark, paused or not; unpaused, aiohttp's resume only re-enters data_received(b"") (to
-        # finish a parse that a pause cut short, and a pause sets the flag) at a cost per event.
-        if self._reading_paused or getattr(self, "_buffer_paused", True):
-            super().resume_reading(resume_parser)
-
-    def data_received(self, data: bytes) -> None:
-        now = self.read_stamp or time.time()
-        before = self._payload
-        super().data_received(data)
-        body = self._payload or before  # the body may end (and be let go) in this read
-        if body is None:
-            return
-        sink = self.sink
-        if sink is not None and sink.body is body:
-            sink.feed(now)
-            return
-        if body is not self.stamped_body:  # a new response on a kept-alive connection
-            self.stamped_body = body
-            self.stamps = []
-        self.stamps.append((body.total_bytes, now))
-
-
-class StampingConnector(aiohttp.TCPConnector):
-    """A TCPConnector whose plain-TCP connections are KernelStampedTransport (each read carries the
-    kernel's receive time); TLS, other platforms, or aiohttp internals that differ from what this
-    was written against get the loop's own transport, and reads are stamped in user space."""
-
-    async def _wrap_create_connection(self, *args: Any, addr_infos: Any, req: Any, timeout: Any,
-                                      client_error: type[Exception] = aiohttp.ClientConnectorError,
-                                      **kwargs: Any) -> tuple[asyncio.Transport, ResponseHandler]:
-        if kwargs.get("ssl") or not _KERNEL_STAMPS:
-            return await super()._wrap_create_connection(
-                *args, addr_infos=addr_infos, req=req, timeout=timeout, client_error=client_error, **kwargs)
-        try:
-            async with ceil_timeout(timeout.sock_connect, ceil_threshold=timeout.ceil_threshold):
-                sock = await aiohappyeyeballs.start_connection(
-                    addr_infos=addr_infos, local_addr_infos=self._local_addr_infos,
-                    happy_eyeballs_delay=self._happy_eyeballs_delay, interleave=self._interleave,
-                    loop=self._loop, socket_factory=self._socket_factory)
-        except OSError as exc:
-            if exc.errno is None and isinstance(exc, asyncio.TimeoutError):
-                raise
-            raise client_error(req.connection_key, exc) from exc
-        protocol = args[0]()
-        try:
-            transport = KernelStampedTransport(self._loop, sock, protocol)
-        except OSError as exc:
-            sock.close()
-            raise client_error(req.connection_key, exc) from exc
-        return transport, protocol
-
-
-def _kernel_stamps_usable() -> bool:
-    names = ("_local_addr_infos", "_happy_eyeballs_delay", "_interleave", "_socket_factory")
-    probe = aiohttp.TCPConnector.__init__.__code__.co_names
-    return kernel_stamps_available() and all(n in probe for n in names)
-
-
-_KERNEL_STAMPS = _kernel_stamps_usable()
-
-
-def stamping_connector(*, kernel_stamps: bool = True, **kwargs: Any) -> aiohttp.TCPConnector:
-    """A connector whose connections stamp reads (see StampingResponseHandler), with the kernel's
-    receive times where it can (StampingConnector); where aiohttp's internals differ, a plain
-    connector, and reads are stamped when the coroutine sees them."""
-    connector = (StampingConnector if kernel_stamps else aiohttp.TCPConnector)(**kwargs)
-    loop = getattr(connector, "_loop", None)
-    if loop is not None and hasattr(connector, "_factory"):
-        connector._factory = functools.partial(StampingResponseHandler, loop=loop)  # type: ignore[assignment]
-    return connector
-
-
-def _read_stamps(protocol: object, body: object, start: int, end: int) -> list[tuple[int, float]]:
-    """The read stamps of `body` covering its bytes (start, end], oldest first; consumed ones
-    dropped. Empty when the connection does not stamp, or already carries another response."""
-    if not isinstance(protocol, StampingResponseHandler) or protocol.stamped_body is not body:
-        return []
-    stamps = protocol.stamps
-    keep = 0
-    while keep < len(stamps) and stamps[keep][0] <= start:
-        keep += 1
-    covering = [s for s in stamps[keep:] if s[0] <= end]
-    after = stamps[keep + len(covering):]
-    if after:  # the read that completed `end` is still needed for the next bytes
-        covering.append(after[0])
-    protocol.stamps = stamps[keep:]
-    return covering
-
-
-def _feed_stamped(parser: SSEParser, trace: StreamTrace, chunk: bytes, start: int,
-                  stamps: list[tuple[int, float]], fallback: float) -> None:
-    """Feed a body chunk to the parser in pieces cut where socket reads ended, so each event gets
-    the time of the read that completed it."""
-    position = 0
-    for offset, stamp in stamps:
-        cut = min(offset - start, len(chunk))
-        if cut <= position:
-            continue
-        for data in parser.feed(chunk[position:cut]):
-            _consume_event(trace, data, stamp)
-        position = cut
-    if position < len(chunk):
-        for data in parser.feed(chunk[position:]):
-            _consume_event(trace, data, fallback)
-
-
-def _attach_sink(protocol: StampingResponseHandler, body: Any, parser: SSEParser,
-                 trace: StreamTrace) -> _StreamSink | None:
-    """Parse what arrived before now by the protocol's notes of its reads, and have the protocol
-    parse the rest as it arrives; None if the body had all arrived already."""
-    early = body.read_nowait(-1)
-    _feed_stamped(parser, trace, early, 0, _read_stamps(protocol, body, 0, len(early)), time.time())
-    if body.is_eof():  # all of it was here; the connection may already serve another response
-        return None
-    sink = _StreamSink(body, parser, trace)
-    protocol.sink = sink
-    return sink
-
-
-async def _read_in_protocol(protocol: StampingResponseHandler, body: Any, parser: SSEParser,
-                            trace: StreamTrace) -> None:
-    """The body is parsed by the protocol as it arrives (_StreamSink); this waits for its end."""
-    sink = _attach_sink(protocol, body, parser, trace)
-    if sink is None:
-        return
-    try:
-        await body.wait_eof()
-        late = body.read_nowait(-1)  # raises the body's error, if it failed
-        if late:  # fed without a read (aiohttp flushing its parser at the connection's end)
+    def finish(self) -> None:
+        """The response ended: a last event without its blank line, or the error's body."""
+        trace = self.trace
+        if self.streaming:
             now = time.time()
-            for data in parser.feed(late):
-                _consume_event(trace, data, now)
-    finally:
-        if protocol.sink is sink:
-            protocol.sink = None
+            for event in self.parser.finish():
+                _consume_event(trace, event, now)
+        elif trace.status:
+            body = self.error_body[:_ERROR_BODY_BYTES].decode(errors="replace")
+            trace.error = f"HTTP {trace.status}: {' '.join(body.split())[:_ERROR_BODY_CHARS]}"
 
 
-async def _read_in_coroutine(protocol: object, body: Any, parser: SSEParser, trace: StreamTrace) -> None:
-    """The plain aiohttp way: the coroutine reads the body, using the protocol's read stamps where
-    there are some."""
-    consumed = 0
-    async for chunk in body.iter_any():
-        now = time.time()
-        end = consumed + len(chunk)
-        stamps = _read_stamps(protocol, body, consumed, end)
-        _feed_stamped(parser, trace, chunk, consumed, stamps, now)
-        consumed = end
+_JSON = {"Content-Type": "application/json"}
 
 
-async def stream_completion(session: aiohttp.ClientSession, base_url: str, payload: bytes,
-                            timeout_s: float, *, in_protocol: bool = True,
+async def stream_completion(client: HTTPClient, base_url: str, payload: bytes, timeout_s: float, *,
                             path: str = "/v1/completions") -> StreamTrace:
     """POST one streaming completion and record when each token event arrives. Never raises for
-    what the server or network does: every failure ends up in trace.error. On a stamping
-    connection the events are parsed in the protocol (in_protocol), otherwise by this coroutine."""
+    what the server or network does: every failure ends up in trace.error."""
     trace = StreamTrace(send_time=time.time())
-    parser = SSEParser()
+    sink = _CompletionSink(trace)
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(base_url + path, data=payload,
-                                    headers={"Content-Type": "application/json"}) as response:
-                trace.status = response.status
-                if response.status != 200:
-                    body = (await response.content.read(4096)).decode(errors="replace")
-                    trace.error = f"HTTP {response.status}: {' '.join(body.split())[:_ERROR_BODY_CHARS]}"
-                else:
-                    # Held from the start: at the body's end aiohttp lets the connection go
-                    # (response.connection becomes None) before the last bytes are read here.
-                    protocol = response.connection.protocol if response.connection is not None else None
-                    content = response.content
-                    if (in_protocol and isinstance(protocol, StampingResponseHandler)
-                            and protocol.stamped_body is content and isinstance(content, StreamReader)):
-                        await _read_in_protocol(protocol, content, parser, trace)
-                    else:
-                        await _read_in_coroutine(protocol, content, parser, trace)
-                    for data in parser.finish():
-                        _consume_event(trace, data, time.time())
+            await client.request("POST", base_url + path, payload, sink, _JSON)
+        sink.finish()
     except TimeoutError:
         trace.error = f"timeout after {timeout_s:g} s"
     except SSEOverflow as exc:
         trace.error = f"not an event stream: {exc}"
-    except aiohttp.ClientError as exc:
+    except (ClientError, OSError) as exc:
         trace.error = f"{type(exc).__name__}: {str(exc)[:_ERROR_BODY_CHARS]}"
-    except OSError as exc:
-        trace.error = f"{type(exc).__name__}: {exc}"
-    trace.garbage += parser.garbage
+    trace.garbage += sink.parser.garbage
     trace.end_time = time.time()
     return trace
 

@@ -18,7 +18,6 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
 import pandas as pd
 
 from crossover.errors import UserError
@@ -30,11 +29,11 @@ from crossover.loadgen.client import (
     ClientOptions,
     RequestRecord,
     build_record,
-    stamping_connector,
     stream_completion,
 )
 from crossover.loadgen.crossover import analyze
 from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
+from crossover.loadgen.httpclient import HTTPClient
 from crossover.loadgen.payloads import PATHS, request_payload
 from crossover.loadgen.plan import Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
@@ -145,12 +144,11 @@ class _LevelRunner:
         self.prepared = prepared
         self.path = PATHS[plan.endpoint]
 
-    async def _one(self, session: aiohttp.ClientSession, prepared: Prepared) -> None:
+    async def _one(self, session: HTTPClient, prepared: Prepared) -> None:
         request, payload = prepared
         url = self.balancer.acquire()
         try:
-            trace = await stream_completion(session, url, payload, self.plan.timeout_s,
-                                            in_protocol=self.client.in_protocol, path=self.path)
+            trace = await stream_completion(session, url, payload, self.plan.timeout_s, path=self.path)
         finally:
             self.balancer.release(url)
         self.records.append(build_record(trace, request, self.info.name, self.level, url))
@@ -158,16 +156,14 @@ class _LevelRunner:
             self.on_request(self.info.name, self.level, len(self.records), self.total)
 
     async def run(self) -> list[RequestRecord]:
-        connector = stamping_connector(limit=0, ttl_dns_cache=300, kernel_stamps=self.client.kernel_stamps)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                         auto_decompress=False) as session:
+        async with HTTPClient(kernel_stamps=self.client.kernel_stamps) as session:
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:
                 await self._open(session)
         return self.records
 
-    async def _closed(self, session: aiohttp.ClientSession) -> None:
+    async def _closed(self, session: HTTPClient) -> None:
         concurrency = int(self.level)
         source = self.prepared
         deadline = (time.monotonic() + self.plan.ramp_s + self.plan.duration_s
@@ -188,7 +184,7 @@ class _LevelRunner:
 
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
 
-    async def _open(self, session: aiohttp.ClientSession) -> None:
+    async def _open(self, session: HTTPClient) -> None:
         assert self.total is not None
         offsets = arrival_offsets(self.plan, self.level, self.total)
         loop = asyncio.get_running_loop()
