@@ -21,9 +21,6 @@ from crossover.rules.render import (
 from crossover.spec import FleetSpec, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_SPECS = REPO / "compose" / "specs"
-RULES_DIR = REPO / "rules" / "generated"
-PROMETHEUS_DIR = REPO / "compose" / "prometheus"
 
 RULES_FILE = "rules.yml"
 TEST_FILE = "rules.test.yml"
