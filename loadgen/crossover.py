@@ -227,7 +227,7 @@ def _metric_replicates(group: pd.DataFrame, metric: Metric, duration: float, gpu
 def _bootstrap(marked: pd.DataFrame, summary: pd.DataFrame, topology: str, metric: Metric,
                levels: np.ndarray, n_boot: int, rng: np.random.Generator, closed_loop: bool) -> np.ndarray:
     out = np.full((len(levels), n_boot), np.nan)
-    mine = marked[(marked["topology"] == topology) & marked["in_window"]]
+    mine = marked[(marked["topology"] == topology) & marked["counted"]]
     rows = summary[summary["topology"] == topology].set_index("level")
     for i, level in enumerate(levels):
         group = mine[mine["level"] == level]
@@ -264,7 +264,7 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
     pair_list = list(pairs) if pairs is not None else list(combinations(topologies, 2))
     marked = None
     if requests is not None and n_boot > 0 and len(requests):
-        marked = requests if "good" in requests and "in_window" in requests else mark_requests(
+        marked = requests if "good" in requests and "counted" in requests else mark_requests(
             requests, slos_ms or {}, plan)
     results: list[Crossover] = []
     tail = (1 - confidence) / 2 * 100
@@ -354,7 +354,7 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
     out: list[Capacity] = []
     marked = None
     if requests is not None and n_boot > 0 and len(requests):
-        marked = requests if "good" in requests and "in_window" in requests else mark_requests(
+        marked = requests if "good" in requests and "counted" in requests else mark_requests(
             requests, slos_ms or {}, plan)
     tail = (1 - confidence) / 2 * 100
     for topology in sorted(summary["topology"].unique()) if len(summary) else []:
