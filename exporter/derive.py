@@ -295,7 +295,7 @@ def _total(values: list[float], columns: list[int]) -> float:
     return math.fsum([values[c] for c in columns])
 
 
-def summarize(window: SeriesWindow) -> WindowSums:
+def window_sums(window: SeriesWindow) -> WindowSums:
     """Reduce one target's window (all its engines and label sets summed). Plain lists, not numpy:
     a target has about a hundred series, where a numpy call costs more than the arithmetic."""
     layout = _layout(window.keys)
@@ -421,7 +421,7 @@ def _latency(histogram: _Histogram | None) -> Latency | None:
 def derive(windows: Sequence[SeriesWindow | None], *, gpus: int, slos_seconds: Mapping[str, float],
            window_seconds: float) -> Derived:
     """Derive one group's figures over one window from its targets' windows (None: no window)."""
-    return derive_sums(merge(summarize(w) for w in windows if w is not None), gpus=gpus,
+    return derive_sums(merge(window_sums(w) for w in windows if w is not None), gpus=gpus,
                        slos_seconds=slos_seconds, window_seconds=window_seconds)
 
 
@@ -611,7 +611,7 @@ def _fraction_rows(threshold: float, bounds: tuple[float, ...], monotonic: np.nd
 
 class WindowBatch:
     """The windows of several targets that share one layout (a homogeneous fleet), each reduced
-    as `summarize` reduces one, as arrays with one row per target. Instances are derived from the
+    as `window_sums` reduces one, as arrays with one row per target. Instances are derived from the
     rows at once (`derive_rows`), and groups from rows added in member order (`sums`): the same
     numbers as the per-target path, in the same order of operations."""
 
@@ -678,7 +678,7 @@ class WindowBatch:
                             (out.gauge_mean_sum, self.gauge_mean_sum)):
             for name, values in rates.items():
                 into[name] = _sequential(values, rows)
-        timed = [row for row in rows if self.positive[row]]  # summarize() has no rate without a duration
+        timed = [row for row in rows if self.positive[row]]  # window_sums() has no rate without a duration
         if timed:
             for name, values in self.hist_rates.items():
                 out.hist_rates[name] = _sequential(values, timed)
