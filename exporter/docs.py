@@ -19,13 +19,15 @@ DOC = Path("docs") / "exporter.md"  # relative to the checkout
 
 def series_table() -> str:
     lines = ["| series | type | labels | meaning |", "|---|---|---|---|"]
-    for metric in (*names.TARGET_METRICS, *names.EXPORTER_METRICS):
+    for metric in (*names.TARGET_METRICS, *names.EXPORTER_METRICS, *names.TOPOLOGY_METRICS):
         labels = ", ".join(metric.labels) or "-"
         lines.append(f"| `{metric.name}` | {metric.type} | {labels} | {metric.help} |")
     lines.append("")
     lines.append("Derived series, each at three levels: `crossover_topology_<suffix>` (labels topology, "
                  "window), `crossover_role_<suffix>` (topology, role, window; P/D topologies only) and "
-                 "`crossover_instance_<suffix>` (topology, instance, role, window), plus the labels below.")
+                 "`crossover_instance_<suffix>` (topology, instance, role, window), plus the labels below. "
+                 "At the topology level the request figures come from the source "
+                 f"`{names.REQUESTS_SOURCE}` names.")
     lines.append("")
     lines.append("| suffix | more labels | meaning |")
     lines.append("|---|---|---|")

@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.catalog import Metric
 from crossover.errors import UserError
-from crossover.spec import FleetSpec, Role, bucket_neighbours, format_duration, on_boundary
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, bucket_neighbours, format_duration, on_boundary
 
 # Labels every aggregated series keeps: the topology the scrape config attached, and the model.
 TOPOLOGY_BY = ("topology", "model_name")
@@ -30,22 +31,63 @@ ROLE_BY = ("topology", "role", "model_name")
 JOB_NAME = "vllm"
 DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
 REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written for 30 days
-QUANTILES = (0.5, 0.99)
-# SLOs judged once per finished request; only these form the joint (all-SLOs-met) bounds.
-# ITL is observed once per engine iteration, a different population, so it stays a single SLO.
-REQUEST_SLOS = ("ttft", "tpot", "e2el")
 # Histograms whose quantiles and means are recorded per topology.
 LATENCY_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
-NIXL_HISTOGRAMS: tuple[Metric, ...] = (catalog.NIXL_XFER_TIME, catalog.NIXL_BYTES)
 RATE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS,
                                      catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS)
-NIXL_COUNTERS: tuple[Metric, ...] = (catalog.NIXL_FAILED_TRANSFERS,)
 GAUGES_SUMMED: tuple[Metric, ...] = (catalog.NUM_REQUESTS_RUNNING, catalog.NUM_REQUESTS_WAITING)
 # A P/D request is one request on the prefill instance (max_tokens 1) and one on the decode instance,
 # so topology-level request figures of a P/D topology count it twice and mix two populations; these
 # are also recorded per role (level topology_role) for fleets with a P/D topology.
 ROLE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.REQUEST_SUCCESS)
 ROLE_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.E2E_LATENCY)
+
+
+class Stemmed(Protocol):
+    """What a recording-rule name is built from: a catalog Metric, or a KvFamily."""
+
+    @property
+    def rule_stem(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class KvFamily:
+    """One KV-transfer quantity read from whichever connector's family an instance exposes
+    (catalog.KV_CONNECTORS: NIXL, Mooncake); time and bytes share their buckets across connectors."""
+
+    rule_stem: str
+    metrics: tuple[Metric, ...]
+
+    def names(self, suffix: str) -> str:
+        """A `__name__` regex matching the family's samples of every connector."""
+        return "|".join(re.escape(m.name + suffix) for m in self.metrics)
+
+
+KV_TIME = KvFamily("vllm_kv_transfer_time_seconds",
+                   tuple(c.xfer_time for c in catalog.KV_CONNECTORS.values()))
+KV_BYTES = KvFamily("vllm_kv_transfer_bytes", tuple(c.bytes for c in catalog.KV_CONNECTORS.values()))
+KV_FAILURES = KvFamily("vllm_kv_transfer_failures",
+                       tuple(c.failed_transfers for c in catalog.KV_CONNECTORS.values()))
+KV_HISTOGRAMS: tuple[KvFamily, ...] = (KV_TIME, KV_BYTES)
+
+# A topology as its users see it (docs/routers.md): request families from its entrypoint targets,
+# else from its decode role, else from its instances (colocated); never from both P/D roles.
+# Generated tokens leave out the prefill role (its one token per request is no output), prompt
+# tokens the decode role; nothing else is read from an entrypoint. The request outcome families
+# (crossover.slo) follow the same choice, so a P/D request is never counted on both roles.
+REQUEST_FAMILIES: frozenset[str] = frozenset(m.name for m in (*catalog.ENTRYPOINT_FAMILIES,
+                                                              *slo.OUTCOME_FAMILIES))
+USER_SOURCES: tuple[tuple[str, str], ...] = (
+    ("entrypoint", f'role="{ENTRYPOINT_ROLE}"'),
+    ("decode", f'role="{Role.DECODE.value}"'),
+    ("instances", f'role!~"{ENTRYPOINT_ROLE}|{Role.PREFILL.value}|{Role.DECODE.value}"'),
+)
+TOPOLOGY_ROLES: dict[str, str] = {
+    catalog.GENERATION_TOKENS.name: f'role!~"{ENTRYPOINT_ROLE}|{Role.PREFILL.value}"',
+    catalog.PROMPT_TOKENS.name: f'role!~"{ENTRYPOINT_ROLE}|{Role.DECODE.value}"',
+}
+NOT_ENTRYPOINT = f'role!="{ENTRYPOINT_ROLE}"'
+
 # Families whose absence on an up target means a vLLM rename (or a broken exporter of them).
 WATCHED_FAMILIES: tuple[Metric, ...] = (
     catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS, catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS,
@@ -198,20 +240,20 @@ def error_budget(spec: FleetSpec) -> float:
 
 # ---- names shared with the dashboards --------------------------------------------------------
 
-def rate_name(metric: Metric, window: str, level: str = "topology") -> str:
+def rate_name(metric: Stemmed, window: str, level: str = "topology") -> str:
     return f"{level}:{metric.rule_stem}:rate{window}"
 
 
-def histogram_rate_name(metric: Metric, part: str, window: str, level: str = "topology") -> str:
+def histogram_rate_name(metric: Stemmed, part: str, window: str, level: str = "topology") -> str:
     """part is bucket, count or sum."""
     return f"{level}:{metric.rule_stem}_{part}:rate{window}"
 
 
-def quantile_name(metric: Metric, quantile: float, window: str, level: str = "topology") -> str:
+def quantile_name(metric: Stemmed, quantile: float, window: str, level: str = "topology") -> str:
     return f"{level}:{metric.rule_stem}:p{round(quantile * 100):d}_{window}"
 
 
-def mean_name(metric: Metric, window: str) -> str:
+def mean_name(metric: Stemmed, window: str) -> str:
     return f"topology:{metric.rule_stem}:mean_{window}"
 
 
@@ -228,21 +270,46 @@ def kv_usage_name(operation: str) -> str:
     return f"topology:{catalog.KV_CACHE_USAGE.rule_stem}:{operation}"
 
 
-def goodput_name(slo: str, window: str, level: str = "topology") -> str:
-    return f"{level}:vllm_goodput_{slo}:ratio_rate{window}"
+def attainment_name(kind: str, window: str, level: str = "topology") -> str:
+    """Share of all requests served within one SLO (crossover.slo)."""
+    return f"{level}:vllm_{slo.ATTAINMENT}_{kind}:ratio_rate{window}"
 
 
-def joint_goodput_name(bound: str, window: str) -> str:
+def joint_attainment_name(bound: str, window: str) -> str:
     """bound is lower or upper: max(0, sum(a_i)-(n-1)) <= joint <= min(a_i)."""
-    return f"topology:vllm_goodput:ratio_{bound}_rate{window}"
+    return f"topology:vllm_{slo.ATTAINMENT}:ratio_{bound}_rate{window}"
+
+
+REQUEST_OUTCOMES = ("all", "served", "failed_finished")
+
+
+def requests_name(outcome: str, window: str, level: str = "topology") -> str:
+    """Requests per second by outcome (crossover.slo.Outcomes): all the fleet should have served
+    (finished + rejected at admission), served, or failed and finished by the engine (abort, error)."""
+    stem = "vllm_requests" if outcome == "all" else f"vllm_requests_{outcome}"
+    return f"{level}:{stem}:rate{window}"
+
+
+def failed_requests_name(window: str) -> str:
+    """Failed requests per second by `reason` (slo.FAILURE_REASONS)."""
+    return f"topology:vllm_failed_requests:rate{window}"
+
+
+def goodput_requests_name(window: str) -> str:
+    return f"topology:vllm_{slo.GOODPUT}_requests:rate{window}"
 
 
 def goodput_tokens_name(window: str, per_gpu: bool = False) -> str:
-    return f"topology:vllm_goodput_tokens{'_per_gpu' if per_gpu else ''}:rate{window}"
+    return f"topology:vllm_{slo.GOODPUT}_tokens{'_per_gpu' if per_gpu else ''}:rate{window}"
 
 
-def nixl_bandwidth_name(window: str) -> str:
-    return f"topology:{catalog.NIXL_BYTES.rule_stem}_per_xfer_second:ratio_rate{window}"
+def kv_bandwidth_name(window: str) -> str:
+    return f"topology:{KV_BYTES.rule_stem}_per_xfer_second:ratio_rate{window}"
+
+
+def requests_source_name() -> str:
+    """1 per topology, `source` = where its request figures come from (entrypoint, decode, instances)."""
+    return "topology:vllm_requests_source:info"
 
 
 GPUS_NAME = "topology:gpus:sum"
@@ -287,22 +354,22 @@ def slo_buckets(spec: FleetSpec, refuse_off_boundary: bool = False,
     warning), never a looser one; refuse when asked to, or when no boundary lies below."""
     chosen: list[SloBucket] = []
     warnings: list[str] = []
-    for slo, threshold_ms in spec.slos.thresholds_ms.items():
-        metric = catalog.SLO_HISTOGRAMS[slo]
+    for kind, threshold_ms in spec.slos.thresholds_ms.items():
+        metric = slo.SLO_HISTOGRAMS[kind]
         threshold_s = threshold_ms / 1000.0
         if on_boundary(threshold_s, metric.buckets):
             le = min(metric.buckets, key=lambda b: abs(b - threshold_s))
-            chosen.append(SloBucket(slo, threshold_ms, metric, le, exact=True))
+            chosen.append(SloBucket(kind, threshold_ms, metric, le, exact=True))
             continue
         below, above = bucket_neighbours(threshold_s, metric.buckets)
         near = " and ".join(f"{b * 1000:g} ms" for b in (below, above) if b is not None)
-        where = f"{source}: slos.{slo}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} " \
+        where = f"{source}: slos.{kind}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} " \
                 f"(neighbours {near})"
         if refuse_off_boundary:
             raise UserError(f"{where}; pick a boundary or drop --refuse-off-boundary to round down")
         if below is None:
             raise UserError(f"{where}; no stricter boundary exists below it, pick one of the buckets")
-        chosen.append(SloBucket(slo, threshold_ms, metric, below, exact=False))
+        chosen.append(SloBucket(kind, threshold_ms, metric, below, exact=False))
         warnings.append(f"{where}; the rules count a request as good only below {below * 1000:g} ms "
                         "(the stricter neighbour), so goodput is a lower bound")
     return tuple(chosen), tuple(warnings)
@@ -359,7 +426,7 @@ def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str 
         RuleGroup("crossover-goodput", builder.goodput_rules(dashboard_windows, sli_windows)),
         *((RuleGroup("crossover-roles", builder.role_rules(dashboard_windows)),)
           if disaggregated_topologies(spec) else ()),
-        RuleGroup("crossover-kv-transfer", builder.nixl_rules(tuple(dict.fromkeys((*dashboard_windows,
+        RuleGroup("crossover-kv-transfer", builder.kv_rules(tuple(dict.fromkeys((*dashboard_windows,
                                                                                    kv_window))))),
         RuleGroup("crossover-slo-alerts", builder.slo_alerts()),
         RuleGroup("crossover-fleet-alerts", builder.fleet_alerts()),
@@ -388,14 +455,48 @@ class _Builder:
     def runbook(self, alert: str) -> str:
         return f"{self.config.runbook_base}#{alert.lower()}"
 
+    def raw(self, family: Metric | KvFamily, suffix: str = "", extra: str = "") -> str:
+        """A selector of a family's raw samples (`_bucket`, `_sum`, `_count`, or a counter's `_total`)."""
+        if isinstance(family, KvFamily):
+            return self.sel("", ",".join(m for m in (f'__name__=~"{family.names(suffix)}"', extra) if m))
+        return self.sel(family.name + suffix, extra)
+
     def summed_rate(self, series: str, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-        return f"sum by ({_by(by)}) (rate({series}[{window}]))"
+        """Summed rate of a raw series. Per topology (no role in `by`) the roles are picked as the
+        topology's users see it: see REQUEST_FAMILIES and TOPOLOGY_ROLES."""
+        if "role" in by:
+            return f"sum by ({_by(by)}) (rate({series}[{window}]))"
+        name, _, matchers = series.partition("{")
+        found = catalog.CATALOG.family_of_sample(name)
+        family = found[0].name if found else ""
+
+        def with_role(role: str) -> str:
+            return f"sum by ({_by(by)}) (rate({name}{{{role},{matchers}[{window}]))"
+
+        if family in REQUEST_FAMILIES:  # parenthesised: callers divide and multiply it
+            choices = "\n  or on (topology)\n  ".join(with_role(role) for _, role in USER_SOURCES)
+            return f"(\n  {choices}\n)"
+        return with_role(TOPOLOGY_ROLES.get(family, NOT_ENTRYPOINT)) if name else \
+            f"sum by ({_by(by)}) (rate({series}[{window}]))"
+
+    def requests_source(self) -> RecordingRule:
+        """Which source summed_rate picks per topology, for dashboards to show beside its figures."""
+        families = promql_string("|".join(re.escape(s) for m in catalog.ENTRYPOINT_FAMILIES
+                                          for s in (m.promql_name if m.type is catalog.MetricType.COUNTER
+                                                    else m.name + "_count",)))
+        exposed = {"entrypoint": self.sel("", f"__name__=~{families},{USER_SOURCES[0][1]}")}
+        branches = []
+        for source, role in USER_SOURCES:
+            series = exposed.get(source, self.sel("up", role))
+            branches.append(f'label_replace(group by (topology) ({series}), "source", "{source}", "", "")')
+        return RecordingRule(requests_source_name(), "\nor on (topology)\n".join(branches))
 
     def topology_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = [
             RecordingRule(GPUS_NAME, f"vector({t.gpus})", (("topology", t.name),))
             for t in self.spec.topologies
         ]
+        rules.append(self.requests_source())
         for metric in GAUGES_SUMMED:
             rules.append(RecordingRule(gauge_sum_name(metric), f"sum by ({_by(TOPOLOGY_BY)}) "
                                        f"({self.sel(metric.promql_name)})"))
@@ -416,26 +517,66 @@ class _Builder:
                 rules.extend(self.histogram_rules(metric, window))
         return tuple(rules)
 
-    def histogram_rules(self, metric: Metric, window: str) -> list[RecordingRule]:
+    def histogram_rules(self, metric: Metric | KvFamily, window: str) -> list[RecordingRule]:
         bucket = histogram_rate_name(metric, "bucket", window)
         count = histogram_rate_name(metric, "count", window)
         total = histogram_rate_name(metric, "sum", window)
         rules = [
-            RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
+            RecordingRule(bucket, self.summed_rate(self.raw(metric, "_bucket"), window,
                                                    (*TOPOLOGY_BY, "le"))),
-            RecordingRule(count, self.summed_rate(self.sel(metric.name + "_count"), window)),
-            RecordingRule(total, self.summed_rate(self.sel(metric.name + "_sum"), window)),
+            RecordingRule(count, self.summed_rate(self.raw(metric, "_count"), window)),
+            RecordingRule(total, self.summed_rate(self.raw(metric, "_sum"), window)),
         ]
-        for quantile in QUANTILES:
+        for quantile in slo.QUANTILES:
             rules.append(RecordingRule(quantile_name(metric, quantile, window),
                                        f"histogram_quantile({quantile}, {bucket})"))
         rules.append(RecordingRule(mean_name(metric, window), f"{total} / {count}"))
         return rules
 
-    def goodput_ratio(self, bucket: SloBucket, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-        good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
-        every = self.sel(bucket.metric.name + "_count")
-        return f"{self.summed_rate(good, window, by)}\n/\n{self.summed_rate(every, window, by)}"
+    def attainment(self, bucket: SloBucket, window: str, level: str = "topology",
+                   by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+        """slo.attainment in PromQL, on the outcome rates recorded by outcome_rules."""
+        good = self.summed_rate(self.sel(bucket.metric.name + "_bucket", bucket.le_matcher), window, by)
+        every = requests_name("all", window, level)
+        on = f"on ({_by(by)})"
+        if bucket.slo in slo.OBSERVES_FAILED:
+            failed = requests_name("failed_finished", window, level)
+            return f"clamp_min(\n{good}\n- {on} {failed},\n0)\n/ {on} {every}"
+        served = requests_name("served", window, level)
+        count = self.summed_rate(self.sel(bucket.metric.name + "_count"), window, by)
+        # 0, not NaN, when requests came and none was served (the histogram then observed nothing)
+        return (f"(\n{good}\n/\n{count}\n* {on} {served} and {on} {served} > 0\nor {on} 0 * {served}\n)"
+                f"\n/ {on} {every}")
+
+    def fleet_requests(self, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+        """The API server's requests the fleet should have served (slo.is_fleet_request). The
+        counter has no model label: one spec serves one model, so it is added here."""
+        handlers = promql_string("|".join(re.escape(h) for h in slo.SERVING_HANDLERS))
+        series = self.sel(catalog.HTTP_REQUESTS.promql_name,
+                          f"handler=~{handlers},status!={promql_string(slo.CLIENT_ERROR_STATUS)}")
+        summed = self.summed_rate(series, window, tuple(label for label in by if label != "model_name"))
+        return f'label_replace({summed}, "model_name", {promql_string(self.spec.model.name)}, "", "")'
+
+    def outcome_rules(self, window: str, level: str = "topology",
+                      by: tuple[str, ...] = TOPOLOGY_BY) -> list[RecordingRule]:
+        """slo.outcomes in PromQL: all requests are the API server's (4xx left out), at least the
+        finished and rejected ones. A target without finished_reason counts every request as
+        served (the fallback); one without the HTTP or admission family counts none there."""
+        failed = f"finished_reason=~{promql_string('|'.join(slo.FAILED_REASONS))}"
+        success = catalog.REQUEST_SUCCESS.promql_name
+        finished = self.summed_rate(self.sel(success), window, by)
+        rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)
+        served = self.summed_rate(self.sel(success, failed.replace("=~", "!~")), window, by)
+        failed_finished = self.summed_rate(self.sel(success, failed), window, by)
+        on = f"on ({_by(by)})"
+        counted = f"(\n  {finished}\n  + {on}\n  ({rejected} or 0 * {finished})\n)"
+        return [
+            RecordingRule(requests_name("all", window, level),
+                          f"{self.fleet_requests(window, by)}\n>= {on} {counted}\nor {on}\n{counted}"),
+            RecordingRule(requests_name("served", window, level), served),
+            RecordingRule(requests_name("failed_finished", window, level),
+                          f"{failed_finished}\nor\n0 * {finished}"),
+        ]
 
     def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """Request figures per P/D role: the decode side is what users see after the first token
@@ -450,39 +591,45 @@ class _Builder:
                 bucket = histogram_rate_name(metric, "bucket", window, level)
                 rules.append(RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
                                                                     (*ROLE_BY, "le"))))
-                for quantile in QUANTILES:
+                for quantile in slo.QUANTILES:
                     rules.append(RecordingRule(quantile_name(metric, quantile, window, level),
                                                f"histogram_quantile({quantile}, {bucket})"))
+            rules.extend(self.outcome_rules(window, level, ROLE_BY))
             for slo_bucket in self.buckets:
-                if slo_bucket.slo in REQUEST_SLOS:
-                    rules.append(RecordingRule(goodput_name(slo_bucket.slo, window, level),
-                                               self.goodput_ratio(slo_bucket, window, ROLE_BY)))
+                if slo_bucket.slo in slo.PER_REQUEST_SLOS:
+                    rules.append(RecordingRule(attainment_name(slo_bucket.slo, window, level),
+                                               self.attainment(slo_bucket, window, level, ROLE_BY)))
         return tuple(rules)
 
     def goodput_rules(self, dashboard_windows: tuple[str, ...],
                       sli_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []
-        request_slos = [b for b in self.buckets if b.slo in REQUEST_SLOS]
+        request_slos = [b for b in self.buckets if b.slo in slo.PER_REQUEST_SLOS]
         for window in sli_windows:
+            rules.extend(self.outcome_rules(window))
             for bucket in self.buckets:
-                name = goodput_name(bucket.slo, window)
-                rules.append(RecordingRule(name, self.goodput_ratio(bucket, window)))
+                name = attainment_name(bucket.slo, window)
+                rules.append(RecordingRule(name, self.attainment(bucket, window)))
                 rules.append(RecordingRule(sli_error_name(window), f"1 - {name}", (("slo", bucket.slo),)))
         for window in dashboard_windows:
+            rules.append(RecordingRule(failed_requests_name(window), self.failed_requests(window)))
             if request_slos:
-                names = [goodput_name(b.slo, window) for b in request_slos]
+                names = [attainment_name(b.slo, window) for b in request_slos]
                 # Frechet bounds on "every SLO met" from the per-SLO shares.
                 lower = " + ".join(names)
-                rules.append(RecordingRule(joint_goodput_name("lower", window),
+                rules.append(RecordingRule(joint_attainment_name("lower", window),
                                            f"clamp_min({lower} - {len(names) - 1}, 0)"))
                 upper = " or ".join(f'label_replace({n}, "slo", "{b.slo}", "", "")'
                                     for n, b in zip(names, request_slos, strict=True))
-                rules.append(RecordingRule(joint_goodput_name("upper", window),
+                rules.append(RecordingRule(joint_attainment_name("upper", window),
                                            f"min without (slo) ({upper})"))
+                rules.append(RecordingRule(
+                    goodput_requests_name(window),
+                    f"{requests_name('all', window)} * {joint_attainment_name('lower', window)}"))
                 rules.append(RecordingRule(
                     goodput_tokens_name(window),
                     f"{rate_name(catalog.GENERATION_TOKENS, window)}"
-                    f" * {joint_goodput_name('lower', window)}"))
+                    f" * {joint_attainment_name('lower', window)}"))
                 rules.append(RecordingRule(
                     goodput_tokens_name(window, per_gpu=True),
                     f"{goodput_tokens_name(window)} / on (topology) group_left {GPUS_NAME}"))
@@ -495,18 +642,33 @@ class _Builder:
             f"1 - {sli_error_name(period)} / {error_budget(self.spec)!r}"))
         return tuple(rules)
 
-    def nixl_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+    def failed_requests(self, window: str) -> str:
+        """Failed requests/s by reason (slo.FAILURE_REASONS): abort and error (finished_reason),
+        rejected (admission), unfinished (the rest of all requests)."""
+        failed = promql_string("|".join(slo.FAILED_REASONS))
+        finished = self.sel(catalog.REQUEST_SUCCESS.promql_name, f"finished_reason=~{failed}")
+        rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window)
+        on = f"on ({_by(TOPOLOGY_BY)})"
+        every = requests_name("all", window)
+        unfinished = (f"clamp_min(\n  {every}\n  - {on} {requests_name('served', window)}"
+                      f"\n  - {on} {requests_name('failed_finished', window)}"
+                      f"\n  - {on} ({rejected} or 0 * {every}),\n0)")
+        return (f"sum by ({_by((*TOPOLOGY_BY, 'reason'))}) (label_replace(rate({finished}[{window}]), "
+                f'"reason", "$1", "finished_reason", "(.*)"))\n'
+                f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")\n'
+                f'or\nlabel_replace({unfinished}, "reason", {promql_string(slo.UNFINISHED_REASON)}, "", "")')
+
+    def kv_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []
         for window in windows:
-            for metric in NIXL_HISTOGRAMS:
-                rules.extend(self.histogram_rules(metric, window))
-            for metric in NIXL_COUNTERS:
-                rules.append(RecordingRule(rate_name(metric, window),
-                                           self.summed_rate(self.sel(metric.promql_name), window)))
+            for family in KV_HISTOGRAMS:
+                rules.extend(self.histogram_rules(family, window))
+            rules.append(RecordingRule(rate_name(KV_FAILURES, window),
+                                       self.summed_rate(self.raw(KV_FAILURES, "_total"), window)))
             rules.append(RecordingRule(
-                nixl_bandwidth_name(window),
-                f"{histogram_rate_name(catalog.NIXL_BYTES, 'sum', window)}\n/\n"
-                f"{histogram_rate_name(catalog.NIXL_XFER_TIME, 'sum', window)}"))
+                kv_bandwidth_name(window),
+                f"{histogram_rate_name(KV_BYTES, 'sum', window)}\n/\n"
+                f"{histogram_rate_name(KV_TIME, 'sum', window)}"))
         return tuple(rules)
 
     def slo_alerts(self) -> tuple[AlertRule, ...]:
@@ -536,7 +698,7 @@ class _Builder:
         return tuple(alerts)
 
     def fleet_alerts(self) -> tuple[AlertRule, ...]:
-        up = self.sel("up")
+        up = self.sel("up", NOT_ENTRYPOINT)  # vLLM instances; an entrypoint serves no engine families
         scaled = self.config.window_scale
         alerts = [
             AlertRule(
@@ -592,24 +754,40 @@ class _Builder:
                         "(custom --custom-histogram-buckets?): goodput for {{ $labels.slo }} cannot be "
                         "computed there. Regenerate the rules for the target's buckets.",
             runbook_url=self.runbook("VllmSloBucketMissing")))
+        if any(t.entrypoint.metrics_url for t in self.spec.topologies):
+            families = promql_string("|".join(re.escape(m.promql_name if m.type is catalog.MetricType.COUNTER
+                                                        else m.name + "_count")
+                                              for m in catalog.ENTRYPOINT_FAMILIES))
+            entry = f'role="{ENTRYPOINT_ROLE}"'
+            alerts.append(AlertRule(
+                "VllmEntrypointMetricsAbsent",
+                f"({self.sel('up', entry)} == 1)\nunless on (instance)\n"
+                f"count by (instance) ({self.sel('', f'__name__=~{families},{entry}')})",
+                float(round(300 * scaled)), "warning",
+                summary="The entrypoint of topology {{ $labels.topology }} exposes no request metrics",
+                description="The entrypoint target {{ $labels.instance }} answers scrapes but exposes none "
+                            "of vLLM's request families, so the topology's request figures fall back to "
+                            "its decode role: decode-side, TTFT excludes the prefill.",
+                runbook_url=self.runbook("VllmEntrypointMetricsAbsent")))
         if any(t.disaggregated for t in self.spec.topologies):
             threshold_s = self.config.kv_transfer_p99_ms / 1000.0
             alerts.append(AlertRule(
                 "VllmKvTransferSlow",
-                f"{quantile_name(catalog.NIXL_XFER_TIME, 0.99, self.kv_window)} > {threshold_s!r}",
+                f"{quantile_name(KV_TIME, 0.99, self.kv_window)} > {threshold_s!r}",
                 float(round(300 * scaled)), "warning",
                 summary="KV transfers of topology {{ $labels.topology }} are slow (p99 over "
                         f"{self.config.kv_transfer_p99_ms:g} ms)",
-                description=f"The p99 NIXL KV-transfer time over {self.kv_window} exceeds "
+                description=f"The p99 KV-transfer time (NIXL or Mooncake) over {self.kv_window} exceeds "
                             f"{self.config.kv_transfer_p99_ms:g} ms; decode instances wait on the prefill "
                             "side and TTFT grows.",
                 runbook_url=self.runbook("VllmKvTransferSlow")))
             alerts.append(AlertRule(
                 "VllmKvTransferFailures",
-                f"{rate_name(catalog.NIXL_FAILED_TRANSFERS, self.kv_window)} > 0",
+                f"{rate_name(KV_FAILURES, self.kv_window)} > 0",
                 float(round(60 * scaled)), "critical",
                 summary="KV transfers of topology {{ $labels.topology }} are failing",
-                description=f"NIXL reports failed KV-cache transfers over the last {self.kv_window}; the "
+                description="The KV connector reports failed KV-cache transfers over the last "
+                            f"{self.kv_window}; the "
                             "affected requests are recomputed or aborted.",
                 runbook_url=self.runbook("VllmKvTransferFailures")))
         return tuple(alerts)

@@ -88,7 +88,7 @@ def test_goodput_matches_client_measured_truth():
         for slo, below, threshold, above, values in (
                 ("ttft", ttft_below, ttft_slo, ttft_above, [t.ttft for t in client]),
                 ("tpot", tpot_below, tpot_slo, tpot_above, [t.tpot for t in client])):
-            server = derived.goodput[slo]
+            server = derived.attainment[slo]
             assert server.exact
             # The client's timings differ from the server's by loopback and event-loop delays (a
             # late first chunk makes TTFT longer and TPOT shorter): within one bucket either way,
@@ -100,10 +100,10 @@ def test_goodput_matches_client_measured_truth():
         tokens = sum(t.tokens for t in client)
         assert derived.generation_tokens_per_second == pytest.approx(tokens / 30.0)
         assert derived.requests_per_second_by_reason["length"] == pytest.approx(len(client) / 30.0)
-        lower, upper = derived.joint_goodput_lower, derived.joint_goodput_upper
+        lower, upper = derived.attainment_lower, derived.attainment_upper
         assert lower is not None and upper is not None
         client_joint = sum(t.ttft <= ttft_slo and t.tpot <= tpot_slo for t in client) / len(client)
-        ttft_ratio, tpot_ratio = derived.goodput["ttft"].ratio, derived.goodput["tpot"].ratio
+        ttft_ratio, tpot_ratio = derived.attainment["ttft"].ratio, derived.attainment["tpot"].ratio
         assert lower == pytest.approx(max(0.0, ttft_ratio + tpot_ratio - 1)) and lower <= upper
         assert upper == min(ttft_ratio, tpot_ratio)
         # The server's shares are at least the client's (it does not see the client's overhead),
@@ -143,7 +143,7 @@ def test_pd_fleet_exports_every_documented_series(pd_fleet):
     def all_scraped() -> bool:
         # A scrape may time out on a loaded machine: wait until the last requests have been seen.
         pd = json.loads(get(url + "/api/v1/snapshot"))["topologies"][1]
-        return bool(pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 24)
+        return bool(pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 12)
 
     wait_for(all_there)
     wait_for(all_scraped)
@@ -160,11 +160,12 @@ def test_pd_fleet_exports_every_documented_series(pd_fleet):
     document = json.loads(get(url + "/api/v1/snapshot"))
     assert [t["name"] for t in document["topologies"]] == ["colocated", "pd1p1d"]
     pd = document["topologies"][1]
-    assert {r["role"] for r in pd["roles"]} == {"prefill", "decode"}
-    # Each request is one request on the prefill instance (max_tokens 1) and one on the decode
-    # instance: the topology sums both (as its recording rules do), each role holds 12.
-    assert pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 24
-    assert [r["windows"]["1m"]["latency"]["ttft"]["observations"] for r in pd["roles"]] == [12, 12]
+    assert {r["role"] for r in pd["roles"]} == {"prefill", "decode", "entrypoint"}
+    # Each request is one request on the prefill instance (max_tokens 1), one on the decode instance
+    # and one at the entrypoint: the topology counts it once, from the entrypoint; each role holds 12.
+    assert pd["requests_source"] == "entrypoint"
+    assert pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 12
+    assert [r["windows"]["1m"]["latency"]["ttft"]["observations"] for r in pd["roles"]] == [12, 12, 12]
     assert pd["output_tps"] and pd["output_tps"] > 0
 
 
