@@ -305,6 +305,14 @@ def test_multi_turn_conversations_on_the_simulator(tmp_path: Path,
     assert (tmp_path / "run" / "turns.csv").exists()
     with pytest.raises(UserError, match="--endpoint chat"):
         SweepPlan(levels=(1,), turns=2)
+    # open loop: conversations arrive at the rate divided by their turns; 5 requests make 3 of 2 turns
+    from crossover.loadgen.sweep import run_sweep
+
+    plan = SweepPlan(mode=Mode.OPEN, levels=(20.0,), requests_per_level=5, endpoint=Endpoint.CHAT, turns=2,
+                     input_len=LengthDist.fixed(10), output_len=LengthDist.fixed(3))
+    with running_fleet(spec):
+        result = run_sweep(spec, plan, tmp_path / "open", ["tp4x1"], n_boot=0)
+    assert sorted(result.requests["turn"]) == [1, 1, 1, 2, 2, 2] and result.requests["ok"].all()
 
 
 def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path) -> None:
