@@ -31,7 +31,7 @@ from crossover.loadgen.client import (
     build_record,
     stream_completion,
 )
-from crossover.loadgen.crossover import analyze
+from crossover.loadgen.crossings import analyze
 from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
 from crossover.loadgen.httpclient import HTTPClient
 from crossover.loadgen.payloads import PATHS, request_payload
