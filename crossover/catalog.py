@@ -40,6 +40,11 @@ NIXL_POST_BUCKETS: tuple[float, ...] = (0.001, *NIXL_XFER_BUCKETS)
 NIXL_BYTES_BUCKETS: tuple[float, ...] = tuple(float(2**k) for k in range(11, 34, 2))
 NIXL_DESCRIPTOR_BUCKETS: tuple[float, ...] = (10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0,
                                               5000.0, 10000.0, 20000.0, 50000.0)
+# vLLM 0.34's MooncakePromMetrics: transfer time and bytes share NIXL's buckets, descriptors do not.
+MOONCAKE_XFER_BUCKETS: tuple[float, ...] = NIXL_XFER_BUCKETS
+MOONCAKE_BYTES_BUCKETS: tuple[float, ...] = NIXL_BYTES_BUCKETS
+MOONCAKE_DESCRIPTOR_BUCKETS: tuple[float, ...] = (10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 200.0, 400.0, 1000.0,
+                                                  2000.0, 4000.0, 10000.0, 20000.0, 50000.0)
 
 
 def token_count_buckets(max_model_len: int) -> tuple[float, ...]:
@@ -212,13 +217,63 @@ NIXL_EXPIRED_REQS = Metric(
     "vllm:nixl_num_kv_expired_reqs", MetricType.COUNTER,
     "Number of requests that had their KV expire.", required=False)
 
+MOONCAKE_XFER_TIME = Metric(
+    "vllm:mooncake_xfer_time_seconds", MetricType.HISTOGRAM,
+    "Histogram of transfer duration for Mooncake KV Cache transfers.", buckets=MOONCAKE_XFER_BUCKETS,
+    required=False)
+MOONCAKE_BYTES = Metric(
+    "vllm:mooncake_bytes_transferred", MetricType.HISTOGRAM,
+    "Histogram of bytes transferred per Mooncake KV Cache transfer.", buckets=MOONCAKE_BYTES_BUCKETS,
+    required=False)
+MOONCAKE_DESCRIPTORS = Metric(
+    "vllm:mooncake_num_descriptors", MetricType.HISTOGRAM,
+    "Histogram of number of descriptors per Mooncake KV Cache transfer.",
+    buckets=MOONCAKE_DESCRIPTOR_BUCKETS, required=False)
+MOONCAKE_FAILED_TRANSFERS = Metric(
+    "vllm:mooncake_num_failed_transfers", MetricType.COUNTER,
+    "Number of failed Mooncake KV Cache transfers.", required=False)
+MOONCAKE_FAILED_RECVS = Metric(
+    "vllm:mooncake_num_failed_recvs", MetricType.COUNTER,
+    "Number of failed Mooncake KV Cache receives.", required=False)
+MOONCAKE_EXPIRED_REQS = Metric(
+    "vllm:mooncake_num_kv_expired_reqs", MetricType.COUNTER,
+    "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance.",
+    required=False)
+
+
+@dataclass(frozen=True)
+class KvConnector:
+    """The KV-transfer families one vLLM connector exposes (P/D); readers take whichever a decode
+    instance has, so a fleet may mix connectors across topologies."""
+
+    name: str  # as in --kv-transfer-config's kv_connector, lower case: "nixl", "mooncake"
+    xfer_time: Metric
+    bytes: Metric
+    descriptors: Metric
+    failed_transfers: Metric
+    other_counters: tuple[Metric, ...]  # failed notifications or receives, expired requests
+    post_time: Metric | None = None
+
+
+NIXL = KvConnector("nixl", NIXL_XFER_TIME, NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS,
+                   (NIXL_FAILED_NOTIFICATIONS, NIXL_EXPIRED_REQS), post_time=NIXL_POST_TIME)
+MOONCAKE = KvConnector("mooncake", MOONCAKE_XFER_TIME, MOONCAKE_BYTES, MOONCAKE_DESCRIPTORS,
+                       MOONCAKE_FAILED_TRANSFERS, (MOONCAKE_FAILED_RECVS, MOONCAKE_EXPIRED_REQS))
+KV_CONNECTORS: dict[str, KvConnector] = {c.name: c for c in (NIXL, MOONCAKE)}
+
 CATALOG = Catalog((
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, NUM_REQUESTS_WAITING_BY_REASON, KV_CACHE_USAGE,
     NUM_PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCESS, PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS, TTFT, ITL, TPOT, E2E_LATENCY, QUEUE_TIME, PREFILL_TIME, DECODE_TIME,
     INFERENCE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, NIXL_XFER_TIME, NIXL_POST_TIME,
     NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS, NIXL_EXPIRED_REQS,
+    MOONCAKE_XFER_TIME, MOONCAKE_BYTES, MOONCAKE_DESCRIPTORS, MOONCAKE_FAILED_TRANSFERS,
+    MOONCAKE_FAILED_RECVS, MOONCAKE_EXPIRED_REQS,
 ))
+
+# The request-level families a router in front of a topology exposes in vLLM's names (crossover's
+# P/D proxy does): what its users waited for, each request counted once.
+ENTRYPOINT_FAMILIES: tuple[Metric, ...] = (REQUEST_SUCCESS, TTFT, ITL, TPOT, E2E_LATENCY)
 
 FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS: tuple[str, ...] = ("capacity", "deferred")

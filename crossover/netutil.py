@@ -44,6 +44,12 @@ def spec_on_free_ports(spec: FleetSpec) -> FleetSpec:
     for topology in data["topologies"]:
         for instance in topology["instances"]:
             instance["url"] = _with_port(instance["url"], free_port())
-        if topology["entrypoint"].get("url"):
-            topology["entrypoint"]["url"] = _with_port(topology["entrypoint"]["url"], free_port())
+        entrypoint = topology["entrypoint"]
+        if entrypoint.get("url"):
+            old = entrypoint["url"]
+            entrypoint["url"] = _with_port(old, free_port())
+            # A router's metrics served by the router itself (crossover's proxy) move with it.
+            metrics = entrypoint.get("metrics_url")
+            if metrics and urlsplit(metrics).netloc == urlsplit(old).netloc:
+                entrypoint["metrics_url"] = _with_port(metrics, urlsplit(entrypoint["url"]).port or 80)
     return type(spec).model_validate(data)

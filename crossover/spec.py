@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from crossover.catalog import SLO_HISTOGRAMS
+from crossover.catalog import KV_CONNECTORS, SLO_HISTOGRAMS
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
 
@@ -88,6 +88,16 @@ class Role(StrEnum):
     COLOCATED = "colocated"
     PREFILL = "prefill"
     DECODE = "decode"
+
+
+# The role label of a topology's entrypoint target (its router's metrics): not an instance role,
+# since the router serves no model; the exporter and the rules read user-facing figures from it.
+ENTRYPOINT_ROLE = "entrypoint"
+
+
+def entrypoint_replica(topology: str) -> str:
+    """The instance (exporter) and replica (Prometheus) label of a topology's entrypoint target."""
+    return f"{topology}-entrypoint"
 
 
 class Interconnect(StrEnum):
@@ -160,8 +170,10 @@ class Entrypoint(_Strict):
 
     url: str | None = None
     balance: Balance | None = None
+    metrics_url: str | None = Field(default=None, description="the router's vLLM-compatible /metrics "
+                                    "(crossover's own proxy: <url>/metrics), scraped as role entrypoint")
 
-    @field_validator("url")
+    @field_validator("url", "metrics_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         return None if value is None else check_http_url(value)
@@ -171,6 +183,8 @@ class Entrypoint(_Strict):
         if (self.url is None) == (self.balance is None):
             raise ValueError("give exactly one of url (a load balancer or P/D proxy) or balance "
                              "(round_robin or least_outstanding over the instances)")
+        if self.metrics_url is not None and self.url is None:
+            raise ValueError("metrics_url needs url: client-side balancing has no router to scrape")
         return self
 
 
@@ -321,6 +335,8 @@ class Simulator(_Strict):
 
     seed: int = 0
     vllm_version: str = "0.32.0"
+    kv_connector: str = Field(default="nixl", description="KV connector of P/D instances: the families "
+                              "their /metrics expose (nixl or mooncake)")
     faults: dict[str, Fault] = Field(default_factory=dict, description="instance name -> fault")
     time_scale: PositiveFloat = Field(default=1.0, description="simulated seconds per wall second")
     # Performance-model knobs (docs/simulator.md explains each and how the presets were fitted).
@@ -342,6 +358,14 @@ class Simulator(_Strict):
     block_size: PositiveInt = Field(default=16, description="KV-cache block size in tokens")
     mean_output_tokens: PositiveInt = Field(
         default=128, description="mean drawn output length for requests without ignore_eos")
+
+
+    @field_validator("kv_connector")
+    @classmethod
+    def _connector(cls, value: str) -> str:
+        if value not in KV_CONNECTORS:
+            raise ValueError(f"unknown KV connector {value!r} (one of {', '.join(KV_CONNECTORS)})")
+        return value
 
 
 class FleetSpec(_Strict):
@@ -375,6 +399,10 @@ class FleetSpec(_Strict):
                     raise ValueError(f"{path}.url: instance URL {instance.url} is used twice "
                                      f"(also by {urls[instance.url]})")
                 urls[instance.url] = instance.name
+            metrics_url = topology.entrypoint.metrics_url
+            if metrics_url is not None and metrics_url in urls:
+                raise ValueError(f"topologies[{index}]({topology.name}).entrypoint.metrics_url: "
+                                 f"{metrics_url} is also the URL of {urls[metrics_url]}")
         unknown = set(self.simulator.faults) - set(instance_names)
         if unknown:
             raise ValueError(f"simulator.faults: unknown instance(s) {sorted(unknown)} "

@@ -249,27 +249,27 @@ def slo_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
 def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
     if not m.disaggregated_topologies(rules.spec):
         return None
-    xfer = catalog.NIXL_XFER_TIME
+    xfer = m.KV_TIME
     kv = (
         Panel(title="KV-transfer time", scope="pd",
-              description="NIXL KV-cache transfer duration p50 and p99 per P/D topology (observed on the "
-                          "decode instances; pooled over TP ranks).",
+              description="KV-cache transfer duration p50 and p99 per P/D topology, from whichever connector "
+                          "(NIXL or Mooncake) the decode instances expose; pooled over TP ranks.",
               unit="s", queries=(_per_topology(m.quantile_name(xfer, 0.5, WINDOW), "{{topology}} p50"),
                                  _per_topology(m.quantile_name(xfer, 0.99, WINDOW), "{{topology}} p99")),
               lines=(Line(rules.config.kv_transfer_p99_ms / 1000.0),), min=0),
         Panel(title="KV bytes/s", scope="pd",
               description="Bytes of KV cache moved per second from prefill to decode instances.",
-              unit="Bps", queries=(_per_topology(m.histogram_rate_name(catalog.NIXL_BYTES, "sum", WINDOW)),),
+              unit="Bps", queries=(_per_topology(m.histogram_rate_name(m.KV_BYTES, "sum", WINDOW)),),
               min=0),
         Panel(title="Per-transfer bandwidth", scope="pd",
               description="Bytes moved divided by the time transfers took (sum of bytes over sum of transfer "
                           "seconds): the link speed a transfer sees.",
-              unit="Bps", queries=(_per_topology(m.nixl_bandwidth_name(WINDOW)),), min=0),
+              unit="Bps", queries=(_per_topology(m.kv_bandwidth_name(WINDOW)),), min=0),
         Panel(title="KV transfers and failures/s", scope="pd",
-              description="NIXL transfers per second and failed transfers per second.",
+              description="KV transfers per second and failed transfers per second (NIXL or Mooncake).",
               unit="ops",
               queries=(_per_topology(m.histogram_rate_name(xfer, "count", WINDOW), "{{topology}} transfers"),
-                       _per_topology(m.rate_name(catalog.NIXL_FAILED_TRANSFERS, WINDOW),
+                       _per_topology(m.rate_name(m.KV_FAILURES, WINDOW),
                                      "{{topology}} failed")),
               min=0),
     )
@@ -324,7 +324,7 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
         title=f"vLLM crossover: P/D disaggregation ({stem})",
         description="KV-cache transfers between prefill and decode instances and what they buy: decode "
                     "inter-token latency beside the colocated topology's.",
-        rows=(Row("KV transfer (NIXL)", kv), Row("Decode", decode), Row("Per role", tuple(per_role))),
+        rows=(Row("KV transfer", kv), Row("Decode", decode), Row("Per role", tuple(per_role))),
         windows=rules.dashboard_windows)
 
 

@@ -121,6 +121,9 @@ class SnapshotCollector(Collector):
             for view in views:
                 base = _level_labels(level, view)
                 for window, derived in view.windows.items():
+                    if level == "topology" and derived.requests_source is not None:
+                        source = derived.requests_source
+                        families[names.REQUESTS_SOURCE].add_metric([*base, window, source], 1.0)
                     for suffix, extra, value in derived_rows(derived):
                         families[names.derived_name(level, suffix)].add_metric([*base, window, *extra], value)
         for family in families.values():

@@ -72,7 +72,7 @@ class SloAttainment:
 
 @dataclass(frozen=True)
 class KvTransfer:
-    """NIXL KV-cache transfers (P/D), from the catalog's NIXL families."""
+    """KV-cache transfers (P/D), from the catalog's families of any KV connector."""
 
     time: Latency | None
     transfers_per_second: float | None
@@ -105,9 +105,12 @@ class Derived:
     goodput_tokens_per_second_lower: float | None = None
     goodput_tokens_per_second_upper: float | None = None
     kv_transfer: KvTransfer | None = None
+    # Topologies only: where the request figures come from (names.REQUEST_SOURCES).
+    requests_source: str | None = None
 
     def per_gpu(self, value: float | None) -> float | None:
-        return None if value is None else value / self.gpus
+        # An entrypoint group holds no GPUs: no per-GPU figure rather than a division by zero.
+        return None if value is None or not self.gpus else value / self.gpus
 
     @property
     def prompt_tokens_per_second_per_gpu(self) -> float | None:
@@ -375,6 +378,39 @@ def merge(parts: Iterable[WindowSums]) -> WindowSums:
     return out
 
 
+def exposes_requests(sums: WindowSums) -> bool:
+    """Whether a group's window holds any request-level family a router exposes."""
+    return any(m.name in sums.histograms or m.name in sums.rates for m in catalog.ENTRYPOINT_FAMILIES)
+
+
+def user_facing(instances: WindowSums, requests: WindowSums, generation: WindowSums,
+                prompt: WindowSums) -> WindowSums:
+    """A topology as its users see it: request-level families (latencies, finished requests) from
+    `requests` (its entrypoint, or its decode role), generated tokens from `generation` (decode),
+    prompt tokens from `prompt` (prefill), and everything else (KV cache, queues, KV transfer)
+    from its instances. No request is counted on two roles."""
+    out = WindowSums(targets=instances.targets, histograms=dict(instances.histograms),
+                     rates=dict(instances.rates), reason_rates=dict(requests.reason_rates),
+                     hist_rates=dict(instances.hist_rates), gauge_mean_sum=instances.gauge_mean_sum,
+                     gauge_max=instances.gauge_max, gauge_target_means=instances.gauge_target_means)
+    for metric in catalog.ENTRYPOINT_FAMILIES:
+        out.histograms.pop(metric.name, None)
+        out.rates.pop(metric.name, None)
+        if metric.name in requests.histograms:
+            out.histograms[metric.name] = requests.histograms[metric.name]
+        if metric.name in requests.rates:
+            out.rates[metric.name] = requests.rates[metric.name]
+        for part in ("_sum", "_count"):
+            out.hist_rates.pop(metric.name + part, None)
+            if metric.name + part in requests.hist_rates:
+                out.hist_rates[metric.name + part] = requests.hist_rates[metric.name + part]
+    for metric, source in ((catalog.GENERATION_TOKENS, generation), (catalog.PROMPT_TOKENS, prompt)):
+        out.rates.pop(metric.name, None)
+        if metric.name in source.rates:
+            out.rates[metric.name] = source.rates[metric.name]
+    return out
+
+
 def _latency(histogram: _Histogram | None) -> Latency | None:
     if histogram is None or not histogram.bounds:
         return None
@@ -451,9 +487,18 @@ def derive_sums(sums: WindowSums, *, gpus: int, slos_seconds: Mapping[str, float
 
 
 def _kv_transfer(sums: WindowSums) -> KvTransfer | None:
-    xfer = sums.histograms.get(catalog.NIXL_XFER_TIME.name)
-    moved = sums.histograms.get(catalog.NIXL_BYTES.name)
-    failures = sums.rates.get(catalog.NIXL_FAILED_TRANSFERS.name)
+    """KV transfers from whichever connector's families the group exposes (NIXL, Mooncake or both,
+    summed: their time and bytes buckets are the same)."""
+    xfer = moved = None
+    failures: float | None = None
+    transfers: float | None = None
+    moved_rate: float | None = None
+    for connector in catalog.KV_CONNECTORS.values():
+        xfer = _combined(xfer, sums.histograms.get(connector.xfer_time.name))
+        moved = _combined(moved, sums.histograms.get(connector.bytes.name))
+        failures = _plus(failures, sums.rates.get(connector.failed_transfers.name))
+        transfers = _plus(transfers, sums.hist_rates.get(connector.xfer_time.name + "_count"))
+        moved_rate = _plus(moved_rate, sums.hist_rates.get(connector.bytes.name + "_sum"))
     if xfer is None and moved is None and failures is None:
         return None
     bandwidth: float | None = None
@@ -461,15 +506,30 @@ def _kv_transfer(sums: WindowSums) -> KvTransfer | None:
         bandwidth = moved.total / xfer.total if xfer.total > 0 else math.nan
     return KvTransfer(
         time=_latency(xfer),
-        transfers_per_second=sums.hist_rates.get(catalog.NIXL_XFER_TIME.name + "_count"),
-        bytes_per_second=sums.hist_rates.get(catalog.NIXL_BYTES.name + "_sum"),
+        transfers_per_second=transfers,
+        bytes_per_second=moved_rate,
         bytes_per_transfer_second=bandwidth,
         failures_per_second=failures,
     )
 
 
+def _combined(first: _Histogram | None, second: _Histogram | None) -> _Histogram | None:
+    if first is None or second is None:
+        return first or second
+    out = first.copy()
+    out.add(second)
+    return out
+
+
+def _plus(first: float | None, second: float | None) -> float | None:
+    if first is None or second is None:
+        return second if first is None else first
+    return first + second
+
+
 # --- many targets of one layout at once ------------------------------------------------------------------
-_NIXL = frozenset({catalog.NIXL_XFER_TIME.name, catalog.NIXL_BYTES.name, catalog.NIXL_FAILED_TRANSFERS.name})
+_KV_FAMILIES = frozenset(metric.name for connector in catalog.KV_CONNECTORS.values()
+                         for metric in (connector.xfer_time, connector.bytes, connector.failed_transfers))
 
 
 def _column_total(matrix: np.ndarray, columns: list[int]) -> np.ndarray:
@@ -585,9 +645,9 @@ class WindowBatch:
 
     @staticmethod
     def usable(windows: Sequence[SeriesWindow], layout: _Layout) -> bool:
-        """Complete windows of one layout without NIXL families and with finite numbers only (the
+        """Complete windows of one layout without KV-transfer families and with finite numbers only (the
         per-target path's NaN and infinity handling is not repeated here)."""
-        if any(family in _NIXL for family in (*layout.histograms, *layout.counters)):
+        if any(family in _KV_FAMILIES for family in (*layout.histograms, *layout.counters)):
             return False
         if not all(w.complete for w in windows):
             return False

@@ -5,8 +5,10 @@ The collector builds its families from this list and docs/exporter.md's table is
 `EXPORTED_METRICS` instead of spelling names.
 
 Derived series exist at three levels, each its own name prefix so a query never mixes them:
-`crossover_topology_*` (sum over the topology's instances), `crossover_role_*` (sum over a P/D
-topology's prefill or decode instances) and `crossover_instance_*`.
+`crossover_topology_*` (the topology as its users see it: request figures from its entrypoint, or
+from its decode role when a P/D topology has no entrypoint metrics; never both roles' requests),
+`crossover_role_*` (sum over a P/D topology's prefill, decode or entrypoint targets) and
+`crossover_instance_*`.
 """
 
 from __future__ import annotations
@@ -83,15 +85,26 @@ DERIVED_SERIES: tuple[DerivedSeries, ...] = (
     DerivedSeries("goodput_tokens_per_second_upper", "Generated tokens/s x the joint upper bound."),
     DerivedSeries("goodput_tokens_per_second_per_gpu_lower", "Goodput tokens/s per GPU, lower bound."),
     DerivedSeries("goodput_tokens_per_second_per_gpu_upper", "Goodput tokens/s per GPU, upper bound."),
-    *_latency("kv_transfer", "NIXL KV-transfer time (P/D)"),
-    DerivedSeries("kv_transfers_per_second", "NIXL KV transfers per second."),
-    DerivedSeries("kv_transfer_bytes_per_second", "NIXL KV bytes transferred per second."),
+    *_latency("kv_transfer", "KV-transfer time (P/D; NIXL or Mooncake)"),
+    DerivedSeries("kv_transfers_per_second", "KV transfers per second (NIXL or Mooncake)."),
+    DerivedSeries("kv_transfer_bytes_per_second", "KV bytes transferred per second (NIXL or Mooncake)."),
     DerivedSeries("kv_transfer_bandwidth_bytes_per_second", "Bytes moved per second of transfer time "
                   "(per-transfer bandwidth): increase(bytes sum)/increase(time sum)."),
-    DerivedSeries("kv_transfer_failures_per_second", "Failed NIXL KV transfers per second."),
+    DerivedSeries("kv_transfer_failures_per_second", "Failed KV transfers per second (NIXL or Mooncake)."),
     DerivedSeries("window_targets", "Targets with at least two scrapes in the window (0: nothing derived)."),
     DerivedSeries("gpus", "GPUs of the group (topology: sum of its instances' tensor-parallel sizes)."),
 )
+
+
+# Where a topology's request figures (latencies, requests, goodput) come from, most faithful first:
+# its entrypoint (what users waited for), its decode role (a P/D topology without entrypoint metrics;
+# decode-side, so TTFT excludes the prefill), or its instances (colocated: each request on one).
+REQUEST_SOURCES: dict[str, str] = {
+    "entrypoint": "entrypoint",
+    "decode": "decode-side: excludes the prefill",
+    "instances": "instances",
+}
+REQUESTS_SOURCE = f"{PREFIX}_topology_requests_source"
 
 
 def derived_name(level: str, suffix: str) -> str:
@@ -119,9 +132,17 @@ EXPORTER_METRICS: tuple[ExportedMetric, ...] = (
     ExportedMetric(f"{PREFIX}_exporter_targets", "gauge", "Targets scraped each cycle.", ()),
 )
 
+TOPOLOGY_METRICS: tuple[ExportedMetric, ...] = (
+    ExportedMetric(REQUESTS_SOURCE, "gauge",
+                   "1 for where the topology's request figures come from: entrypoint (each request once, "
+                   "as its user waited for it), decode (no entrypoint metrics: decode-side, TTFT excludes "
+                   "the prefill) or instances (colocated).", ("topology", "window", "source")),
+)
+
 EXPORTED_METRICS: tuple[ExportedMetric, ...] = (
     *TARGET_METRICS,
     *EXPORTER_METRICS,
+    *TOPOLOGY_METRICS,
     *(ExportedMetric(derived_name(level, series.suffix), "gauge", series.help,
                      (*LEVEL_LABELS[level], "window", *series.extra_labels))
       for level in LEVELS for series in DERIVED_SERIES),

@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from crossover import catalog
 from crossover.errors import UserError
 from crossover.exporter.collector import SnapshotCollector
 from crossover.exporter.parse import Parser
@@ -63,6 +64,7 @@ class Exporter:
         self.health: dict[tuple[str, str], TargetHealth] = {}
         self.reloads: Counter[str] = Counter()
         self._token_problem: str | None = None
+        self._silent_logged: set[str] = set()
         if self.file_sd is not None:
             for problem in self.file_sd.refresh(spec, force=True):
                 log.warning("file_sd: %s", problem)
@@ -153,6 +155,12 @@ class Exporter:
                 log.info("target %s/%s up", record.target.topology, record.target.instance)
         self.snapshot = build_snapshot(self.spec, records, now, cycle_seconds=time.perf_counter() - started,
                                        spec_reloads=self.reloads)
+        for topology in self.snapshot.silent_entrypoints:
+            if topology not in self._silent_logged:
+                self._silent_logged.add(topology)
+                log.warning("topology %s: its entrypoint target exposes none of %s; its request figures "
+                            "come from the decode side (TTFT excludes the prefill)", topology,
+                            ", ".join(m.name for m in catalog.ENTRYPOINT_FAMILIES))
         return self.snapshot
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -7,6 +7,7 @@ over every window; /metrics and /api/v1/snapshot read only the latest Snapshot.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,15 +19,17 @@ from crossover.exporter.derive import (
     WindowBatch,
     WindowSums,
     derive_sums,
+    exposes_requests,
     layout_of,
     merge,
     quantile_label,
     summarize,
+    user_facing,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
 from crossover.exporter.targets import Target
 from crossover.exporter.window import History, SeriesWindow
-from crossover.spec import FleetSpec, format_duration
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, format_duration
 
 
 @dataclass
@@ -99,6 +102,8 @@ class Snapshot:
     instances: tuple[GroupView, ...] = ()
     cycle_seconds: float = 0.0
     spec_reloads: dict[str, int] = field(default_factory=dict)
+    # Topologies whose entrypoint targets answer but expose no request family (decode-side instead).
+    silent_entrypoints: tuple[str, ...] = ()
 
 
 def window_names(spec: FleetSpec) -> dict[str, float]:
@@ -158,15 +163,42 @@ class _WindowDerivation:
         return derive_sums(self._target_sums(target.key), gpus=target.gpus, slos_seconds=self.slos,
                            window_seconds=self.seconds)
 
-    def group(self, members: Sequence[Target], gpus: int) -> Derived:
+    def sums(self, members: Sequence[Target]) -> WindowSums:
+        if not members:
+            return WindowSums()
         present = [t for t in members if self.windows[t.key] is not None]
         placed = [self.rows.get(t.key) for t in present]
         batch = placed[0][0] if placed and placed[0] is not None else None
         if batch is not None and all(p is not None and p[0] is batch for p in placed):
-            sums = batch.sums([p[1] for p in placed if p is not None])
+            return batch.sums([p[1] for p in placed if p is not None])
+        return merge(self._target_sums(t.key) for t in members)
+
+    def group(self, members: Sequence[Target], gpus: int) -> Derived:
+        return derive_sums(self.sums(members), gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
+
+    def topology(self, members: Sequence[Target], gpus: int) -> tuple[Derived, bool]:
+        """The topology as its users see it (derive.user_facing); True when an entrypoint target
+        has a window but none of the request families (it fell back to the decode side)."""
+        by_role: dict[str, list[Target]] = {}
+        for target in members:
+            by_role.setdefault(target.role, []).append(target)
+        entry = self.sums(by_role.get(ENTRYPOINT_ROLE, []))
+        instances = self.sums([t for t in members if t.role != ENTRYPOINT_ROLE])
+        silent = entry.targets > 0 and not exposes_requests(entry)
+        if exposes_requests(entry):
+            source = "entrypoint"
+        elif Role.DECODE.value in by_role:
+            source = "decode"
         else:
-            sums = merge(self._target_sums(t.key) for t in members)
-        return derive_sums(sums, gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
+            source = "instances"
+        sums = instances
+        if source != "instances" or ENTRYPOINT_ROLE in by_role:
+            decode = self.sums(by_role[Role.DECODE.value]) if Role.DECODE.value in by_role else instances
+            prefill = self.sums(by_role[Role.PREFILL.value]) if Role.PREFILL.value in by_role else instances
+            requests = {"entrypoint": entry, "decode": decode, "instances": instances}[source]
+            sums = user_facing(instances, requests, decode, prefill)
+        derived = derive_sums(sums, gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
+        return dataclasses.replace(derived, requests_source=source), silent
 
 
 def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, *,
@@ -188,11 +220,18 @@ def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, 
     topologies: list[GroupView] = []
     roles: list[GroupView] = []
     instances: list[GroupView] = []
+    silent: list[str] = []
     for topology in spec.topologies:
         members = [t for t in targets if t.topology == topology.name]
         if not members:
             continue
-        topologies.append(group(members, topology.name, None, None))
+        gpus = sum(t.gpus for t in members)
+        figures: dict[str, Derived] = {}
+        for name, derivation in derivations.items():
+            figures[name], fell_back = derivation.topology(members, gpus)
+            if fell_back and topology.name not in silent:
+                silent.append(topology.name)
+        topologies.append(GroupView(topology.name, None, None, gpus, figures))
         present_roles = sorted({t.role for t in members})
         if present_roles != ["colocated"]:
             for role in present_roles:
@@ -205,7 +244,7 @@ def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, 
                    {reason: r.errors.get(reason, 0) for reason in ERROR_REASONS}, r.last_error)
         for r in health)
     return Snapshot(now, spec.scrape.interval_seconds, windows, slos, views, tuple(topologies), tuple(roles),
-                    tuple(instances), cycle_seconds, dict(spec_reloads or {}))
+                    tuple(instances), cycle_seconds, dict(spec_reloads or {}), tuple(silent))
 
 
 # --- JSON --------------------------------------------------------------------------------------------
@@ -244,7 +283,8 @@ def _headline(view: GroupView, window: str) -> dict[str, Any]:
         latency = derived.latency.get(short)
         return None if latency is None else latency.quantiles[p99] * 1000.0
 
-    return {"goodput_tps": derived.goodput_tokens_per_second_lower,
+    return {"requests_source": derived.requests_source,
+            "goodput_tps": derived.goodput_tokens_per_second_lower,
             "goodput_tps_upper": derived.goodput_tokens_per_second_upper,
             "output_tps": derived.generation_tokens_per_second,
             "ttft_p99_ms": ms("ttft"), "tpot_p99_ms": ms("tpot"), "itl_p99_ms": ms("itl")}

@@ -4,7 +4,8 @@ A file_sd file is the JSON Prometheus reads for `file_sd_configs`:
 `[{"targets": ["host:port", ...], "labels": {"topology": "...", "role": "...", "instance": "..."}}]`.
 `topology` must name a topology of the spec (the target adds one instance of its tensor-parallel
 size to it); `role` defaults to colocated; `instance` defaults to the address. `__scheme__` and
-`__metrics_path__` labels are honoured as in Prometheus.
+`__metrics_path__` labels are honoured as in Prometheus. Role `entrypoint` names a router's
+vLLM-compatible metrics (no GPUs): the topology's user-facing figures come from it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from crossover.errors import UserError
-from crossover.spec import FleetSpec, Role
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, entrypoint_replica
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Target:
     instance: str
     role: str
     metrics_url: str
-    gpus: int  # the instance's tensor-parallel size
+    gpus: int  # the instance's tensor-parallel size (0 for an entrypoint)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -35,9 +36,14 @@ class Target:
 
 
 def spec_targets(spec: FleetSpec) -> list[Target]:
-    return [Target(topology.name, instance.name, instance.role.value, instance.url + "/metrics",
-                   topology.tensor_parallel_size)
-            for topology in spec.topologies for instance in topology.instances]
+    out = []
+    for topology in spec.topologies:
+        out += [Target(topology.name, instance.name, instance.role.value, instance.url + "/metrics",
+                       topology.tensor_parallel_size) for instance in topology.instances]
+        if topology.entrypoint.metrics_url is not None:
+            out.append(Target(topology.name, entrypoint_replica(topology.name), ENTRYPOINT_ROLE,
+                              topology.entrypoint.metrics_url, 0))
+    return out
 
 
 def parse_file_sd(text: str, spec: FleetSpec, source: str) -> list[Target]:
@@ -49,7 +55,7 @@ def parse_file_sd(text: str, spec: FleetSpec, source: str) -> list[Target]:
     if not isinstance(groups, list):
         raise UserError(f"{source}: the top level must be a list of target groups")
     topologies = {t.name: t for t in spec.topologies}
-    roles = {r.value for r in Role}
+    roles = {*(r.value for r in Role), ENTRYPOINT_ROLE}
     out: list[Target] = []
     for index, group in enumerate(groups):
         where = f"{source}: group {index}"
@@ -79,7 +85,7 @@ def parse_file_sd(text: str, spec: FleetSpec, source: str) -> list[Target]:
             if not parts.hostname:
                 raise UserError(f"{where}: target {address!r} is not host:port")
             out.append(Target(topology.name, labels.get("instance", address), role, url,
-                              topology.tensor_parallel_size))
+                              0 if role == ENTRYPOINT_ROLE else topology.tensor_parallel_size))
     return out
 
 

@@ -68,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    topology = pd_topology(load_spec(args.spec), args.topology)
-    proxy = EntrypointProxy(topology)
+    spec = load_spec(args.spec)
+    proxy = EntrypointProxy(pd_topology(spec, args.topology), spec.model.name)
     proxy.host = args.bind or urlsplit(proxy.url).hostname or "127.0.0.1"
     asyncio.run(serve(proxy))
     return 0

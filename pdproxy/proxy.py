@@ -5,25 +5,128 @@ P/D, as vLLM's toy proxy does it: send the request to a prefill instance with ma
 streaming and kv_transfer_params {do_remote_decode: true}; take the kv_transfer_params it answers
 with and send the original request plus those to a decode instance; relay the decoder's answer
 (stream or not) byte for byte. The decoder waits for the KV transfer before its first token.
+
+The proxy is where a P/D request is one request: its /metrics serves vLLM-compatible families
+(EntrypointMetrics) timed from the request's arrival here, so the exporter and the rules can count
+each request once and report the TTFT its user waited for (prefill, KV transfer and decode).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric as PromFamily
 
+from crossover import catalog
+from crossover.exposition import Hist, family
 from crossover.spec import Role, Topology
 
+# A non-streamed answer is kept (up to this size) only to read its finish reason.
+_MAX_KEPT_BODY = 1 << 20
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
 
 
+# Outcomes the entrypoint records beside the finish reasons a stream reports: the client left
+# (vLLM's "abort") or an instance failed, answered 5xx or cut the stream ("error").
+ABORT = "abort"
+ERROR = "error"
+
+
+class EntrypointMetrics:
+    """vLLM's request-level families as the entrypoint sees them: TTFT from the request's arrival at
+    the proxy to its first streamed token, ITL between streamed tokens, TPOT per request, e2e latency,
+    and finished requests by reason (failures included). Names, labels and buckets from the catalog.
+    TTFT, ITL and TPOT need a streamed response; a non-streamed one counts in e2e and outcomes only."""
+
+    def __init__(self, model_name: str) -> None:
+        self.labels = {"model_name": model_name, "engine": "0"}
+        self.created = time.time()
+        self.success = dict.fromkeys(catalog.FINISHED_REASONS, 0)
+        self.ttft = Hist(catalog.TTFT.buckets, self.created)
+        self.itl = Hist(catalog.ITL.buckets, self.created)
+        self.tpot = Hist(catalog.TPOT.buckets, self.created)
+        self.e2e = Hist(catalog.E2E_LATENCY.buckets, self.created)
+
+    def finished(self, reason: str, arrival: float, end: float, tokens: list[float]) -> None:
+        """One request: its finish reason, arrival and end times, and each streamed token's time."""
+        self.success[reason] = self.success.get(reason, 0) + 1
+        if reason in (ABORT, ERROR):
+            return
+        self.e2e.observe(end - arrival)
+        if not tokens:
+            return
+        self.ttft.observe(tokens[0] - arrival)
+        for previous, current in itertools.pairwise(tokens):
+            self.itl.observe(current - previous)
+        self.tpot.observe((tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else 0.0)
+
+    def collect(self) -> Iterator[PromFamily]:
+        values: dict[str, object] = {
+            catalog.REQUEST_SUCCESS.name: {k: float(v) for k, v in self.success.items()},
+            catalog.TTFT.name: self.ttft, catalog.ITL.name: self.itl, catalog.TPOT.name: self.tpot,
+            catalog.E2E_LATENCY.name: self.e2e,
+        }
+        for metric in catalog.ENTRYPOINT_FAMILIES:
+            yield family(metric, metric.name, self.labels, self.created, values[metric.name])
+
+    def render(self) -> bytes:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        return generate_latest(registry)
+
+
+class _Stream:
+    """Reads a relayed server-sent-event stream on the side: when each token event passed, and the
+    finish reason. Events are split on blank lines, whatever the chunking."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.tokens: list[float] = []
+        self.reason: str | None = None
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        self.buffer += chunk
+        *events, self.buffer = self.buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in events:
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    self._data(line[5:].strip(), now)
+
+    def _data(self, data: bytes, now: float) -> None:
+        if not data or data == b"[DONE]":
+            return
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            return
+        choices = payload.get("choices") if isinstance(payload, dict) else None
+        if not choices:
+            return  # the usage-only chunk of stream_options.include_usage
+        self.tokens.append(now)
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                self.reason = str(choice["finish_reason"])
+
+
+def _finish_reason(payload: bytes) -> str | None:
+    """The finish reason of a non-streamed completion."""
+    try:
+        choices = json.loads(payload).get("choices") or []
+        return str(choices[0].get("finish_reason") or "") or None
+    except (ValueError, AttributeError, IndexError, TypeError):
+        return None
+
+
 class EntrypointProxy:
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, model_name: str = "") -> None:
         assert topology.entrypoint.url is not None
         self.topology = topology
         self.name = f"{topology.name}-entrypoint"
@@ -37,6 +140,7 @@ class EntrypointProxy:
         decode = [i.url for i in topology.instances if i.role is not Role.PREFILL]
         self._prefill = itertools.cycle(prefill) if prefill else None
         self._decode = itertools.cycle(decode)
+        self.metrics = EntrypointMetrics(model_name)
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
 
@@ -48,6 +152,7 @@ class EntrypointProxy:
         app.router.add_post("/v1/chat/completions", self.forward)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.serve_metrics)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port, backlog=4096, reuse_address=True).start()
@@ -63,6 +168,9 @@ class EntrypointProxy:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def serve_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     async def models(self, request: web.Request) -> web.Response:
         assert self._session is not None
         async with self._session.get(next(self._decode) + "/v1/models") as upstream:
@@ -71,6 +179,7 @@ class EntrypointProxy:
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
+        arrival = time.perf_counter()
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -91,26 +200,57 @@ class EntrypointProxy:
                 async with self._session.post(next(self._prefill) + request.path, json=prefill_body) as up:
                     payload = await up.read()
                     if up.status != 200:
+                        self._failed(up.status, arrival)
                         return web.Response(body=payload, status=up.status, content_type="application/json")
                     body = {**body, "kv_transfer_params": json.loads(payload).get("kv_transfer_params")}
             except aiohttp.ClientError as exc:
+                self._failed(502, arrival)
                 return web.json_response({"object": "error", "message": f"prefill instance failed: {exc}",
                                           "type": "BadGatewayError", "code": 502}, status=502)
-        return await self._relay(request, next(self._decode) + request.path, body)
+        return await self._relay(request, next(self._decode) + request.path, body, arrival)
 
-    async def _relay(self, request: web.Request, url: str, body: dict[str, Any]) -> web.StreamResponse:
+    def _failed(self, status: int, arrival: float) -> None:
+        """A request the instances refused: a 5xx is a failure; a 4xx is the client's own mistake,
+        which vLLM does not count as a finished request either."""
+        if status >= 500:
+            self.metrics.finished(ERROR, arrival, time.perf_counter(), [])
+
+    async def _relay(self, request: web.Request, url: str, body: dict[str, Any],
+                     arrival: float) -> web.StreamResponse:
         assert self._session is not None
+        stream = _Stream()
+        streamed = bool(body.get("stream"))
+        payload = b""
+        client_left = False
         try:
             async with self._session.post(url, json=body) as upstream:
                 response = web.StreamResponse(status=upstream.status, headers={
                     k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS})
                 await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
+                    if upstream.status == 200:
+                        if streamed:
+                            stream.feed(chunk, time.perf_counter())
+                        elif len(payload) < _MAX_KEPT_BODY:
+                            payload += chunk
+                    client_left = True
                     await response.write(chunk)
+                    client_left = False
                 await response.write_eof()
-                return response
         except (aiohttp.ClientError, ConnectionError):
             # The instance cut the connection (a drop fault) or the client left: cut ours the same way.
+            self.metrics.finished(ABORT if client_left else ERROR, arrival, time.perf_counter(), [])
             if request.transport is not None:
                 request.transport.abort()
             return web.Response(status=502)
+        end = time.perf_counter()
+        if upstream.status != 200:
+            self._failed(upstream.status, arrival)
+            return response
+        reason = stream.reason if streamed else _finish_reason(payload)
+        if reason is None:
+            reason = ERROR  # a 200 answer that never said why it ended was cut short
+        elif reason not in catalog.FINISHED_REASONS:
+            reason = "stop"  # an API's own stop reasons (tool_calls) are vLLM's stop
+        self.metrics.finished(reason, arrival, end, stream.tokens)
+        return response

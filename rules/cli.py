@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shrink the SLO period and every alert window by F (0 < F <= 1) for a test "
                              "profile whose alerts fire within minutes, e.g. 0.0005")
     parser.add_argument("--kv-transfer-p99-ms", type=float, default=500.0, metavar="MS",
-                        help="alert when the p99 NIXL KV-transfer time exceeds this (default 500)")
+                        help="alert when the p99 KV-transfer time exceeds this (default 500)")
     parser.add_argument("--refuse-off-boundary", action="store_true",
                         help="refuse an SLO that is not a histogram bucket boundary instead of rounding it "
                              "down to the stricter neighbour")

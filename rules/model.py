@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from crossover import catalog
 from crossover.catalog import Metric
 from crossover.errors import UserError
-from crossover.spec import FleetSpec, Role, bucket_neighbours, format_duration, on_boundary
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, bucket_neighbours, format_duration, on_boundary
 
 # Labels every aggregated series keeps: the topology the scrape config attached, and the model.
 TOPOLOGY_BY = ("topology", "model_name")
@@ -36,16 +37,59 @@ QUANTILES = (0.5, 0.99)
 REQUEST_SLOS = ("ttft", "tpot", "e2el")
 # Histograms whose quantiles and means are recorded per topology.
 LATENCY_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
-NIXL_HISTOGRAMS: tuple[Metric, ...] = (catalog.NIXL_XFER_TIME, catalog.NIXL_BYTES)
 RATE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS,
                                      catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS)
-NIXL_COUNTERS: tuple[Metric, ...] = (catalog.NIXL_FAILED_TRANSFERS,)
 GAUGES_SUMMED: tuple[Metric, ...] = (catalog.NUM_REQUESTS_RUNNING, catalog.NUM_REQUESTS_WAITING)
 # A P/D request is one request on the prefill instance (max_tokens 1) and one on the decode instance,
 # so topology-level request figures of a P/D topology count it twice and mix two populations; these
 # are also recorded per role (level topology_role) for fleets with a P/D topology.
 ROLE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.REQUEST_SUCCESS)
 ROLE_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.E2E_LATENCY)
+
+
+class Stemmed(Protocol):
+    """What a recording-rule name is built from: a catalog Metric, or a KvFamily."""
+
+    @property
+    def rule_stem(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class KvFamily:
+    """One KV-transfer quantity read from whichever connector's family an instance exposes
+    (catalog.KV_CONNECTORS: NIXL, Mooncake); time and bytes share their buckets across connectors."""
+
+    rule_stem: str
+    metrics: tuple[Metric, ...]
+
+    def names(self, suffix: str) -> str:
+        """A `__name__` regex matching the family's samples of every connector."""
+        return "|".join(re.escape(m.name + suffix) for m in self.metrics)
+
+
+KV_TIME = KvFamily("vllm_kv_transfer_time_seconds",
+                   tuple(c.xfer_time for c in catalog.KV_CONNECTORS.values()))
+KV_BYTES = KvFamily("vllm_kv_transfer_bytes", tuple(c.bytes for c in catalog.KV_CONNECTORS.values()))
+KV_FAILURES = KvFamily("vllm_kv_transfer_failures",
+                       tuple(c.failed_transfers for c in catalog.KV_CONNECTORS.values()))
+KV_HISTOGRAMS: tuple[KvFamily, ...] = (KV_TIME, KV_BYTES)
+
+# A topology as its users see it (docs/routers.md): request families from its entrypoint targets,
+# else from its decode role, else from its instances (colocated); never from both P/D roles.
+# Generated tokens leave out the prefill role (its one token per request is no output), prompt
+# tokens the decode role; nothing else is read from an entrypoint.
+REQUEST_FAMILIES: frozenset[str] = frozenset(m.name for m in catalog.ENTRYPOINT_FAMILIES)
+USER_SOURCES: tuple[tuple[str, str], ...] = (
+    ("entrypoint", f'role="{ENTRYPOINT_ROLE}"'),
+    ("decode", f'role="{Role.DECODE.value}"'),
+    ("instances", f'role!~"{ENTRYPOINT_ROLE}|{Role.PREFILL.value}|{Role.DECODE.value}"'),
+)
+TOPOLOGY_ROLES: dict[str, str] = {
+    catalog.GENERATION_TOKENS.name: f'role!~"{ENTRYPOINT_ROLE}|{Role.PREFILL.value}"',
+    catalog.PROMPT_TOKENS.name: f'role!~"{ENTRYPOINT_ROLE}|{Role.DECODE.value}"',
+}
+NOT_ENTRYPOINT = f'role!="{ENTRYPOINT_ROLE}"'
+
 # Families whose absence on an up target means a vLLM rename (or a broken exporter of them).
 WATCHED_FAMILIES: tuple[Metric, ...] = (
     catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS, catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS,
@@ -198,20 +242,20 @@ def error_budget(spec: FleetSpec) -> float:
 
 # ---- names shared with the dashboards --------------------------------------------------------
 
-def rate_name(metric: Metric, window: str, level: str = "topology") -> str:
+def rate_name(metric: Stemmed, window: str, level: str = "topology") -> str:
     return f"{level}:{metric.rule_stem}:rate{window}"
 
 
-def histogram_rate_name(metric: Metric, part: str, window: str, level: str = "topology") -> str:
+def histogram_rate_name(metric: Stemmed, part: str, window: str, level: str = "topology") -> str:
     """part is bucket, count or sum."""
     return f"{level}:{metric.rule_stem}_{part}:rate{window}"
 
 
-def quantile_name(metric: Metric, quantile: float, window: str, level: str = "topology") -> str:
+def quantile_name(metric: Stemmed, quantile: float, window: str, level: str = "topology") -> str:
     return f"{level}:{metric.rule_stem}:p{round(quantile * 100):d}_{window}"
 
 
-def mean_name(metric: Metric, window: str) -> str:
+def mean_name(metric: Stemmed, window: str) -> str:
     return f"topology:{metric.rule_stem}:mean_{window}"
 
 
@@ -241,8 +285,13 @@ def goodput_tokens_name(window: str, per_gpu: bool = False) -> str:
     return f"topology:vllm_goodput_tokens{'_per_gpu' if per_gpu else ''}:rate{window}"
 
 
-def nixl_bandwidth_name(window: str) -> str:
-    return f"topology:{catalog.NIXL_BYTES.rule_stem}_per_xfer_second:ratio_rate{window}"
+def kv_bandwidth_name(window: str) -> str:
+    return f"topology:{KV_BYTES.rule_stem}_per_xfer_second:ratio_rate{window}"
+
+
+def requests_source_name() -> str:
+    """1 per topology, `source` = where its request figures come from (entrypoint, decode, instances)."""
+    return "topology:vllm_requests_source:info"
 
 
 GPUS_NAME = "topology:gpus:sum"
@@ -359,7 +408,7 @@ def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str 
         RuleGroup("crossover-goodput", builder.goodput_rules(dashboard_windows, sli_windows)),
         *((RuleGroup("crossover-roles", builder.role_rules(dashboard_windows)),)
           if disaggregated_topologies(spec) else ()),
-        RuleGroup("crossover-kv-transfer", builder.nixl_rules(tuple(dict.fromkeys((*dashboard_windows,
+        RuleGroup("crossover-kv-transfer", builder.kv_rules(tuple(dict.fromkeys((*dashboard_windows,
                                                                                    kv_window))))),
         RuleGroup("crossover-slo-alerts", builder.slo_alerts()),
         RuleGroup("crossover-fleet-alerts", builder.fleet_alerts()),
@@ -388,14 +437,48 @@ class _Builder:
     def runbook(self, alert: str) -> str:
         return f"{self.config.runbook_base}#{alert.lower()}"
 
+    def raw(self, family: Metric | KvFamily, suffix: str = "", extra: str = "") -> str:
+        """A selector of a family's raw samples (`_bucket`, `_sum`, `_count`, or a counter's `_total`)."""
+        if isinstance(family, KvFamily):
+            return self.sel("", ",".join(m for m in (f'__name__=~"{family.names(suffix)}"', extra) if m))
+        return self.sel(family.name + suffix, extra)
+
     def summed_rate(self, series: str, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-        return f"sum by ({_by(by)}) (rate({series}[{window}]))"
+        """Summed rate of a raw series. Per topology (no role in `by`) the roles are picked as the
+        topology's users see it: see REQUEST_FAMILIES and TOPOLOGY_ROLES."""
+        if "role" in by:
+            return f"sum by ({_by(by)}) (rate({series}[{window}]))"
+        name, _, matchers = series.partition("{")
+        found = catalog.CATALOG.family_of_sample(name)
+        family = found[0].name if found else ""
+
+        def with_role(role: str) -> str:
+            return f"sum by ({_by(by)}) (rate({name}{{{role},{matchers}[{window}]))"
+
+        if family in REQUEST_FAMILIES:  # parenthesised: callers divide and multiply it
+            choices = "\n  or on (topology)\n  ".join(with_role(role) for _, role in USER_SOURCES)
+            return f"(\n  {choices}\n)"
+        return with_role(TOPOLOGY_ROLES.get(family, NOT_ENTRYPOINT)) if name else \
+            f"sum by ({_by(by)}) (rate({series}[{window}]))"
+
+    def requests_source(self) -> RecordingRule:
+        """Which source summed_rate picks per topology, for dashboards to show beside its figures."""
+        families = promql_string("|".join(re.escape(s) for m in catalog.ENTRYPOINT_FAMILIES
+                                          for s in (m.promql_name if m.type is catalog.MetricType.COUNTER
+                                                    else m.name + "_count",)))
+        exposed = {"entrypoint": self.sel("", f"__name__=~{families},{USER_SOURCES[0][1]}")}
+        branches = []
+        for source, role in USER_SOURCES:
+            series = exposed.get(source, self.sel("up", role))
+            branches.append(f'label_replace(group by (topology) ({series}), "source", "{source}", "", "")')
+        return RecordingRule(requests_source_name(), "\nor on (topology)\n".join(branches))
 
     def topology_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = [
             RecordingRule(GPUS_NAME, f"vector({t.gpus})", (("topology", t.name),))
             for t in self.spec.topologies
         ]
+        rules.append(self.requests_source())
         for metric in GAUGES_SUMMED:
             rules.append(RecordingRule(gauge_sum_name(metric), f"sum by ({_by(TOPOLOGY_BY)}) "
                                        f"({self.sel(metric.promql_name)})"))
@@ -416,15 +499,15 @@ class _Builder:
                 rules.extend(self.histogram_rules(metric, window))
         return tuple(rules)
 
-    def histogram_rules(self, metric: Metric, window: str) -> list[RecordingRule]:
+    def histogram_rules(self, metric: Metric | KvFamily, window: str) -> list[RecordingRule]:
         bucket = histogram_rate_name(metric, "bucket", window)
         count = histogram_rate_name(metric, "count", window)
         total = histogram_rate_name(metric, "sum", window)
         rules = [
-            RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
+            RecordingRule(bucket, self.summed_rate(self.raw(metric, "_bucket"), window,
                                                    (*TOPOLOGY_BY, "le"))),
-            RecordingRule(count, self.summed_rate(self.sel(metric.name + "_count"), window)),
-            RecordingRule(total, self.summed_rate(self.sel(metric.name + "_sum"), window)),
+            RecordingRule(count, self.summed_rate(self.raw(metric, "_count"), window)),
+            RecordingRule(total, self.summed_rate(self.raw(metric, "_sum"), window)),
         ]
         for quantile in QUANTILES:
             rules.append(RecordingRule(quantile_name(metric, quantile, window),
@@ -495,18 +578,17 @@ class _Builder:
             f"1 - {sli_error_name(period)} / {error_budget(self.spec)!r}"))
         return tuple(rules)
 
-    def nixl_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+    def kv_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []
         for window in windows:
-            for metric in NIXL_HISTOGRAMS:
-                rules.extend(self.histogram_rules(metric, window))
-            for metric in NIXL_COUNTERS:
-                rules.append(RecordingRule(rate_name(metric, window),
-                                           self.summed_rate(self.sel(metric.promql_name), window)))
+            for family in KV_HISTOGRAMS:
+                rules.extend(self.histogram_rules(family, window))
+            rules.append(RecordingRule(rate_name(KV_FAILURES, window),
+                                       self.summed_rate(self.raw(KV_FAILURES, "_total"), window)))
             rules.append(RecordingRule(
-                nixl_bandwidth_name(window),
-                f"{histogram_rate_name(catalog.NIXL_BYTES, 'sum', window)}\n/\n"
-                f"{histogram_rate_name(catalog.NIXL_XFER_TIME, 'sum', window)}"))
+                kv_bandwidth_name(window),
+                f"{histogram_rate_name(KV_BYTES, 'sum', window)}\n/\n"
+                f"{histogram_rate_name(KV_TIME, 'sum', window)}"))
         return tuple(rules)
 
     def slo_alerts(self) -> tuple[AlertRule, ...]:
@@ -536,7 +618,7 @@ class _Builder:
         return tuple(alerts)
 
     def fleet_alerts(self) -> tuple[AlertRule, ...]:
-        up = self.sel("up")
+        up = self.sel("up", NOT_ENTRYPOINT)  # vLLM instances; an entrypoint serves no engine families
         scaled = self.config.window_scale
         alerts = [
             AlertRule(
@@ -592,24 +674,40 @@ class _Builder:
                         "(custom --custom-histogram-buckets?): goodput for {{ $labels.slo }} cannot be "
                         "computed there. Regenerate the rules for the target's buckets.",
             runbook_url=self.runbook("VllmSloBucketMissing")))
+        if any(t.entrypoint.metrics_url for t in self.spec.topologies):
+            families = promql_string("|".join(re.escape(m.promql_name if m.type is catalog.MetricType.COUNTER
+                                                        else m.name + "_count")
+                                              for m in catalog.ENTRYPOINT_FAMILIES))
+            entry = f'role="{ENTRYPOINT_ROLE}"'
+            alerts.append(AlertRule(
+                "VllmEntrypointMetricsAbsent",
+                f"({self.sel('up', entry)} == 1)\nunless on (instance)\n"
+                f"count by (instance) ({self.sel('', f'__name__=~{families},{entry}')})",
+                float(round(300 * scaled)), "warning",
+                summary="The entrypoint of topology {{ $labels.topology }} exposes no request metrics",
+                description="The entrypoint target {{ $labels.instance }} answers scrapes but exposes none "
+                            "of vLLM's request families, so the topology's request figures fall back to "
+                            "its decode role: decode-side, TTFT excludes the prefill.",
+                runbook_url=self.runbook("VllmEntrypointMetricsAbsent")))
         if any(t.disaggregated for t in self.spec.topologies):
             threshold_s = self.config.kv_transfer_p99_ms / 1000.0
             alerts.append(AlertRule(
                 "VllmKvTransferSlow",
-                f"{quantile_name(catalog.NIXL_XFER_TIME, 0.99, self.kv_window)} > {threshold_s!r}",
+                f"{quantile_name(KV_TIME, 0.99, self.kv_window)} > {threshold_s!r}",
                 float(round(300 * scaled)), "warning",
                 summary="KV transfers of topology {{ $labels.topology }} are slow (p99 over "
                         f"{self.config.kv_transfer_p99_ms:g} ms)",
-                description=f"The p99 NIXL KV-transfer time over {self.kv_window} exceeds "
+                description=f"The p99 KV-transfer time (NIXL or Mooncake) over {self.kv_window} exceeds "
                             f"{self.config.kv_transfer_p99_ms:g} ms; decode instances wait on the prefill "
                             "side and TTFT grows.",
                 runbook_url=self.runbook("VllmKvTransferSlow")))
             alerts.append(AlertRule(
                 "VllmKvTransferFailures",
-                f"{rate_name(catalog.NIXL_FAILED_TRANSFERS, self.kv_window)} > 0",
+                f"{rate_name(KV_FAILURES, self.kv_window)} > 0",
                 float(round(60 * scaled)), "critical",
                 summary="KV transfers of topology {{ $labels.topology }} are failing",
-                description=f"NIXL reports failed KV-cache transfers over the last {self.kv_window}; the "
+                description="The KV connector reports failed KV-cache transfers over the last "
+                            f"{self.kv_window}; the "
                             "affected requests are recomputed or aborted.",
                 runbook_url=self.runbook("VllmKvTransferFailures")))
         return tuple(alerts)

@@ -23,7 +23,7 @@ from crossover.exporter.quantile import histogram_quantile
 from crossover.rules import model as m
 from crossover.rules.model import AlertRule, RuleSet
 from crossover.rules.render import dump, expand_annotation, header
-from crossover.spec import Instance, Role, Topology, format_duration
+from crossover.spec import ENTRYPOINT_ROLE, Instance, Role, Topology, entrypoint_replica, format_duration
 
 GOOD_SHARE = (1.0, 0.5)  # per topology index (cycled): share of requests within every SLO
 REQUESTS_PER_S = 1.0  # per instance
@@ -109,10 +109,20 @@ class _Input:
         self.counter(metric.name + "_sum", labels, shape.sum_per_second)
 
 
+def _entrypoint(data: _Input, rules: RuleSet, labels: dict[str, str], engine: dict[str, str], good: float,
+                spell: Any) -> None:
+    """What crossover's P/D proxy exposes: the request families only (catalog.ENTRYPOINT_FAMILIES)."""
+    data.gauge("up", labels, 1.0)
+    data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "length"}, REQUESTS_PER_S)
+    for metric in m.LATENCY_HISTOGRAMS:
+        data.histogram(metric, engine, _latency_shape(metric, good, rules), spell)
+
+
 def _serving_instance(data: _Input, rules: RuleSet, role: Role, labels: dict[str, str],
                       engine: dict[str, str], good: float, spell: Any, xfer_seconds: float = XFER_SECONDS,
                       failures_per_s: float = 0.0) -> None:
-    """Every series a healthy vLLM instance of this role exposes (NIXL ones on decode only)."""
+    """Every series a healthy vLLM instance of this role exposes (KV-transfer ones on decode only,
+    of the spec's simulator.kv_connector)."""
     data.gauge("up", labels, 1.0)
     data.counter(catalog.GENERATION_TOKENS.promql_name, engine, GENERATION_TOKENS_PER_S)
     data.counter(catalog.PROMPT_TOKENS.promql_name, engine, PROMPT_TOKENS_PER_S)
@@ -124,11 +134,12 @@ def _serving_instance(data: _Input, rules: RuleSet, role: Role, labels: dict[str
     for metric in m.LATENCY_HISTOGRAMS:
         data.histogram(metric, engine, _latency_shape(metric, good, rules), spell)
     if role is Role.DECODE:
-        data.histogram(catalog.NIXL_XFER_TIME, engine,
-                       _fixed_shape(catalog.NIXL_XFER_TIME, xfer_seconds, REQUESTS_PER_S), spell)
-        data.histogram(catalog.NIXL_BYTES, engine,
-                       _fixed_shape(catalog.NIXL_BYTES, XFER_BYTES, REQUESTS_PER_S), spell)
-        data.counter(catalog.NIXL_FAILED_TRANSFERS.promql_name, engine, failures_per_s)
+        connector = catalog.KV_CONNECTORS[rules.spec.simulator.kv_connector]
+        data.histogram(connector.xfer_time, engine,
+                       _fixed_shape(connector.xfer_time, xfer_seconds, REQUESTS_PER_S), spell)
+        data.histogram(connector.bytes, engine,
+                       _fixed_shape(connector.bytes, XFER_BYTES, REQUESTS_PER_S), spell)
+        data.counter(connector.failed_transfers.promql_name, engine, failures_per_s)
 
 
 def _sample_interval(rules: RuleSet) -> float:
@@ -169,6 +180,11 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             index += 1
             engine = {**labels, **model, "engine": "0"}
             _serving_instance(data, rules, instance.role, labels, engine, good, spell)
+        if topology.entrypoint.metrics_url is not None:
+            labels = {**_instance_labels(topology, topology.instances[0], index), "role": ENTRYPOINT_ROLE,
+                      "gpus": "0", "replica": entrypoint_replica(topology.name)}
+            index += 1
+            _entrypoint(data, rules, labels, {**labels, **model, "engine": "0"}, good, spell)
         ttft_shape = _latency_shape(catalog.TTFT, good, rules)
         cumulative = [0.0]
         for per_s in ttft_shape.per_second:
@@ -177,9 +193,16 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
         key = {"topology": topology.name, **model}
         request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
         lower = max(0.0, good * len(request_slos) - (len(request_slos) - 1))
-        gen_rate = GENERATION_TOKENS_PER_S * n
+        # Each request once: from the entrypoint or the decode role of a P/D topology; tokens
+        # generated on the decode role only.
+        serving = 1 if topology.disaggregated else n
+        gen_rate = GENERATION_TOKENS_PER_S * serving
+        source = ("entrypoint" if topology.entrypoint.metrics_url else
+                  "decode" if topology.disaggregated else "instances")
         expectations: list[tuple[str, dict[str, str], float]] = [
             (m.GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
+            (m.requests_source_name(), {"topology": topology.name, "source": source}, 1.0),
+            (m.rate_name(catalog.REQUEST_SUCCESS, window), key, REQUESTS_PER_S * serving),
             (m.rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
             (m.per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / topology.gpus),
             (m.gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), key, RUNNING * n),
@@ -193,9 +216,12 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             expectations.append((m.joint_goodput_name("upper", window), key, good))
             expectations.append((m.goodput_tokens_name(window), key, gen_rate * lower))
         if topology.disaggregated:
-            expectations.append((m.nixl_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
+            expectations.append((m.kv_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
         if m.disaggregated_topologies(spec):  # the per-role rules exist for every topology
-            for role, count in Counter(i.role.value for i in topology.instances).items():
+            roles = Counter(i.role.value for i in topology.instances)
+            if topology.entrypoint.metrics_url is not None:
+                roles[ENTRYPOINT_ROLE] = 1
+            for role, count in roles.items():
                 role_key = {"topology": topology.name, "role": role, **model}
                 expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, "topology_role"), role_key,
                                      REQUESTS_PER_S * count))

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from crossover.rules.model import JOB_NAME, AlertRule, RecordingRule, RuleSet
-from crossover.spec import FleetSpec, format_duration
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, entrypoint_replica, format_duration
 
 # Pod labels an operator puts on vLLM pods so the PodMonitor can attach the topology labels.
 POD_LABEL_PREFIX = "crossover.vllm.io/"
@@ -86,13 +86,15 @@ def prometheus_rule_yaml(rules: RuleSet, source: str, name: str) -> str:
     return dump(resource, header(source, "crossover rules --format operator"))
 
 
-def _target(url: str) -> tuple[str, str, str]:
+def _target(url: str, metrics_path: str | None = None) -> tuple[str, str, str]:
+    """(host:port, scheme, metrics path) of an instance's base URL, or of a full metrics URL."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{host}:{port}", parts.scheme, (parts.path.rstrip("/") + "/metrics")
+    path = parts.path if metrics_path is not None else parts.path.rstrip("/") + "/metrics"
+    return f"{host}:{port}", parts.scheme, path or "/"
 
 
 def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str | None = None,
@@ -100,10 +102,13 @@ def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str |
     """A complete prometheus.yml: one static target group per instance carrying its labels."""
     groups = []
     for topology in spec.topologies:
-        for instance in topology.instances:
-            address, scheme, path = _target(instance.url)
-            labels = {"topology": topology.name, "role": instance.role.value,
-                      "gpus": str(topology.tensor_parallel_size), "replica": instance.name}
+        targets = [(_target(i.url), i.role.value, topology.tensor_parallel_size, i.name)
+                   for i in topology.instances]
+        if topology.entrypoint.metrics_url is not None:
+            targets.append((_target(topology.entrypoint.metrics_url, metrics_path=""), ENTRYPOINT_ROLE, 0,
+                            entrypoint_replica(topology.name)))
+        for (address, scheme, path), role, gpus, replica in targets:
+            labels = {"topology": topology.name, "role": role, "gpus": str(gpus), "replica": replica}
             if scheme != "http":
                 labels["__scheme__"] = scheme
             if path != "/metrics":

@@ -86,7 +86,7 @@ class SimFleet:
                     sim.host = bind_host
                 self.instances[instance.name] = sim
             if topology.entrypoint.url is not None:
-                proxy = EntrypointProxy(topology)
+                proxy = EntrypointProxy(topology, spec.model.name)
                 if bind_host is None:
                     _check_loopback(f"topology {topology.name} entrypoint ({proxy.url})", proxy.host)
                 else:

@@ -10,7 +10,6 @@ sorted labels, `+Inf`).
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -18,29 +17,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog
-from crossover.catalog import MetricType
+from crossover.exposition import Hist, family
 
 LABEL_NAMES = catalog.ENGINE_LABELS
-
-
-class Hist:
-    """A classic histogram's state: per-bucket counts (not cumulative), sum, creation time."""
-
-    __slots__ = ("bounds", "counts", "created", "total")
-
-    def __init__(self, bounds: tuple[float, ...], created: float) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.created = created
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
 
 
 @dataclass(frozen=True)
@@ -73,7 +52,7 @@ class InstanceMetrics:
     """Counters and histograms of one simulated vLLM engine (engine="0")."""
 
     def __init__(self, model_name: str, max_model_len: int, queue_state: Callable[[], QueueState],
-                 kv_connector: bool = False) -> None:
+                 kv_connector: catalog.KvConnector | None = None) -> None:
         self.labels = {"model_name": model_name, "engine": "0"}
         self.max_model_len = max_model_len
         self.queue_state = queue_state
@@ -99,13 +78,12 @@ class InstanceMetrics:
         self.inference = Hist(catalog.INFERENCE_TIME.buckets, now)
         self.request_prompt = Hist(token_buckets, now)
         self.request_generation = Hist(token_buckets, now)
-        self.nixl_xfer = Hist(catalog.NIXL_XFER_TIME.buckets, now)
-        self.nixl_post = Hist(catalog.NIXL_POST_TIME.buckets, now)
-        self.nixl_bytes = Hist(catalog.NIXL_BYTES.buckets, now)
-        self.nixl_descriptors = Hist(catalog.NIXL_DESCRIPTORS.buckets, now)
-        self.nixl_failed_transfers = 0
-        self.nixl_failed_notifications = 0
-        self.nixl_expired = 0
+        connector = self.kv_connector or catalog.NIXL
+        self.kv_xfer = Hist(connector.xfer_time.buckets, now)
+        self.kv_post = Hist(connector.post_time.buckets if connector.post_time else (), now)
+        self.kv_bytes = Hist(connector.bytes.buckets, now)
+        self.kv_descriptors = Hist(connector.descriptors.buckets, now)
+        self.kv_failed_transfers = 0
 
     # --- events --------------------------------------------------------------------------------
     def on_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
@@ -122,10 +100,10 @@ class InstanceMetrics:
         self.request_generation.observe(generated)
 
     def on_kv_transfer(self, seconds: float, nbytes: float, descriptors: int) -> None:
-        self.nixl_xfer.observe(seconds)
-        self.nixl_post.observe(min(seconds, 0.0005))
-        self.nixl_bytes.observe(nbytes)
-        self.nixl_descriptors.observe(descriptors)
+        self.kv_xfer.observe(seconds)
+        self.kv_post.observe(min(seconds, 0.0005))
+        self.kv_bytes.observe(nbytes)
+        self.kv_descriptors.observe(descriptors)
 
     # --- exposition ----------------------------------------------------------------------------
     def families(self, *, current: bool = True, legacy: bool = False) -> Iterator[PromFamily]:
@@ -153,15 +131,15 @@ class InstanceMetrics:
             (catalog.PREFILL_TIME, self.prefill),
             (catalog.DECODE_TIME, self.decode),
         ]
-        if self.kv_connector:
+        connector = self.kv_connector
+        if connector is not None:
             values += [
-                (catalog.NIXL_XFER_TIME, self.nixl_xfer),
-                (catalog.NIXL_POST_TIME, self.nixl_post),
-                (catalog.NIXL_BYTES, self.nixl_bytes),
-                (catalog.NIXL_DESCRIPTORS, self.nixl_descriptors),
-                (catalog.NIXL_FAILED_TRANSFERS, float(self.nixl_failed_transfers)),
-                (catalog.NIXL_FAILED_NOTIFICATIONS, float(self.nixl_failed_notifications)),
-                (catalog.NIXL_EXPIRED_REQS, float(self.nixl_expired)),
+                (connector.xfer_time, self.kv_xfer),
+                *([(connector.post_time, self.kv_post)] if connector.post_time else []),
+                (connector.bytes, self.kv_bytes),
+                (connector.descriptors, self.kv_descriptors),
+                (connector.failed_transfers, float(self.kv_failed_transfers)),
+                *((counter, 0.0) for counter in connector.other_counters),
             ]
         for metric, value in values:
             names = []
@@ -173,30 +151,7 @@ class InstanceMetrics:
                 yield self._family(metric, name, value)
 
     def _family(self, metric: catalog.Metric, name: str, value: object) -> PromFamily:
-        family = PromFamily(name, metric.help, metric.type.value)
-        if metric.type is MetricType.HISTOGRAM:
-            assert isinstance(value, Hist)
-            cumulative = 0
-            for bound, count in zip((*value.bounds, float("inf")), value.counts, strict=True):
-                cumulative += count
-                le = "+Inf" if bound == float("inf") else repr(float(bound))
-                family.add_sample(name + "_bucket", {**self.labels, "le": le}, float(cumulative))
-            family.add_sample(name + "_count", self.labels, float(cumulative))
-            family.add_sample(name + "_sum", self.labels, value.total)
-            family.add_sample(name + "_created", self.labels, value.created)
-            return family
-        per_label = value if isinstance(value, dict) else {None: value}
-        extra = metric.labels[len(self.labels):]
-        for label_value, number in per_label.items():
-            labels = dict(self.labels)
-            if extra and label_value is not None:
-                labels[extra[0]] = label_value
-            if metric.type is MetricType.COUNTER:
-                family.add_sample(name + "_total", labels, float(number))  # type: ignore[arg-type]
-                family.add_sample(name + "_created", labels, self.created)
-            else:
-                family.add_sample(name, labels, float(number))  # type: ignore[arg-type]
-        return family
+        return family(metric, name, self.labels, self.created, value)
 
 
 class _View:

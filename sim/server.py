@@ -23,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
+from crossover import catalog
 from crossover.sim import tokenizer
 from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
@@ -194,7 +195,8 @@ class SimInstance:
         self.model_name = spec.model.name
         self.perf = PerfModel.for_instance(spec, topology.tensor_parallel_size)
         self.metrics = InstanceMetrics(spec.model.name, spec.model.max_model_len, self._queue_state,
-                                       kv_connector=instance.role is not Role.COLOCATED)
+                                       kv_connector=None if instance.role is Role.COLOCATED
+                                       else catalog.KV_CONNECTORS[spec.simulator.kv_connector])
         self.engine = LiveEngine(self.perf, self.metrics, spec.simulator.time_scale)
         self.path = WritePath()  # the write path, from start
         self.current_names, self.legacy_names = legacy_mode(spec.simulator.vllm_version)

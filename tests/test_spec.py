@@ -111,6 +111,8 @@ def test_free_ports_keep_everything_else() -> None:
     new = {i.url for t in moved.topologies for i in t.instances}
     assert not old & new
     assert moved.topologies[1].entrypoint.url != spec.topologies[1].entrypoint.url
+    # the proxy's own metrics move with it
+    assert moved.topologies[1].entrypoint.metrics_url == f"{moved.topologies[1].entrypoint.url}/metrics"
 
 
 def test_readme_spec_table_names_every_field() -> None:

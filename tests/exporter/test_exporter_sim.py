@@ -143,7 +143,7 @@ def test_pd_fleet_exports_every_documented_series(pd_fleet):
     def all_scraped() -> bool:
         # A scrape may time out on a loaded machine: wait until the last requests have been seen.
         pd = json.loads(get(url + "/api/v1/snapshot"))["topologies"][1]
-        return bool(pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 24)
+        return bool(pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 12)
 
     wait_for(all_there)
     wait_for(all_scraped)
@@ -160,11 +160,12 @@ def test_pd_fleet_exports_every_documented_series(pd_fleet):
     document = json.loads(get(url + "/api/v1/snapshot"))
     assert [t["name"] for t in document["topologies"]] == ["colocated", "pd1p1d"]
     pd = document["topologies"][1]
-    assert {r["role"] for r in pd["roles"]} == {"prefill", "decode"}
-    # Each request is one request on the prefill instance (max_tokens 1) and one on the decode
-    # instance: the topology sums both (as its recording rules do), each role holds 12.
-    assert pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 24
-    assert [r["windows"]["1m"]["latency"]["ttft"]["observations"] for r in pd["roles"]] == [12, 12]
+    assert {r["role"] for r in pd["roles"]} == {"prefill", "decode", "entrypoint"}
+    # Each request is one request on the prefill instance (max_tokens 1), one on the decode instance
+    # and one at the entrypoint: the topology counts it once, from the entrypoint; each role holds 12.
+    assert pd["requests_source"] == "entrypoint"
+    assert pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 12
+    assert [r["windows"]["1m"]["latency"]["ttft"]["observations"] for r in pd["roles"]] == [12, 12, 12]
     assert pd["output_tps"] and pd["output_tps"] > 0
 
 

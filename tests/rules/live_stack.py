@@ -141,7 +141,8 @@ def live_stack(spec_file: str, config: RulesConfig | None = None, warm_up: bool 
         (folder / name).write_text(text)
     prometheus = _EXIT.enter_context(running_prometheus(folder / "prometheus.yml"))
 
-    targets = sum(len(t.instances) for t in spec.topologies) + (1 if exporter_url else 0)
+    targets = (sum(len(t.instances) + (1 if t.entrypoint.metrics_url else 0) for t in spec.topologies)
+               + (1 if exporter_url else 0))
     prometheus.wait_until(lambda: list(prometheus.targets_up().values()).count("up") == targets, 60,
                           f"all {targets} targets up")
     done = drive(spec, TRAFFIC_SECONDS if warm_up else 0.0)

@@ -63,8 +63,11 @@ def test_per_topology_series_for_every_topology(stack: LiveStack) -> None:
                  m.quantile_name(catalog.ITL, 0.99, "1m"), m.kv_usage_name("max")):
         got = {s.labels["topology"] for s in stack.prometheus.query(name)}
         assert got == {t.name for t in stack.spec.topologies}, name
-    nixl = {s.labels["topology"] for s in stack.prometheus.query(m.nixl_bandwidth_name("1m"))}
-    assert nixl == {"pd1p1d"}
+    kv = {s.labels["topology"] for s in stack.prometheus.query(m.kv_bandwidth_name("1m"))}
+    assert kv == {"pd1p1d"}
+    sources = {s.labels["topology"]: s.labels["source"]
+               for s in stack.prometheus.query(m.requests_source_name())}
+    assert sources == {"colocated": "instances", "pd1p1d": "entrypoint"}
 
 
 def test_no_fleet_alert_with_a_healthy_fleet(stack: LiveStack) -> None:
@@ -108,6 +111,23 @@ def _rates(stack: LiveStack, series: str, at: float, window: str,
         rate = prometheus_rate(values, at, parse_duration(window))
         if rate is not None:
             out[tuple(labels.get(k, "") for k in by)] += rate
+    return dict(out)
+
+
+def _user_rates(stack: LiveStack, series: str, at: float, window: str,
+                by: tuple[str, ...] = ("topology",)) -> dict[tuple[str, ...], float]:
+    """_rates of a request family as the rules pick it per topology (docs/routers.md): from the
+    entrypoint role where the topology has one, else its decode role, else all its targets."""
+    by_role = _rates(stack, series, at, window, ("role", *by))
+    roles: dict[str, set[str]] = defaultdict(set)
+    for role, topology, *_ in by_role:
+        roles[topology].add(role)
+    out: dict[tuple[str, ...], float] = defaultdict(float)
+    for (role, *key), rate in by_role.items():
+        present = roles[key[0]]
+        chosen = next(({r} for r in ("entrypoint", "decode") if r in present), present)
+        if role in chosen:
+            out[tuple(key)] += rate
     return dict(out)
 
 
@@ -169,13 +189,15 @@ def test_rates_and_goodput_match_the_python_derivation(stack: LiveStack) -> None
     window = "1m"
     name = m.rate_name(catalog.GENERATION_TOKENS, window)
     at, recorded = _recorded(stack, name)
-    derived = _rates(stack, f"{catalog.GENERATION_TOKENS.promql_name}{{{sel}}}", at, window)
+    # generated tokens leave out the prefill role (one token per request, no output)
+    tokens = f'{catalog.GENERATION_TOKENS.promql_name}{{{sel},role!~"entrypoint|prefill"}}'
+    derived = _rates(stack, tokens, at, window)
     for topology, value in recorded.items():
         assert value > 0 and _close(value, derived[(topology,)], REL), (topology, value, derived)
     for bucket in stack.rules.slo_buckets:
         at, recorded = _recorded(stack, m.goodput_name(bucket.slo, window))
-        good = _rates(stack, f"{bucket.metric.name}_bucket{{{sel},{bucket.le_matcher}}}", at, window)
-        every = _rates(stack, f"{bucket.metric.name}_count{{{sel}}}", at, window)
+        good = _user_rates(stack, f"{bucket.metric.name}_bucket{{{sel},{bucket.le_matcher}}}", at, window)
+        every = _user_rates(stack, f"{bucket.metric.name}_count{{{sel}}}", at, window)
         for topology, value in recorded.items():
             want = good[(topology,)] / every[(topology,)]
             assert _close(value, want, REL), (bucket.slo, topology, value, want)
@@ -202,14 +224,14 @@ def test_quantiles_and_kv_bandwidth_match_the_python_derivation(stack: LiveStack
     window = "1m"
     for metric in (catalog.TTFT, catalog.ITL):
         at, recorded = _recorded(stack, m.quantile_name(metric, 0.99, window))
-        rates = _rates(stack, f"{metric.name}_bucket{{{sel}}}", at, window, ("topology", "le"))
+        rates = _user_rates(stack, f"{metric.name}_bucket{{{sel}}}", at, window, ("topology", "le"))
         for topology, value in recorded.items():
             buckets = {float(le): r for (t, le), r in rates.items() if t == topology}
             want = _quantile(0.99, buckets)
             assert _close(value, want, REL), (metric.name, topology, value, want)
-    at, recorded = _recorded(stack, m.nixl_bandwidth_name(window))
-    moved = _rates(stack, f"{catalog.NIXL_BYTES.name}_sum{{{sel}}}", at, window)
-    busy = _rates(stack, f"{catalog.NIXL_XFER_TIME.name}_sum{{{sel}}}", at, window)
+    at, recorded = _recorded(stack, m.kv_bandwidth_name(window))
+    moved = _rates(stack, f'{{__name__=~"{m.KV_BYTES.names("_sum")}",{sel}}}', at, window)
+    busy = _rates(stack, f'{{__name__=~"{m.KV_TIME.names("_sum")}",{sel}}}', at, window)
     assert recorded and all(_close(v, moved[(t,)] / busy[(t,)], REL) for t, v in recorded.items())
 
 
@@ -236,14 +258,14 @@ def _exporter_pairs(stack: LiveStack) -> list[tuple[str, str, str, str]]:
              (m.rate_name(catalog.REQUEST_SUCCESS, w), "requests_per_second", "", "rate"),
              (m.rate_name(catalog.NUM_PREEMPTIONS, w), "preemptions_per_second", "", "rate"),
              (m.per_gpu_name(catalog.GENERATION_TOKENS, w), tokens_per_gpu, "", "rate"),
-             (m.histogram_rate_name(catalog.NIXL_BYTES, "sum", w), "kv_transfer_bytes_per_second", "",
-              "rate"),
-             (m.histogram_rate_name(catalog.NIXL_XFER_TIME, "count", w), "kv_transfers_per_second", "",
-              "rate"),
-             (m.rate_name(catalog.NIXL_FAILED_TRANSFERS, w), "kv_transfer_failures_per_second", "", "rate"),
-             (m.nixl_bandwidth_name(w), "kv_transfer_bandwidth_bytes_per_second", "", "ratio")]
-    for metric, short in ((catalog.TTFT, "ttft"), (catalog.TPOT, "tpot"), (catalog.ITL, "itl"),
-                          (catalog.E2E_LATENCY, "e2el"), (catalog.NIXL_XFER_TIME, "kv_transfer")):
+             (m.histogram_rate_name(m.KV_BYTES, "sum", w), "kv_transfer_bytes_per_second", "", "rate"),
+             (m.histogram_rate_name(m.KV_TIME, "count", w), "kv_transfers_per_second", "", "rate"),
+             (m.rate_name(m.KV_FAILURES, w), "kv_transfer_failures_per_second", "", "rate"),
+             (m.kv_bandwidth_name(w), "kv_transfer_bandwidth_bytes_per_second", "", "ratio")]
+    metrics: tuple[tuple[m.Stemmed, str], ...] = (
+        (catalog.TTFT, "ttft"), (catalog.TPOT, "tpot"), (catalog.ITL, "itl"), (catalog.E2E_LATENCY, "e2el"),
+        (m.KV_TIME, "kv_transfer"))
+    for metric, short in metrics:
         pairs += [(m.quantile_name(metric, q, w), f"{short}_seconds", f',quantile="{q:g}"', "ratio")
                   for q in m.QUANTILES]
         pairs.append((m.mean_name(metric, w), f"{short}_mean_seconds", "", "ratio"))

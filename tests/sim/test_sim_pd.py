@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -10,11 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from crossover import catalog
 from crossover.contract import check_metrics_contract
 from crossover.netutil import spec_on_free_ports
+from crossover.pdproxy.proxy import _Stream
 from crossover.sim.fleet import SimFleet, running_fleet
 from crossover.sim.model import PerfModel
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import Fault, FleetSpec, load_spec
 from tests.helpers import SPECS
-from tests.sim.sim_client import get_text, post_json, stream
+from tests.sim.sim_client import get_text, post_json, stream, stream_timed
 
 PROMPT_TOKENS = 1500
 
@@ -82,3 +86,116 @@ def test_proxy_forwards_errors(pd_fleet: tuple[SimFleet, FleetSpec]) -> None:
     assert url is not None
     status, body = post_json(url + "/v1/completions", {"model": "nope", "prompt": "a"})
     assert status == 404 and "nope" in body["message"]
+
+
+def _entrypoint_families(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """The proxy's /metrics as family -> labels (without engine/model_name) -> value."""
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(get_text(url + "/metrics")):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items()
+                                  if k not in ("engine", "model_name")))
+            out.setdefault(sample.name, {})[labels] = sample.value
+    return out
+
+
+def test_entrypoint_metrics_time_what_the_client_waited_for(pd_fleet: tuple[SimFleet, FleetSpec]) -> None:
+    _, spec = pd_fleet
+    url = spec.topology("pd1p1d").entrypoint.url
+    assert url is not None
+    before = _entrypoint_families(url)
+    body = {"model": spec.model.name, "prompt": " ".join(["w"] * PROMPT_TOKENS), "max_tokens": 6,
+            "ignore_eos": True}
+    timed = stream_timed(url + "/v1/completions", body)
+    after = _entrypoint_families(url)
+
+    def grew(sample: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
+        return after[sample][labels] - before.get(sample, {}).get(labels, 0.0)
+
+    assert grew(catalog.REQUEST_SUCCESS.name + "_total", (("finished_reason", "length"),)) == 1
+    assert grew(catalog.TTFT.name + "_count") == 1
+    assert grew(catalog.ITL.name + "_count") == 5  # one gap between each of the six tokens
+    assert grew(catalog.TPOT.name + "_count") == 1 and grew(catalog.E2E_LATENCY.name + "_count") == 1
+    # TTFT from the arrival at the proxy covers the prefill and the KV transfer.
+    model = PerfModel.for_instance(spec, 1)
+    assert grew(catalog.TTFT.name + "_sum") >= model.kv_transfer_seconds(PROMPT_TOKENS)
+    client_decode = timed[-1][0] - timed[0][0]
+    assert grew(catalog.ITL.name + "_sum") == pytest.approx(client_decode, abs=0.05)
+    # vLLM's bucket boundaries and labels, as the catalog names them.
+    buckets = sorted(float(dict(k)["le"]) for k in after[catalog.TTFT.name + "_bucket"])
+    assert tuple(buckets[:-1]) == catalog.TTFT.buckets
+    text = get_text(url + "/metrics")
+    family = next(f for f in text_string_to_metric_families(text) if f.name == catalog.TTFT.name)
+    assert set(family.samples[0].labels) == {*catalog.TTFT.labels, "le"}
+    assert family.samples[0].labels["model_name"] == spec.model.name
+
+
+def test_entrypoint_counts_failures(pd_fleet: tuple[SimFleet, FleetSpec]) -> None:
+    fleet, spec = pd_fleet
+    topology = spec.topology("pd1p1d")
+    url = topology.entrypoint.url
+    assert url is not None
+    error = ((("finished_reason", "error"),))
+    before = _entrypoint_families(url)[catalog.REQUEST_SUCCESS.name + "_total"].get(error, 0.0)
+    fleet.set_fault(topology.instances[0].name, Fault(error_rate=1.0))
+    try:
+        status, _ = post_json(url + "/v1/completions",
+                              {"model": spec.model.name, "prompt": "a", "max_tokens": 2})
+    finally:
+        fleet.clear_faults()
+    assert status == 500
+    # A client's own mistake (HTTP 4xx) is no finished request, as in vLLM.
+    status, _ = post_json(url + "/v1/completions", {"model": "nope", "prompt": "a"})
+    assert status == 404
+    after = _entrypoint_families(url)
+    assert after[catalog.REQUEST_SUCCESS.name + "_total"][error] == before + 1
+
+
+def test_entrypoint_counts_a_client_that_leaves_as_abort(pd_fleet: tuple[SimFleet, FleetSpec]) -> None:
+    _, spec = pd_fleet
+    url = spec.topology("pd1p1d").entrypoint.url
+    assert url is not None
+    abort = (("finished_reason", "abort"),)
+    success = catalog.REQUEST_SUCCESS.name + "_total"
+    before = _entrypoint_families(url)[success].get(abort, 0.0)
+    request = urllib.request.Request(url + "/v1/completions", data=json.dumps({
+        "model": spec.model.name, "prompt": "a b c", "max_tokens": 2000, "ignore_eos": True,
+        "stream": True}).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.readline().startswith(b"data: ")
+    deadline = time.monotonic() + 20
+    while _entrypoint_families(url)[success].get(abort, 0.0) == before:
+        assert time.monotonic() < deadline, "the proxy never counted the client that left"
+        time.sleep(0.1)
+
+
+def test_sse_reader_finds_tokens_whatever_the_chunking() -> None:
+    events = [b'data: {"choices":[{"text":"a","finish_reason":null}]}\n\n',
+              b'data: {"choices":[{"text":"b","finish_reason":"stop"}]}\r\n\r\n',
+              b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\n', b"data: [DONE]\n\n"]
+    whole = b"".join(events)
+    for size in (1, 7, len(whole)):
+        reader = _Stream()
+        for start in range(0, len(whole), size):
+            reader.feed(whole[start:start + size], float(start))
+        assert len(reader.tokens) == 2 and reader.reason == "stop", size
+
+
+def test_decode_instances_speak_the_connector_of_the_spec() -> None:
+    data = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml")).model_dump(mode="json")
+    data["simulator"]["kv_connector"] = "mooncake"
+    spec = FleetSpec.model_validate(data)
+    topology = spec.topology("pd1p1d")
+    with running_fleet(spec):
+        assert topology.entrypoint.url is not None
+        stream(topology.entrypoint.url + "/v1/completions", {
+            "model": spec.model.name, "prompt": " ".join(["w"] * PROMPT_TOKENS), "max_tokens": 2,
+            "ignore_eos": True})
+        decode_text = get_text(topology.instances[1].url + "/metrics")
+    on_decode = _samples(decode_text)
+    model = PerfModel.for_instance(spec, 1)
+    assert on_decode[catalog.MOONCAKE_XFER_TIME.name + "_count"] == 1
+    assert on_decode[catalog.MOONCAKE_BYTES.name + "_sum"] == model.kv_transfer_bytes(PROMPT_TOKENS)
+    assert catalog.MOONCAKE_FAILED_RECVS.name + "_total" in on_decode
+    assert not [name for name in on_decode if name.startswith(catalog.NIXL_XFER_TIME.name)]
+    assert check_metrics_contract(decode_text) == []

@@ -1,0 +1,65 @@
+"""vLLM's exposition of its own families: a cheap histogram accumulator and the prometheus_client
+family built from it, as vLLM's prometheus_client writes it (`_total`, `_created`, `+Inf`).
+
+Shared by everything in the project that serves vLLM-compatible metrics: the simulator's instances
+and the P/D proxy's entrypoint metrics. Names, types, labels and buckets come from the catalog.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from prometheus_client.metrics_core import Metric as PromFamily
+
+from crossover import catalog
+from crossover.catalog import MetricType
+
+
+class Hist:
+    """A classic histogram's state: per-bucket counts (not cumulative), sum, creation time."""
+
+    __slots__ = ("bounds", "counts", "created", "total")
+
+    def __init__(self, bounds: tuple[float, ...], created: float) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.created = created
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+def family(metric: catalog.Metric, name: str, labels: dict[str, str], created: float,
+           value: object) -> PromFamily:
+    """One family as vLLM's prometheus_client writes it: a Hist for a histogram; for a counter or
+    gauge a number, or a dict from the value of the catalog's extra label to a number."""
+    out = PromFamily(name, metric.help, metric.type.value)
+    if metric.type is MetricType.HISTOGRAM:
+        assert isinstance(value, Hist)
+        cumulative = 0
+        for bound, count in zip((*value.bounds, float("inf")), value.counts, strict=True):
+            cumulative += count
+            le = "+Inf" if bound == float("inf") else repr(float(bound))
+            out.add_sample(name + "_bucket", {**labels, "le": le}, float(cumulative))
+        out.add_sample(name + "_count", labels, float(cumulative))
+        out.add_sample(name + "_sum", labels, value.total)
+        out.add_sample(name + "_created", labels, value.created)
+        return out
+    per_label = value if isinstance(value, dict) else {None: value}
+    extra = metric.labels[len(labels):]
+    for label_value, number in per_label.items():
+        sample_labels = dict(labels)
+        if extra and label_value is not None:
+            sample_labels[extra[0]] = label_value
+        if metric.type is MetricType.COUNTER:
+            out.add_sample(name + "_total", sample_labels, float(number))  # type: ignore[arg-type]
+            out.add_sample(name + "_created", sample_labels, created)
+        else:
+            out.add_sample(name, sample_labels, float(number))  # type: ignore[arg-type]
+    return out

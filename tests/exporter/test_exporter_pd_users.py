@@ -1,0 +1,145 @@
+"""A P/D topology as its users see it: on the same traffic, the exporter's topology figures count
+each request once and time TTFT from the arrival at the entrypoint, as the client does; without
+entrypoint metrics they fall back to the decode side, marked as such."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import logging
+import math
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from crossover import catalog
+from crossover.exporter.service import Exporter
+from crossover.exporter.state import GroupView
+from crossover.exporter.targets import parse_file_sd, spec_targets
+from crossover.netutil import free_port, spec_on_free_ports
+from crossover.spec import FleetSpec, load_spec
+from tests.exporter.exporter_traffic import Timed, send
+from tests.helpers import SPECS
+
+sim_fleet = pytest.importorskip("crossover.sim.fleet")
+
+pytestmark = pytest.mark.timeout(180)
+
+REQUESTS = 30
+PROMPT_TOKENS = 1500
+WINDOW_S = 60.0
+
+
+def _spec(metrics_url: str | None = "proxy") -> FleetSpec:
+    """The P/D example; its entrypoint's metrics_url kept (the proxy's), dropped, or replaced."""
+    spec = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
+    data = spec.model_dump(mode="json")
+    for topology in data["topologies"]:
+        if topology["name"] == "pd1p1d" and metrics_url != "proxy":
+            topology["entrypoint"]["metrics_url"] = metrics_url
+    return FleetSpec.model_validate(data)
+
+
+async def _empty_metrics(request: web.Request) -> web.Response:
+    return web.Response(text="# a router that exposes none of vLLM's families\n")
+
+
+def _run(spec: FleetSpec, silent_router_port: int | None = None) -> tuple[GroupView, list[Timed], Exporter]:
+    """30 streamed 1,500-token prompts through the pd1p1d entrypoint, 4 at a time, between two
+    exporter cycles; the topology's figures over a window holding all of them."""
+    topology = spec.topology("pd1p1d")
+    assert topology.entrypoint.url is not None
+    with sim_fleet.running_fleet(spec):
+        async def scenario() -> tuple[Exporter, list[Timed], float]:
+            runner = None
+            if silent_router_port is not None:
+                app = web.Application()
+                app.router.add_get("/metrics", _empty_metrics)
+                runner = web.AppRunner(app)
+                await runner.setup()
+                await web.TCPSite(runner, "127.0.0.1", silent_router_port).start()
+            try:
+                exporter = Exporter(spec)
+                async with aiohttp.ClientSession() as session:
+                    start = time.time()
+                    await exporter.cycle(session, now=start)
+                    timed = await send([topology.entrypoint.url or ""], spec.model.name, REQUESTS,
+                                       concurrency=4, prompt_tokens=(PROMPT_TOKENS,), max_tokens=16)
+                    await exporter.cycle(session, now=start + 30.0)
+                    await exporter.cycle(session, now=start + 31.0)
+                return exporter, timed, start + 31.0
+            finally:
+                if runner is not None:
+                    await runner.cleanup()
+
+        exporter, timed, _ = asyncio.run(scenario())
+    view = next(v for v in exporter.snapshot.topologies if v.topology == "pd1p1d")
+    return view, timed, exporter
+
+
+def _bucket_of(value: float, buckets: tuple[float, ...]) -> tuple[float, float]:
+    index = bisect.bisect_left(buckets, value)
+    return (buckets[index - 1] if index else 0.0), (buckets[index] if index < len(buckets) else math.inf)
+
+
+def _client_p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def test_topology_counts_each_request_once_with_the_users_ttft() -> None:
+    view, timed, exporter = _run(_spec())
+    figures = view.windows["1m"]
+    assert figures.requests_source == "entrypoint"
+    ttft = figures.latency["ttft"]
+    assert ttft.observations == REQUESTS
+    assert figures.requests_per_second_by_reason["length"] * 31.0 == pytest.approx(REQUESTS)
+    client = [t.ttft for t in timed]
+    client_mean = sum(client) / len(client)
+    # The proxy stamps arrival and first token a loopback hop inside the client's stamps: the
+    # means differ by that hop, far below the bucket the mean falls in.
+    low, high = _bucket_of(client_mean, catalog.TTFT.buckets)
+    assert ttft.mean <= client_mean and client_mean - ttft.mean < (high - low) / 4, (ttft.mean, client_mean)
+    low, high = _bucket_of(_client_p99(client), catalog.TTFT.buckets)
+    assert low <= ttft.quantiles["0.99"] <= high, (ttft.quantiles, _client_p99(client))
+    # Generated tokens from the decode role (the prefill's one token per request is not output),
+    # prompt tokens from the prefill role: each counted once.
+    assert figures.generation_tokens_per_second is not None
+    assert figures.generation_tokens_per_second * 31.0 == pytest.approx(sum(t.tokens for t in timed))
+    assert figures.prompt_tokens_per_second is not None
+    assert figures.prompt_tokens_per_second * 31.0 == pytest.approx(REQUESTS * PROMPT_TOKENS)
+    # The per-role view stays: each role saw every request once.
+    roles = {r.role: r.windows["1m"] for r in exporter.snapshot.roles if r.topology == "pd1p1d"}
+    assert set(roles) == {"prefill", "decode", "entrypoint"}
+    assert roles["prefill"].latency["ttft"].observations == REQUESTS
+    assert roles["decode"].latency["ttft"].observations == REQUESTS
+    assert figures.kv_transfer is not None and figures.kv_transfer.transfers_per_second
+
+
+def test_without_entrypoint_metrics_the_decode_side_is_marked(caplog: Any) -> None:
+    port = free_port()
+    caplog.set_level(logging.WARNING, logger="crossover.exporter")
+    view, timed, _ = _run(_spec(f"http://127.0.0.1:{port}/metrics"), silent_router_port=port)
+    figures = view.windows["1m"]
+    assert figures.requests_source == "decode"
+    assert figures.latency["ttft"].observations == REQUESTS
+    # Decode-side TTFT starts when the decoder gets the request, after the prefill: shorter than
+    # what the client waited for.
+    assert figures.latency["ttft"].mean < sum(t.ttft for t in timed) / len(timed)
+    fallbacks = [r for r in caplog.records if "entrypoint target exposes none" in r.getMessage()]
+    assert len(fallbacks) == 1 and "pd1p1d" in fallbacks[0].getMessage()
+
+
+def test_file_sd_names_an_entrypoint_target() -> None:
+    spec = load_spec(SPECS / "pd-8k-prompts.yaml")
+    document = json.dumps([{"targets": ["router.example:9000"],
+                            "labels": {"topology": "pd1p1d", "role": "entrypoint"}}])
+    (target,) = parse_file_sd(document, spec, "sd.json")
+    assert (target.role, target.gpus, target.metrics_url) == ("entrypoint", 0, "http://router.example:9000/metrics")
+    # the spec's own entrypoint target: the proxy's metrics, no GPUs
+    (entry,) = [t for t in spec_targets(spec) if t.role == "entrypoint"]
+    assert (entry.topology, entry.gpus, entry.metrics_url) == ("pd1p1d", 0, "http://127.0.0.1:8319/metrics")
