@@ -497,8 +497,9 @@ class FastPath(WritePath):
         return ThreadWriter(book_for(loop), acquire(loop, self.realtime))
 
     def output(self, transport: asyncio.Transport, sink: Written, *, on_loop: bool) -> StreamOutput:
-        emitter = _EMITTERS.get(id(asyncio.get_running_loop()))
-        if emitter is None or on_loop or not self.threaded:
+        loop = asyncio.get_running_loop()
+        emitter = _EMITTERS.get(id(loop))
+        if emitter is None or emitter.loop is not loop or on_loop or not self.threaded:
             return TransportOutput(transport, sink)
         return ThreadOutput(emitter, transport, sink)
 
@@ -523,8 +524,9 @@ class FastPath(WritePath):
 
     def stats(self, reset: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"gc": stats(reset)}  # process-wide: every instance shares it
-        emitter = _EMITTERS.get(id(asyncio.get_running_loop()))
-        if emitter is not None:  # shared by every instance of the loop, like the collector
+        loop = asyncio.get_running_loop()
+        emitter = _EMITTERS.get(id(loop))
+        if emitter is not None and emitter.loop is loop:  # shared by the loop's instances, like the collector
             out["emitter"] = {"priority": emitter.priority, **dataclasses.asdict(emitter.stats)}
             if reset:
                 emitter.stats = EmitterStats()
