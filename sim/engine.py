@@ -16,7 +16,7 @@ import asyncio
 import math
 import time
 from array import array
-from typing import Protocol
+from typing import Any, Protocol
 
 from crossover.sim.metrics import InstanceMetrics, QueueState
 from crossover.sim.model import PerfModel
@@ -31,7 +31,10 @@ from crossover.sim.writer import StepWriter, WritePath
 _MAX_CATCH_UP_S = 0.25
 GAP_RING = 65536  # a power of two: the hot path masks instead of dividing
 class TokenSink(Protocol):
-    """Whoever waits for a request's tokens (an HTTP handler); called on the engine's step pass."""
+    """Whoever waits for a request's tokens (an HTTP handler); called on the engine's step pass.
+    `output` is where its chunks go (sim/writer.py's StreamOutput), None when it writes none."""
+
+    output: Any
 
     def prepare(self, request: SimRequest, index: int, finishing: bool) -> None:
         """Format token `index` (1-based) into request.pending while the step that produces it is

@@ -344,7 +344,8 @@ class ThreadOutput:
     in order). A short write (the client stopped reading) moves the rest of the stream to the
     transport, which buffers it, in order."""
 
-    __slots__ = ("closed", "emitter", "flushed", "held", "inflight", "sink", "sock", "threaded", "transport")
+    __slots__ = ("closed", "emitter", "fd", "flushed", "held", "inflight", "sink", "sock", "threaded",
+                 "transport")
 
     def __init__(self, emitter: LoopEmitter, transport: asyncio.Transport, sink: Written) -> None:
         self.emitter = emitter
@@ -361,14 +362,10 @@ class ThreadOutput:
         if raw is not None and transport.get_write_buffer_size() == 0:
             with contextlib.suppress(OSError):  # out of descriptors: this stream stays on the loop
                 self.sock = socket.socket(fileno=os.dup(raw.fileno()))
-        self.threaded = self.sock is not None  # until a write of the thread's falls short
-
-    def take(self) -> int:
-        """The descriptor the thread is to write the next chunk to, or -1: the loop writes it."""
-        if self.sock is None or not self.threaded:
-            return -1
-        self.inflight += 1
-        return self.sock.fileno()
+        self.fd = self.sock.fileno() if self.sock is not None else -1
+        # the thread may write this stream's next chunk (until a write of its falls short, or the
+        # duplicate is closed)
+        self.threaded = self.sock is not None
 
     def closing(self) -> bool:
         return self.transport.is_closing()
@@ -426,6 +423,7 @@ class ThreadOutput:
 
     def _close_socket(self) -> None:
         sock, self.sock = self.sock, None
+        self.threaded = False
         if sock is not None:
             self.emitter.release(sock.fileno())  # its short writes forgotten before its number comes back
             sock.close()
@@ -445,15 +443,15 @@ class ThreadWriter(StepWriter):
         outputs: list[ThreadOutput] = []
         fds: list[int] = []
         chunks: list[bytes] = []
-        for request in requests:
-            output = getattr(request.sink, "output", None)
-            if isinstance(output, ThreadOutput) and output.emitter is self.emitter:
-                fd = output.take()
-                if fd >= 0:
-                    outputs.append(output)
-                    fds.append(fd)
-                    chunks.append(request.pending)
-                    request.pending = b""
+        emitter = self.emitter
+        for request in requests:  # the hot path: one token of every stream, every step
+            output = request.sink.output
+            if output.__class__ is ThreadOutput and output.threaded and output.emitter is emitter:
+                output.inflight += 1
+                outputs.append(output)
+                fds.append(output.fd)
+                chunks.append(request.pending)
+                request.pending = b""
         if fds:
             length = min(self.thread_write_cost * len(fds) * _THREAD_BURST_MARGIN, 2 * MAX_LEAD_S)
             self.emitter.submit(self.burst_start(end, length, now), self, end, outputs, fds, chunks)

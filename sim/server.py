@@ -164,10 +164,11 @@ class StreamSink:
 class WaitSink:
     """A non-streaming request: just wait for the end."""
 
-    __slots__ = ("done", "record")
+    __slots__ = ("done", "output", "record")
 
     def __init__(self, record: dict[str, Any]) -> None:
         self.record = record
+        self.output = None  # nothing to write until the end
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def prepare(self, request: SimRequest, index: int, finishing: bool) -> None:
