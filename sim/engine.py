@@ -208,8 +208,8 @@ class LiveEngine:
         for request in outcome.emitted:
             if request.prev_token_time is None:
                 metrics.ttft.observe(end - request.arrival)
-                metrics.prompt_tokens += request.prompt_tokens
-                metrics.prefix_queries += request.prompt_tokens
+                metrics.on_prompt(request.prompt_tokens, request.cached_tokens,
+                                  request.prompt_tokens - 1 if request.remote_kv else 0)
                 if request.remote_kv:
                     metrics.on_kv_transfer(request.kv_transfer_s, self.model.kv_transfer_bytes(
                         request.prompt_tokens), self.model.blocks_for(request.prompt_tokens))

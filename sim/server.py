@@ -28,11 +28,14 @@ from crossover.sim import tokenizer
 from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
 from crossover.sim.model import PerfModel
-from crossover.sim.scheduler import SimRequest
+from crossover.sim.scheduler import SimRequest, chained_block_hashes
 from crossover.sim.writer import WritePath
 from crossover.spec import Fault, FleetSpec, Instance, Role, Topology
 
 RECORD_RING = 20_000
+# The API paths vLLM's HTTP instrumentation counts in http_requests_total (it excludes /metrics,
+# /health and the like; the simulator's /admin paths are its own).
+COUNTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models"})
 _GAP_MASK = GAP_RING - 1
 _WORDS = [w.encode() for w in (" the", " model", " serves", " tokens", " in", " steps", " of", " a",
                                 " batch", " and", " each", " one", " is", " streamed", " back", " now")]
@@ -60,6 +63,23 @@ def count_prompt_tokens(prompt: Any) -> int:
 
 def count_chat_tokens(messages: Any) -> int:
     return len(tokenizer.encode_chat(messages))
+
+
+def prompt_keys(body: dict[str, Any], *, chat: bool) -> list[Any]:
+    """The prompt as the tokens the counts above see (words, ids, 4 template tokens per chat message):
+    what the prefix cache hashes, block by block."""
+    if not chat:
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+            prompt = prompt[0]
+        return prompt.split() if isinstance(prompt, str) else list(prompt)
+    keys: list[Any] = []
+    for message in body["messages"]:
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        keys += ["<|start|>", str(message.get("role")), "<|content|>", *str(content).split(), "<|end|>"]
+    return keys
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
@@ -214,7 +234,7 @@ class SimInstance:
 
     # --- lifecycle -----------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._count_http])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
@@ -227,6 +247,27 @@ class SimInstance:
         app.router.add_get("/admin/requests", self.get_requests)
         app.router.add_get("/admin/stats", self.get_stats)
         return app
+
+    @web.middleware
+    async def _count_http(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """http_requests_total as vLLM's instrumentation counts it: the status the handler answered
+        (a stream counts as 2xx once its headers are out, however it ends)."""
+        if request.path not in COUNTED_PATHS:
+            response: web.StreamResponse = await handler(request)
+            return response
+        status = 200  # a client that goes away is counted as 2xx, streamed or not (measured on 0.32)
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            self.metrics.on_http(request.path, request.method, status)
 
     async def start(self, path: WritePath | None = None) -> None:
         """Serve, streamed tokens written the way `path` says (the default: from the loop)."""
@@ -275,8 +316,7 @@ class SimInstance:
         return await self._serve(request, chat=True)
 
     async def _serve(self, http: web.Request, *, chat: bool) -> web.StreamResponse:
-        if self.fault.error_rate and self.rng.random() < self.fault.error_rate:
-            return _error(500, "simulated engine error (fault error_rate)", "InternalServerError")
+        error = bool(self.fault.error_rate) and self.rng.random() < self.fault.error_rate
         try:
             body = await http.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -291,6 +331,12 @@ class SimInstance:
         if model != self.model_name:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
         prompt_tokens, output_tokens, finish_reason, stream, include_usage, continuous, kv_params = parsed
+        if error:
+            # An engine error as vLLM counts one: finished with reason "error", observed in the
+            # per-finished-request histograms, answered 500.
+            now = time.monotonic()
+            self.metrics.on_engine_error(arrival=now, now=now, prompt_tokens=prompt_tokens)
+            return _error(500, "simulated engine error (fault error_rate)", "InternalServerError")
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         arrival_unix = time.time()
         record: dict[str, Any] = {"id": request_id, "arrival": arrival_unix, "token_times": array("d"),
@@ -298,7 +344,8 @@ class SimInstance:
         remote_kv = bool(kv_params and kv_params.get("do_remote_prefill")
                          and self.instance.role is Role.DECODE)
         sim = SimRequest(request_id, prompt_tokens, output_tokens, time.monotonic(), finish_reason,
-                         remote_kv=remote_kv)
+                         remote_kv=remote_kv, block_hashes=chained_block_hashes(
+                             prompt_keys(body, chat=chat), self.perf.block_size))
         drop_after = None
         if self.fault.drop_rate and self.rng.random() < self.fault.drop_rate:
             drop_after = self.rng.randint(1, max(1, output_tokens - 1)) if output_tokens > 1 else 1
