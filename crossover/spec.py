@@ -279,7 +279,7 @@ class Slos(_Strict):
         return parse_duration(self.period)
 
 
-class Scrape(_Strict):
+class ScrapeConfig(_Strict):
     interval: str = "5s"
     timeout: str = "2s"
     bearer_token_env: str | None = None
@@ -306,7 +306,7 @@ class Scrape(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _token_source(self) -> Scrape:
+    def _token_source(self) -> ScrapeConfig:
         if self.bearer_token_env and self.bearer_token_file:
             raise ValueError("give bearer_token_env or bearer_token_file, not both")
         if parse_duration(self.timeout) > parse_duration(self.interval):
@@ -397,7 +397,7 @@ class FleetSpec(_Strict):
     hardware: Hardware
     topologies: list[Topology] = Field(min_length=1)
     slos: Slos
-    scrape: Scrape = Scrape()
+    scrape: ScrapeConfig = ScrapeConfig()
     simulator: Simulator = Simulator()
 
     @model_validator(mode="after")

@@ -22,8 +22,8 @@ from crossover.exporter.derive import (
     exposes_requests,
     layout_of,
     merge,
-    summarize,
     user_facing,
+    window_sums,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
 from crossover.exporter.targets import Target
@@ -118,7 +118,7 @@ class _WindowDerivation:
     """Every group's figures over one window. Targets whose windows share one layout (a
     homogeneous fleet) are reduced and derived together, as a WindowBatch; a group whose targets
     with a window all sit in one batch is summed from the batch's rows. Other targets take the
-    per-target path (summarize, merge). Both give the same numbers."""
+    per-target path (window_sums, merge). Both give the same numbers."""
 
     def __init__(self, health: Sequence[TargetHealth], now: float, seconds: float,
                  slos: Mapping[str, float]) -> None:
@@ -153,7 +153,7 @@ class _WindowDerivation:
         sums = self._sums.get(key)
         if sums is None:
             window = self.windows[key]
-            sums = self._sums[key] = summarize(window) if window is not None else WindowSums()
+            sums = self._sums[key] = window_sums(window) if window is not None else WindowSums()
         return sums
 
     def instance(self, target: Target) -> Derived:

@@ -15,7 +15,7 @@ import pandas as pd
 from crossover.errors import UserError
 from crossover.loadgen import results
 from crossover.loadgen.benchjson import read_bench_results, requests_frame
-from crossover.loadgen.crossover import analyze
+from crossover.loadgen.crossings import analyze
 from crossover.loadgen.plan import Mode, SweepPlan
 from crossover.loadgen.results import Run, RunInfo, TopologyInfo
 from crossover.loadgen.summary import summarize

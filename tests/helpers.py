@@ -6,6 +6,10 @@ import bisect
 import math
 import os
 import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -64,3 +68,18 @@ def agree_within_bucket(server: float, client: float, buckets: tuple[float, ...]
     """A server figure from a histogram agrees with the client's exact one when it is off by less
     than the width of the bucket the client's value falls in (the histogram's resolution there)."""
     return abs(server - client) < bucket_width(client, buckets)
+
+
+@contextmanager
+def serving_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A threaded HTTP server of `handler` on a free loopback port, as host:port; shut down on exit."""
+    from crossover.netutil import free_port
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
