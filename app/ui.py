@@ -25,9 +25,10 @@ from crossover.app.preflight import unreachable_targets
 from crossover.app.runner import RunState, RunStatus, SweepRunner, in_child_process, jobs_in, sweep_spec_plan
 from crossover.errors import UserError
 from crossover.loadgen.analyze import import_bench_run
-from crossover.loadgen.plan import SLO_NAMES, Endpoint, Mode
+from crossover.loadgen.plan import Endpoint, Mode
 from crossover.loadgen.results import RUN_FILE, load_run
 from crossover.loadgen.summary import input_len_warnings
+from crossover.slo import SLO_KINDS
 from crossover.spec import FleetSpec, load_spec
 
 REFRESH_S = 1.0
@@ -69,7 +70,7 @@ def form_from_state(state: Any, spec: FleetSpec) -> form.SweepForm:
         output_len=str(state.get("output_len", defaults.output_len)),
         seed=int(state.get("seed", defaults.seed)),
         endpoint=str(state.get("endpoint", defaults.endpoint)),
-        slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_NAMES},
+        slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_KINDS},
         objective=float(state.get("objective", defaults.objective)),
         bootstrap=int(state.get("bootstrap", defaults.bootstrap)))
 
@@ -99,7 +100,7 @@ def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> Non
              help="/v1/completions (prompts as token ids) or /v1/chat/completions; lengths are counted "
                   "with the server's /tokenize")
     with sb.expander("SLOs (from the spec; 0 switches one off)", expanded=False):
-        for name in SLO_NAMES:
+        for name in SLO_KINDS:
             st.number_input(f"{form.SLO_LABELS[name]} (ms)", min_value=0.0,
                             value=float(defaults.slos_ms.get(name) or 0.0), step=10.0, key=f"slo_{name}")
         st.number_input("Objective (share of good requests)", min_value=0.0, max_value=1.0,

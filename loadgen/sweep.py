@@ -35,7 +35,7 @@ from crossover.loadgen.crossings import analyze
 from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
 from crossover.loadgen.httpclient import HTTPClient
 from crossover.loadgen.payloads import PATHS, request_payload
-from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.plan import DatasetKind, Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
 from crossover.loadgen.serverside import ServerView
 from crossover.loadgen.summary import summarize, turn_summary
@@ -93,7 +93,15 @@ def open_workload(spec: FleetSpec, plan: SweepPlan, topologies: Sequence[str]) -
     """The tokenizer, dataset and chat template, read and checked before any traffic."""
     tokenizer = open_tokenizer(plan.tokenizer, tokenizer_urls(spec, topologies), spec.model.name)
     try:
-        return prepare_workload(plan, tokenizer, spec.model.max_model_len)
+        workload = prepare_workload(plan, tokenizer, spec.model.max_model_len)
+        if plan.dataset is not DatasetKind.RANDOM:
+            # every level's dataset prompts counted now (and kept), so a prompt that does not fit the
+            # context is an error before any traffic, not in the middle of the sweep
+            for level in plan.levels:
+                count = plan.conversations_for(level) or len(workload.entries)
+                for _ in islice(requests(workload, level), count):
+                    pass
+        return workload
     finally:
         tokenizer.close()
 
