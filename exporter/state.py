@@ -44,7 +44,6 @@ class TargetHealth:
     last_duration: float | None = None
     last_success: float | None = None
     last_error: str | None = None
-    last_reason: str | None = None
     body_bytes: int = 0
 
     def record(self, result: ScrapeResult, timestamp: float) -> None:
@@ -59,7 +58,6 @@ class TargetHealth:
             self.up = False
             self.errors[result.reason or "read"] += 1
             self.last_error = result.error
-            self.last_reason = result.reason
             self.history.prune(timestamp)
 
 
