@@ -29,7 +29,7 @@ from crossover.loadgen.plan import Endpoint, Mode
 from crossover.loadgen.results import RUN_FILE, load_run
 from crossover.loadgen.summary import input_len_warnings
 from crossover.slo import SLO_KINDS
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import REQUEST_SOURCES, FleetSpec, load_spec
 
 REFRESH_S = 1.0
 LIVE = "live"
@@ -269,6 +269,10 @@ def show_server_view(config: AppConfig, spec: FleetSpec, status: RunStatus) -> N
     if history.frame.empty:
         st.caption("No server-side data yet.")
         return
+    decode_side = serverview.decode_side(history.frame)
+    if decode_side:
+        st.caption(f"{', '.join(decode_side)}: {REQUEST_SOURCES['decode']} (no entrypoint metrics, so "
+                   "request figures come from the decode instances; see docs/routers.md).")
     marks = serverview.level_marks(status.marks)
     data_key = f"{source}:{history.key}:{status.out_dir}:{len(status.marks)}"
     columns = st.columns(2)
