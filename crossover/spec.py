@@ -27,9 +27,10 @@ from pydantic import (
     model_validator,
 )
 
-from crossover.catalog import KV_CONNECTORS, SLO_HISTOGRAMS
+from crossover.catalog import KV_CONNECTORS
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
+from crossover.slo import SLO_HISTOGRAMS
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -95,6 +96,16 @@ class Role(StrEnum):
 ENTRYPOINT_ROLE = "entrypoint"
 
 
+# Where a topology's request figures (latencies, requests, goodput) come from, most faithful first,
+# and how a dashboard or page says so (docs/routers.md): its entrypoint (what users waited for), its
+# decode role (a P/D topology without entrypoint metrics), or its instances (colocated).
+REQUEST_SOURCES: dict[str, str] = {
+    "entrypoint": "entrypoint",
+    "decode": "decode-side: excludes the prefill",
+    "instances": "instances",
+}
+
+
 def entrypoint_replica(topology: str) -> str:
     """The instance (exporter) and replica (Prometheus) label of a topology's entrypoint target."""
     return f"{topology}-entrypoint"
@@ -121,6 +132,9 @@ class Model(_Strict):
     kv_heads: PositiveInt
     dtype_bytes: PositiveFloat = 2.0
     max_model_len: PositiveInt = 131072
+    intermediate_size: PositiveInt | None = Field(
+        default=None, description="MLP width (Llama-3.1-70B: 28672); needed by the per-kernel model")
+    vocab_size: PositiveInt = Field(default=128256, description="LM-head rows (the per-kernel model)")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> Model:
@@ -153,6 +167,16 @@ class Hardware(_Strict):
     allreduce_latency_us: PositiveFloat | None = Field(
         default=None, description="per all-reduce; default from the interconnect and TP size")
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    allreduce_gbps: PositiveFloat | None = Field(
+        default=None, description="all-reduce bus bandwidth, GB/s; adds a size term to each all-reduce")
+    # The per-kernel step model (sim/model.py, docs/simulator.md) is used when kernel_us is set; the
+    # figures come from benchmarks/gpu_profile.py on the GPU (the `copy`, `gemm` and step rows).
+    kernel_us: PositiveFloat | None = Field(
+        default=None, description="fixed GPU time of one matrix or attention kernel inside a CUDA graph")
+    small_kernel_us: PositiveFloat | None = Field(
+        default=None, description="GPU time of one short elementwise kernel (norm, rotary, cache write)")
+    attention_mfu: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=0.7, description="share of bf16_tflops a prefill attention kernel achieves")
     kv_link_gbps: PositiveFloat = Field(default=25.0, description="P/D KV-transfer link, GB/s")
     kv_link_latency_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
 
@@ -255,7 +279,7 @@ class Slos(_Strict):
         return parse_duration(self.period)
 
 
-class Scrape(_Strict):
+class ScrapeConfig(_Strict):
     interval: str = "5s"
     timeout: str = "2s"
     bearer_token_env: str | None = None
@@ -282,7 +306,7 @@ class Scrape(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _token_source(self) -> Scrape:
+    def _token_source(self) -> ScrapeConfig:
         if self.bearer_token_env and self.bearer_token_file:
             raise ValueError("give bearer_token_env or bearer_token_file, not both")
         if parse_duration(self.timeout) > parse_duration(self.interval):
@@ -373,7 +397,7 @@ class FleetSpec(_Strict):
     hardware: Hardware
     topologies: list[Topology] = Field(min_length=1)
     slos: Slos
-    scrape: Scrape = Scrape()
+    scrape: ScrapeConfig = ScrapeConfig()
     simulator: Simulator = Simulator()
 
     @model_validator(mode="after")
@@ -407,7 +431,23 @@ class FleetSpec(_Strict):
         if unknown:
             raise ValueError(f"simulator.faults: unknown instance(s) {sorted(unknown)} "
                              f"(instances are {sorted(instance_names)})")
+        self._check_fits()
         return self
+
+    def _check_fits(self) -> None:
+        """Each TP shard's weights must leave room for KV blocks in the GPU memory vLLM may use."""
+        usable = self.hardware.memory_gib * 1024**3 * self.hardware.gpu_memory_utilization
+        for index, topology in enumerate(self.topologies):
+            tp = topology.tensor_parallel_size
+            shard = self.model.weight_bytes / tp
+            if shard >= usable:
+                raise ValueError(
+                    f"topologies[{index}]({topology.name}).tensor_parallel_size: {self.model.name} does not "
+                    f"fit at TP {tp}: {shard / 1024**3:.1f} GiB of weights per GPU, "
+                    f"{usable / 1024**3:.1f} GiB usable (hardware.memory_gib x gpu_memory_utilization)")
+        if self.hardware.kernel_us is not None and self.model.intermediate_size is None:
+            raise ValueError("model.intermediate_size: needed by the per-kernel model "
+                             "(hardware.kernel_us is set)")
 
     def topology(self, name: str) -> Topology:
         for topology in self.topologies:

@@ -1,7 +1,7 @@
 """Write the dashboards for one spec, Grafana provisioning, and the committed examples.
 
-`python -m crossover.dashboards.generate` rewrites dashboards/generated/<spec-stem>/*.json for
-every compose/specs/*.yaml and the provisioning files under compose/grafana/.
+`python -m crossover.dashboards.generate CHECKOUT` rewrites dashboards/generated/<spec-stem>/*.json for
+every compose/specs/*.yaml of a checkout and the provisioning files under compose/grafana/.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from pathlib import Path
 
 from crossover.dashboards.model import DATASOURCE_UID, dashboards
 from crossover.dashboards.render import to_json
-from crossover.rules.generate import write
+from crossover.rules.generate import checkout_from_argv, write_examples
 from crossover.rules.model import RulesConfig, RuleSet, build_rules
 from crossover.rules.render import dump, header
 from crossover.spec import load_spec
 
-REPO = Path(__file__).resolve().parent.parent
 GRAFANA_DASHBOARDS_PATH = "/var/lib/grafana/dashboards/crossover"  # where compose mounts dashboards/generated
 
 
@@ -41,7 +40,7 @@ def dashboard_provisioning(path: str = GRAFANA_DASHBOARDS_PATH) -> str:
     return dump(data, header("crossover/dashboards/generate.py", "python -m crossover.dashboards.generate"))
 
 
-def example_outputs(repo: Path = REPO) -> dict[Path, str]:
+def example_outputs(repo: Path) -> dict[Path, str]:
     files: dict[Path, str] = {}
     for spec_path in sorted((repo / "compose" / "specs").glob("*.yaml")):
         stem = spec_path.stem
@@ -54,11 +53,11 @@ def example_outputs(repo: Path = REPO) -> dict[Path, str]:
     return files
 
 
-def main() -> int:
-    for path in write(example_outputs()):
-        print(f"wrote {path.relative_to(REPO)}", file=sys.stderr)
+def main(argv: list[str]) -> int:
+    repo = checkout_from_argv(argv)
+    write_examples(example_outputs(repo), repo)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -32,18 +32,17 @@ import yaml
 from crossover.cli import SUBCOMMANDS
 from crossover.demo.procs import Supervisor, crossover_command, http_ok, tail, terminate_as_interrupt
 from crossover.demo.prom import (
-    alertmanager_config,
     fallback_scrape_configs,
     find_generated,
     prometheus_config,
 )
 from crossover.errors import UserError
 from crossover.netutil import free_port, spec_on_free_ports
+from crossover.rules.alertmanager import alertmanager_config
 from crossover.rules.prom import alertmanager_binary, prometheus_binary
 from crossover.spec import FleetSpec, load_spec
+from crossover.starter import DEFAULT_EXAMPLE, example_spec
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_SPEC = REPO / "compose" / "specs" / "seed-70b-h100.yaml"
 # Doubling levels bracket the crossover wherever it falls (the seed's is ~6 at these lengths), and 8
 # rounds per level keep a busy laptop's hiccups from flipping a level; about two minutes in all.
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
@@ -55,7 +54,8 @@ READY_TIMEOUT_S = 60.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", default=None,
-                        help=f"fleet spec (default {DEFAULT_SPEC.relative_to(REPO)}: TP=4x1 vs TP=2x2)")
+                        help=f"fleet spec (default: the shipped example {DEFAULT_EXAMPLE}, TP=4x1 vs TP=2x2; "
+                        "`crossover init` writes it to a file to edit)")
     parser.add_argument("--headless", action="store_true",
                         help="only the fleet and the sweep: print the table and the crossover, then exit")
     fleet = parser.add_mutually_exclusive_group()
@@ -435,13 +435,12 @@ def wait_for_interrupt(sup: Supervisor) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec_source = args.spec or str(DEFAULT_SPEC.relative_to(REPO) if DEFAULT_SPEC.exists() else DEFAULT_SPEC)
-    spec_file = Path(args.spec) if args.spec else DEFAULT_SPEC
-    if not spec_file.exists():
-        raise UserError(f"--spec: {spec_file} does not exist" if args.spec else
-                        f"no --spec given and the default {spec_file} is not there (the example specs "
-                        "live in the repository's compose/specs/, not in a pip install): pass --spec FILE")
-    spec = load_spec(spec_file)
+    if args.spec:
+        if not Path(args.spec).exists():
+            raise UserError(f"--spec: {args.spec} does not exist")
+        spec, spec_source = load_spec(args.spec), args.spec
+    else:
+        spec, spec_source = example_spec(), f"the example {DEFAULT_EXAMPLE}"
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests: must be at least 1, got {args.requests}")
     if not args.rounds > 0:

@@ -81,15 +81,3 @@ def prometheus_config(spec: FleetSpec, scrape_configs: list[dict[str, Any]], rul
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
     return config
 
-
-def alertmanager_config(webhook_url: str) -> dict[str, Any]:
-    """The compose stack's Alertmanager route, with the webhook at the demo's own address."""
-    source = Path(__file__).resolve().parent.parent / "compose" / "alertmanager" / "alertmanager.yml"
-    data = _load_yaml(source)
-    if not isinstance(data, dict):  # an installed package without the repository around it
-        data = {"route": {"receiver": "webhook"},
-                "receivers": [{"name": "webhook", "webhook_configs": [{"url": ""}]}]}
-    for receiver in data.get("receivers", []):
-        for hook in receiver.get("webhook_configs", []):
-            hook["url"] = webhook_url
-    return data

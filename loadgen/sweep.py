@@ -32,13 +32,14 @@ from crossover.loadgen.client import (
     build_record,
     stream_completion,
 )
-from crossover.loadgen.crossover import analyze
+from crossover.loadgen.crossings import analyze
 from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
 from crossover.loadgen.httpclient import HTTPClient
 from crossover.loadgen.payloads import PATHS, request_payload
-from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.plan import DatasetKind, Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
-from crossover.loadgen.summary import summarize
+from crossover.loadgen.serverside import ServerView
+from crossover.loadgen.summary import summarize, turn_summary
 from crossover.loadgen.tokens import open_tokenizer
 from crossover.loadgen.workers import Share, WorkerPool, check_workers, shares
 from crossover.spec import Balance, FleetSpec, Topology
@@ -73,6 +74,7 @@ class SweepResult:
     stopped: bool = False
     resumed_levels: int = 0
     workload: dict[str, Any] = field(default_factory=dict)  # workload.json: tokenizer, template overhead
+    turns: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # per-turn latencies (--turns)
     measured_levels: list[tuple[str, float]] = field(default_factory=list)
     stop_reason: str = ""  # adaptive: loadgen.adaptive.STOP_REASONS; fixed: "stopped" or ""
 
@@ -94,7 +96,15 @@ def open_workload(spec: FleetSpec, plan: SweepPlan, topologies: Sequence[str]) -
     """The tokenizer, dataset and chat template, read and checked before any traffic."""
     tokenizer = open_tokenizer(plan.tokenizer, tokenizer_urls(spec, topologies), spec.model.name)
     try:
-        return prepare_workload(plan, tokenizer, spec.model.max_model_len)
+        workload = prepare_workload(plan, tokenizer, spec.model.max_model_len)
+        if plan.dataset is not DatasetKind.RANDOM:
+            # every level's dataset prompts counted now (and kept), so a prompt that does not fit the
+            # context is an error before any traffic, not in the middle of the sweep
+            for level in plan.levels:
+                count = plan.conversations_for(level) or len(workload.entries)
+                for _ in islice(requests(workload, level), count):
+                    pass
+        return workload
     finally:
         tokenizer.close()
 
@@ -104,7 +114,7 @@ def prepare_level(workload: Workload, model: str, level: float) -> Iterator[Prep
     level has a count, else a first block and the rest as they are needed."""
     plan = workload.plan
     source = requests(workload, level)
-    total = plan.requests_for(level)
+    total = plan.conversations_for(level)
     first = list(islice(source, total if total is not None else max(_DURATION_BLOCK, 4 * int(level))))
     ready = [(r, request_payload(model, r, plan.ignore_eos, plan.endpoint)) for r in first]
     workload.tokenizer.close()  # no idle connection to a server while the level runs (reopens if needed)
@@ -136,7 +146,8 @@ class _LevelRunner:
 
     def __init__(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
                  on_request: RequestCallback | None, client: ClientOptions,
-                 prepared: Iterator[Prepared], share: Share | None = None) -> None:
+                 prepared: Iterator[Prepared], turn_tokens: int = 0,
+                 server_view: ServerView | None = None, share: Share | None = None) -> None:
         policy = Balance.ROUND_ROBIN if info.balance == "entrypoint" else Balance(info.balance)
         self.balancer = Balancer(list(info.targets), policy)
         self.info, self.model, self.plan, self.level = info, model, plan, level
@@ -145,28 +156,64 @@ class _LevelRunner:
         self.total = plan.requests_for(level)
         self.client = client
         self.prepared = prepared  # this share's requests (all of them for the one share of one)
-        self.path = PATHS[plan.endpoint]
         self.share = share = share or Share()
         self.mine = (None if self.total is None else
                      sum(1 for i in range(self.total) if share.owns(plan, level, i)))
+        self.turn_tokens = turn_tokens
+        self.server_view = server_view
+        self.server: dict[str, Any] | None = None  # the servers' figures over the level
+        self.path = PATHS[plan.endpoint]
 
     async def _one(self, session: HTTPClient, prepared: Prepared) -> None:
+        """One request, or a whole conversation when it has later turns (all to one instance, as a
+        session-affine balancer sends them, so a prefix cache sees the history again)."""
         request, payload = prepared
         url = self.balancer.acquire()
         try:
-            trace = await stream_completion(session, url, payload, self.plan.timeout_s, path=self.path)
+            if request.followups:
+                await self._conversation(session, url, request, payload)
+            else:
+                await self._send(session, url, request, payload)
         finally:
             self.balancer.release(url)
-        self.records.append(build_record(trace, request, self.info.name, self.level, url))
+
+    async def _send(self, session: HTTPClient, url: str, request: SyntheticRequest,
+                    payload: bytes, keep_text: bool = False) -> tuple[RequestRecord, str]:
+        trace = await stream_completion(session, url, payload, self.plan.timeout_s, path=self.path,
+                                        keep_text=keep_text)
+        record = build_record(trace, request, self.info.name, self.level, url)
+        self.records.append(record)
         if self.on_request is not None:
             self.on_request(self.info.name, self.level, len(self.records), self.total)
+        return record, "".join(trace.text or ())
+
+    async def _conversation(self, session: HTTPClient, url: str, request: SyntheticRequest,
+                            payload: bytes) -> None:
+        """Each turn sends the history, the previous answer and a new user message; its planned
+        input is the previous turn's counted input and output plus the new message and template."""
+        messages = list(request.messages or [])
+        first = request.index
+        for turn, follow in enumerate(request.followups, 1):
+            record, answer = await self._send(session, url, request, payload, keep_text=True)
+            if not record.ok:
+                return  # the conversation cannot go on without its answer
+            if self.plan.think_time_s > 0:
+                await asyncio.sleep(self.plan.think_time_s)
+            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": follow.text}]
+            planned = record.input_tokens + record.output_tokens + follow.tokens + self.turn_tokens
+            request = SyntheticRequest(first + turn, follow.text, planned, follow.output_len, list(messages))
+            payload = request_payload(self.model, request, self.plan.ignore_eos, self.plan.endpoint)
+        await self._send(session, url, request, payload)
 
     async def run(self) -> list[RequestRecord]:
+        before = await self.server_view.scrape_all() if self.server_view else None
         async with HTTPClient(kernel_stamps=self.client.kernel_stamps) as session:
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:
                 await self._open(session)
+        if self.server_view is not None and before is not None:
+            self.server = self.server_view.level_figures(before, await self.server_view.scrape_all())
         return self.records
 
     async def _closed(self, session: HTTPClient) -> None:
@@ -187,19 +234,25 @@ class _LevelRunner:
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     return
-                issued += 1
-                await self._one(session, next(source))
+                prepared = next(source)
+                issued += 1 + len(prepared[0].followups)  # every turn is a request
+                await self._one(session, prepared)
 
         await asyncio.gather(*(worker(n) for n in self.share.clients(self.level)))
 
     async def _open(self, session: HTTPClient) -> None:
-        assert self.total is not None
-        offsets = arrival_offsets(self.plan, self.level, self.total).tolist()
+        conversations = self.plan.conversations_for(self.level)
+        assert conversations is not None
+        # conversations arrive at the rate of requests divided by their turns
+        offsets = arrival_offsets(self.plan, self.level / self.plan.turns, conversations)
         loop = asyncio.get_running_loop()
         start = loop.time()
         tasks = []
-        for request in self.prepared:
-            delay = start + offsets[request[0].index] - loop.time()
+        # a share's requests keep their planned arrival (request i at offset i: shares are single-turn)
+        planned = (zip(offsets.tolist(), self.prepared, strict=False) if self.share.count == 1 else
+                   ((offsets[request[0].index], request) for request in self.prepared))
+        for offset, request in planned:
+            delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(self._one(session, request)))
@@ -228,10 +281,12 @@ async def _run_or_stop(job: Coroutine[Any, Any, list[RequestRecord]],
     return None
 
 
-def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
+def records_frame(records: list[RequestRecord], turns: int = 1) -> pd.DataFrame:
+    """The requests table; `turn` numbers a request within its conversation (1 when single-turn)."""
     if not records:  # a shard with no client at this level (closed loop, fewer clients than shares)
-        return pd.DataFrame(columns=[f.name for f in fields(RequestRecord)])
+        return pd.DataFrame(columns=[*(f.name for f in fields(RequestRecord)), "turn"])
     frame = pd.DataFrame.from_records([vars(r) for r in records])
+    frame["turn"] = frame["index"] % turns + 1
     return frame.sort_values("index", kind="stable").reset_index(drop=True)
 
 
@@ -253,12 +308,12 @@ class Traffic:
 class _Sweep:
     """One sweep's state: the levels measured or resumed so far, published after each one."""
 
-    def __init__(self, folder: Path, info: RunInfo, plan: SweepPlan,
+    def __init__(self, spec: FleetSpec, folder: Path, info: RunInfo, plan: SweepPlan,
                  on_level: Callable[[LevelDone], None] | None, on_request: RequestCallback | None,
                  stop: StopFlag | None, csv: bool, n_boot: int, client: ClientOptions,
                  pool: WorkerPool | None, share: Share, workload: Workload,
                  bench: BenchOptions | None) -> None:
-        self.folder, self.info, self.plan, self.on_level = folder, info, plan, on_level
+        self.spec, self.folder, self.info, self.plan, self.on_level = spec, folder, info, plan, on_level
         self.on_request, self.stop, self.csv, self.n_boot = on_request, stop, csv, n_boot
         self.client, self.pool, self.share = client, pool, share
         self.workload, self.bench = workload, bench
@@ -284,6 +339,9 @@ class _Sweep:
                                     n_boot=self.n_boot, seed=plan.seed, order=list(info.topologies))
         self.write_crossover()
         results.write_summary(self.folder, outcome.summary)
+        if plan.turns > 1:
+            outcome.turns = turn_summary(outcome.requests)
+            results.write_turns(self.folder, outcome.turns)
         if self.on_level is not None:
             self.on_level(LevelDone(name, level, self.position, total, resumed, frame, outcome.summary,
                                     outcome.crossover))
@@ -301,15 +359,19 @@ class _Sweep:
             self.ready[level] = list(prepare_level(self.workload, self.info.model, level))
         return iter(self.ready[level])
 
-    async def _records(self, name: str, level: float) -> list[RequestRecord] | None:
+    async def _records(self, name: str,
+                       level: float) -> tuple[list[RequestRecord] | None, dict[str, Any] | None]:
+        """The level's records and the servers' figures over it; no records when stopped."""
         prepared = self._prepared(level)
+        view = ServerView(self.spec, name)
         if self.pool is None:
             share, plan = self.share, self.plan
             mine = (prepared if share.count == 1
                     else (p for p in prepared if share.owns(plan, level, p[0].index)))
             runner = _LevelRunner(self.info.topologies[name], self.info.model, plan, level,
-                                  self.on_request, self.client, mine, share=share)
-            return await _run_or_stop(runner.run(), self.stop)
+                                  self.on_request, self.client, mine, self.workload.turn_tokens, view,
+                                  share=share)
+            return await _run_or_stop(runner.run(), self.stop), runner.server
         total = self.plan.requests_for(level)
         sent = 0
 
@@ -319,8 +381,10 @@ class _Sweep:
             if self.on_request is not None:
                 self.on_request(name, level, sent, total)
 
-        return await self.pool.run_level(self.info.topologies[name], self.info.model, self.plan, level,
-                                         list(prepared), self.stop, progress)
+        before = await view.scrape_all()
+        records = await self.pool.run_level(self.info.topologies[name], self.info.model, self.plan, level,
+                                            list(prepared), self.stop, progress)
+        return records, (view.level_figures(before, await view.scrape_all()) if before is not None else None)
 
     async def level(self, level: float, total: int) -> bool:
         """Every topology at `level`, read back where a previous run finished it; False if stopped."""
@@ -337,12 +401,14 @@ class _Sweep:
             if self.stop is not None and self.stop.is_set():
                 self.outcome.stopped = True
                 return False
-            records = await self._records(name, level)
+            records, server = await self._records(name, level)
             if records is None:
                 self.outcome.stopped = True
                 return False
-            frame = records_frame(records)
+            frame = records_frame(records, self.plan.turns)
             results.write_level(self.folder, self.plan, name, level, frame, csv=self.csv)
+            if server is not None:
+                results.write_json(path.with_suffix(results.SERVER_SUFFIX), server)
             if self.bench is not None:  # --save-result: the level as vllm bench serve writes it, beside it
                 results.write_json(path.with_suffix(".json"), bench_result(
                     frame, topology=name, level=level, axis=self.plan.axis, model=self.info.model,
@@ -413,6 +479,8 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
     """The sweep on the running event loop; see run_sweep (client.uvloop is the caller's)."""
     folder = Path(out_dir)
     info = run_info(spec, plan, topologies)
+    if (traffic.workers > 1 or traffic.shard[1] > 1) and plan.turns > 1:
+        raise UserError("--workers, --shard: a multi-turn conversation (--turns) is sent by one process")
     if traffic.workers > 1 and any(plan.requests_for(level) is None for level in plan.levels):
         raise UserError("--workers: a closed-loop level that runs for --duration cannot be split ahead; "
                         "give --requests or --rounds")
@@ -433,7 +501,7 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
     share_list = traffic.shares
     pool = WorkerPool(share_list, options) if len(share_list) > 1 else None
     try:
-        sweep = _Sweep(folder, info, plan, on_level, on_request, stop, csv, n_boot, options, pool,
+        sweep = _Sweep(spec, folder, info, plan, on_level, on_request, stop, csv, n_boot, options, pool,
                        share_list[0], workload, bench)
         if adaptive is None:
             for level in plan.levels:

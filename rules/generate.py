@@ -1,7 +1,8 @@
 """Write every file `crossover rules` produces for one spec, and the committed examples.
 
 `outputs(...)` returns {relative path: text} so tests compare without touching the disk;
-`python -m crossover.rules.generate` rewrites the committed examples for compose/specs/*.yaml.
+`python -m crossover.rules.generate CHECKOUT` rewrites the committed examples of a checkout for
+its compose/specs/*.yaml (scripts/generate runs it); the installed package reads no checkout.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 from enum import StrEnum
 from pathlib import Path
 
+from crossover.rules.alertmanager import alertmanager_yaml
 from crossover.rules.model import RulesConfig, RuleSet, build_rules
 from crossover.rules.promtest import build_promtest
 from crossover.rules.render import (
@@ -19,11 +21,6 @@ from crossover.rules.render import (
     scrape_config_yaml,
 )
 from crossover.spec import FleetSpec, load_spec
-
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_SPECS = REPO / "compose" / "specs"
-RULES_DIR = REPO / "rules" / "generated"
-PROMETHEUS_DIR = REPO / "compose" / "prometheus"
 
 RULES_FILE = "rules.yml"
 TEST_FILE = "rules.test.yml"
@@ -63,7 +60,7 @@ def _compose_files(spec: FleetSpec, rules: RuleSet, source: str, stem: str) -> d
     return {SCRAPE_FILE: scrape, RULES_FILE: rules_yaml(rules, source)}
 
 
-def example_outputs(repo: Path = REPO) -> dict[Path, str]:
+def example_outputs(repo: Path) -> dict[Path, str]:
     """Every committed generated file for the example specs, keyed by absolute path."""
     files: dict[Path, str] = {}
     for spec_path in sorted((repo / "compose" / "specs").glob("*.yaml")):
@@ -76,6 +73,7 @@ def example_outputs(repo: Path = REPO) -> dict[Path, str]:
         # compose mounts compose/prometheus at /etc/prometheus: config and rules side by side.
         for name, text in _compose_files(spec, rules, source, stem).items():
             files[repo / "compose" / "prometheus" / stem / name] = text
+    files[repo / "compose" / "alertmanager" / "alertmanager.yml"] = alertmanager_yaml()
     return files
 
 
@@ -89,11 +87,24 @@ def write(files: dict[Path, str]) -> list[Path]:
     return changed
 
 
-def main() -> int:
-    for path in write(example_outputs()):
-        print(f"wrote {path.relative_to(REPO)}", file=sys.stderr)
+def checkout_from_argv(argv: list[str]) -> Path:
+    """The checkout whose committed examples a generator rewrites: the one argument, or the cwd."""
+    repo = Path(argv[0] if argv else ".").resolve()
+    if not (repo / "compose" / "specs").is_dir():
+        raise SystemExit(f"{repo}: not a vllm-crossover checkout (no compose/specs/)")
+    return repo
+
+
+def write_examples(files: dict[Path, str], repo: Path) -> None:
+    for path in write(files):
+        print(f"wrote {path.relative_to(repo)}", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    repo = checkout_from_argv(argv)
+    write_examples(example_outputs(repo), repo)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

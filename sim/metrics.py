@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog
-from crossover.exposition import Hist, family
+from crossover.exposition import Hist, family, http_key
 
 LABEL_NAMES = catalog.ENGINE_LABELS
 
@@ -66,7 +66,11 @@ class InstanceMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prompt_by_source = dict.fromkeys(catalog.PROMPT_SOURCES, 0)
         self.success = dict.fromkeys(catalog.FINISHED_REASONS, 0)
+        self.rejections = dict.fromkeys(catalog.ADMISSION_REJECTION_REASONS, 0)
+        self.http: dict[tuple[str, str, str], int] = {}  # (handler, method, status class) -> requests
         token_buckets = catalog.token_count_buckets(self.max_model_len)
         self.ttft = Hist(catalog.TTFT.buckets, now)
         self.itl = Hist(catalog.ITL.buckets, now)
@@ -86,6 +90,15 @@ class InstanceMetrics:
         self.kv_failed_transfers = 0
 
     # --- events --------------------------------------------------------------------------------
+    def on_prompt(self, prompt_tokens: int, cached_tokens: int, remote_tokens: int) -> None:
+        """A request's prefill is done: vLLM counts every prompt token, then where each came from."""
+        self.prompt_tokens += prompt_tokens
+        self.prefix_queries += prompt_tokens
+        self.prefix_hits += cached_tokens
+        self.prompt_by_source["local_cache_hit"] += cached_tokens
+        self.prompt_by_source["external_kv_transfer"] += remote_tokens
+        self.prompt_by_source["local_compute"] += prompt_tokens - cached_tokens - remote_tokens
+
     def on_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
                     last_token: float, prompt_tokens: int, generated: int) -> None:
         self.success[reason] += 1
@@ -98,6 +111,17 @@ class InstanceMetrics:
         self.tpot.observe(decode / (generated - 1) if generated > 1 else 0.0)
         self.request_prompt.observe(prompt_tokens)
         self.request_generation.observe(generated)
+
+    def on_engine_error(self, *, arrival: float, now: float, prompt_tokens: int) -> None:
+        """A request the engine failed before its first token: vLLM counts it by finished_reason
+        "error" and observes it in the per-finished-request histograms like any other."""
+        self.on_finished(reason="error", arrival=arrival, scheduled=arrival, first_token=now, last_token=now,
+                         prompt_tokens=prompt_tokens, generated=0)
+
+    def on_http(self, handler: str, method: str, status: int) -> None:
+        """One answered API request, as prometheus-fastapi-instrumentator counts it (status class)."""
+        key = http_key(handler, method, status)
+        self.http[key] = self.http.get(key, 0) + 1
 
     def on_kv_transfer(self, seconds: float, nbytes: float, descriptors: int) -> None:
         self.kv_xfer.observe(seconds)
@@ -112,14 +136,20 @@ class InstanceMetrics:
             (catalog.NUM_REQUESTS_RUNNING, float(state.running)),
             (catalog.NUM_REQUESTS_WAITING, float(state.waiting_capacity + state.waiting_deferred)),
             (catalog.NUM_REQUESTS_WAITING_BY_REASON,
-             {"capacity": float(state.waiting_capacity), "deferred": float(state.waiting_deferred)}),
+             dict(zip(catalog.WAITING_REASONS, (float(state.waiting_capacity), float(state.waiting_deferred)),
+                      strict=True))),
             (catalog.KV_CACHE_USAGE, state.kv_usage),
             (catalog.PREFIX_CACHE_QUERIES, float(self.prefix_queries)),
-            (catalog.PREFIX_CACHE_HITS, 0.0),
+            (catalog.PREFIX_CACHE_HITS, float(self.prefix_hits)),
             (catalog.NUM_PREEMPTIONS, float(state.preemptions)),
             (catalog.PROMPT_TOKENS, float(self.prompt_tokens)),
+            (catalog.PROMPT_TOKENS_BY_SOURCE, {k: float(v) for k, v in self.prompt_by_source.items()}),
+            (catalog.PROMPT_TOKENS_CACHED,
+             float(self.prefix_hits + self.prompt_by_source["external_kv_transfer"])),
             (catalog.GENERATION_TOKENS, float(self.generation_tokens)),
             (catalog.REQUEST_SUCCESS, {k: float(v) for k, v in self.success.items()}),
+            (catalog.ADMISSION_REJECTIONS, {k: float(v) for k, v in self.rejections.items()}),
+            (catalog.HTTP_REQUESTS, {k: float(v) for k, v in self.http.items()}),
             (catalog.REQUEST_PROMPT_TOKENS, self.request_prompt),
             (catalog.REQUEST_GENERATION_TOKENS, self.request_generation),
             (catalog.TTFT, self.ttft),

@@ -33,6 +33,71 @@ def allreduce_latency_s(interconnect: Interconnect, tensor_parallel_size: int,
     return per_rank * tensor_parallel_size * 1e-6
 
 
+def allreduce_bytes_s(interconnect_gbps: float | None, tensor_parallel_size: int,
+                      message_bytes: float) -> float:
+    """The size term of a ring all-reduce: each rank sends and receives 2(n-1)/n of the message."""
+    if interconnect_gbps is None or tensor_parallel_size <= 1:
+        return 0.0
+    n = tensor_parallel_size
+    return 2 * (n - 1) / n * message_bytes / (interconnect_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one TP rank holds of a Llama-shaped model, and the fixed costs of its kernels (per-kernel model).
+
+    A step runs per layer: four projections (QKV, output, gate/up, down) as GEMMs, decode attention (a
+    split-KV kernel and its combine: two kernels), prefill attention, and the short elementwise kernels
+    around them (norms, residual adds, rotary, KV-cache writes, SiLU-and-multiply); then the LM head
+    over each sequence's last token. Figures from benchmarks/gpu_profile.py; docs/simulator.md.
+    """
+
+    layers: int
+    hidden: int
+    heads: int  # per rank
+    kv_heads: int  # per rank (replicated when TP exceeds the KV heads)
+    head_dim: int
+    intermediate: int  # per rank
+    vocab: int  # per rank
+    dtype_bytes: float
+    kernel_s: float
+    small_kernel_s: float
+    attention_flops_per_s: float
+
+    SMALL_KERNELS_PER_LAYER = 11  # 2 adds, 2 norms, 3 rotary, 2 cache writes, SiLU, multiply
+    PREFILL_EXTRA_KERNELS = 3  # the chunk's two cache writes and its attention output's copy
+
+    def gemm_s(self, tokens: int, n: int, k: int, hbm: float, flops: float) -> float:
+        """One projection: weights + activations through HBM, or its FLOPs, whichever is longer."""
+        moved = self.dtype_bytes * (n * k + tokens * (n + k))
+        return self.kernel_s + max(moved / hbm, 2.0 * tokens * n * k / flops)
+
+    def layer_s(self, load: StepLoad, hbm: float, flops: float) -> float:
+        h, d, tokens = self.hidden, self.head_dim, load.decode_seqs + load.prefill_tokens
+        qkv = (self.heads + 2 * self.kv_heads) * d
+        gemms = (self.gemm_s(tokens, qkv, h, hbm, flops) + self.gemm_s(tokens, h, self.heads * d, hbm, flops)
+                 + self.gemm_s(tokens, 2 * self.intermediate, h, hbm, flops)
+                 + self.gemm_s(tokens, h, self.intermediate, hbm, flops))
+        kv_token_bytes = 2 * self.kv_heads * d * self.dtype_bytes
+        attention = 0.0
+        small = self.SMALL_KERNELS_PER_LAYER
+        if load.decode_seqs:
+            attention += 2 * self.kernel_s + load.decode_context_tokens * kv_token_bytes / hbm
+        if load.prefill_tokens:
+            attention += (2 * self.kernel_s + 4.0 * self.heads * d * load.prefill_attention_pairs
+                          / self.attention_flops_per_s + load.prefill_context_tokens * kv_token_bytes / hbm)
+            small += self.PREFILL_EXTRA_KERNELS
+        # Elementwise traffic per token: residual adds, norms, rotary, cache writes, SiLU-and-multiply.
+        elementwise = tokens * self.dtype_bytes * (10 * h + 5 * (self.heads + self.kv_heads) * d
+                                                   + 4 * self.kv_heads * d + 5 * self.intermediate)
+        return gemms + attention + small * self.small_kernel_s + elementwise / hbm
+
+    def step_s(self, load: StepLoad, hbm: float, flops: float) -> float:
+        sequences = load.decode_seqs + load.prefill_seqs
+        head = self.gemm_s(sequences, self.vocab, self.hidden, hbm, flops)
+        return self.layers * self.layer_s(load, hbm, flops) + head
+
+
 @dataclass(frozen=True)
 class StepLoad:
     """What one engine step computes: decode tokens (one per decoding sequence) and prefill chunks."""
@@ -42,6 +107,7 @@ class StepLoad:
     prefill_tokens: int = 0
     prefill_attention_pairs: float = 0.0  # sum over prefill tokens of the context each attends to
     prefill_seqs: int = 0
+    prefill_context_tokens: int = 0  # KV tokens the prefill chunks read (their start plus the chunk)
 
 
 @dataclass(frozen=True)
@@ -66,6 +132,8 @@ class PerfModel:
     max_num_batched_tokens: int
     kv_link_bytes_per_s: float
     kv_link_latency_s: float
+    shard: Shard | None = None  # the per-kernel model, when the hardware gives its kernel costs
+    allreduce_gbps: float | None = None
 
     @classmethod
     def for_instance(cls, spec: FleetSpec, tensor_parallel_size: int) -> PerfModel:
@@ -76,6 +144,15 @@ class PerfModel:
         kv_bytes_total = max(0.0, usable_per_gpu - weight_per_gpu) * tp
         block = sim.block_size
         capacity_blocks = int(kv_bytes_total // (model.kv_bytes_per_token * block))
+        shard = None
+        if hardware.kernel_us is not None and model.intermediate_size is not None:
+            shard = Shard(
+                layers=model.layers, hidden=model.hidden_size, heads=model.heads // tp,
+                kv_heads=max(1, model.kv_heads // tp), head_dim=model.head_dim,
+                intermediate=model.intermediate_size // tp, vocab=model.vocab_size // tp,
+                dtype_bytes=model.dtype_bytes, kernel_s=hardware.kernel_us * 1e-6,
+                small_kernel_s=(hardware.small_kernel_us or hardware.kernel_us) * 1e-6,
+                attention_flops_per_s=hardware.bf16_tflops * 1e12 * hardware.attention_mfu)
         return cls(
             tensor_parallel_size=tp,
             layers=model.layers,
@@ -95,6 +172,8 @@ class PerfModel:
             max_num_batched_tokens=sim.max_num_batched_tokens,
             kv_link_bytes_per_s=hardware.kv_link_gbps * 1e9,
             kv_link_latency_s=hardware.kv_link_latency_ms * 1e-3,
+            shard=shard,
+            allreduce_gbps=hardware.allreduce_gbps,
         )
 
     @property
@@ -103,18 +182,33 @@ class PerfModel:
         return self.layers * 2 * self.allreduce_s
 
     def step_seconds(self, load: StepLoad) -> float:
-        """Duration of one engine step: roofline GPU time per shard + TP all-reduces + host time."""
+        """Duration of one engine step: GPU time per shard + TP all-reduces + host time."""
         tokens = load.decode_seqs + load.prefill_tokens
         if tokens == 0:
             return 0.0
+        host = self.host_step_s + self.host_per_seq_s * (load.decode_seqs + load.prefill_seqs)
+        if self.shard is not None:
+            gpu = self.shard_gpu_seconds(load) + self.allreduce_seconds(tokens)
+            return gpu * self.gpu_time_scale + host
         tp = self.tensor_parallel_size
         kv_tokens_touched = load.decode_context_tokens + load.prefill_tokens  # reads + new writes
         bytes_moved = self.weight_bytes_per_gpu + kv_tokens_touched * self.kv_bytes_per_token / tp
         attention_pairs = load.decode_context_tokens + load.prefill_attention_pairs
         flops = (2.0 * self.params * tokens + 4.0 * self.layers * self.hidden_size * attention_pairs) / tp
         gpu = max(bytes_moved / self.hbm_bytes_per_s, flops / self.flops_per_s)
-        host = self.host_step_s + self.host_per_seq_s * (load.decode_seqs + load.prefill_seqs)
         return (gpu + self.tp_overhead_s) * self.gpu_time_scale + host
+
+    def shard_gpu_seconds(self, load: StepLoad) -> float:
+        """The per-kernel model's GPU time of one rank's shard (what benchmarks/gpu_profile.py measures)."""
+        if self.shard is None:
+            raise ValueError("hardware.kernel_us: the per-kernel model needs the kernel costs")
+        return self.shard.step_s(load, self.hbm_bytes_per_s, self.flops_per_s)
+
+    def allreduce_seconds(self, tokens: int) -> float:
+        """Two all-reduces per layer of the step's activations (tokens x hidden)."""
+        message = tokens * self.hidden_size * (self.shard.dtype_bytes if self.shard else 2.0)
+        size = allreduce_bytes_s(self.allreduce_gbps, self.tensor_parallel_size, message)
+        return self.layers * 2 * (self.allreduce_s + size) if self.tensor_parallel_size > 1 else 0.0
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)

@@ -6,11 +6,18 @@ requests in arrival order while the token budget, `max_num_seqs` and free KV blo
 prefill). When a running request needs a KV block and none is free, the newest running request is
 preempted: its blocks are freed and it goes back to the front of the queue to be recomputed.
 P/D decode instances hold requests whose KV is in flight ("deferred") until the transfer ends.
+
+Prefix caching as vLLM V1 does it: a request carries the chained hashes of its prompt's full blocks
+(`prompt_block_hashes`); once its prefill is done those blocks stay in the cache under their hash. A
+new request takes the longest run of its leading hashes found there (at most the prompt minus one
+token, which must be computed to sample) and starts its prefill after them. Blocks nobody references
+are free but keep their contents until they are needed: they are evicted least recently freed first.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +48,9 @@ class SimRequest:
     finished: bool = False
     sink: Any = None  # whoever waits for this request's tokens (the HTTP handler, the DES client)
     pending: bytes = b""  # the live server's next chunk, formatted while the step runs
+    block_hashes: tuple[int, ...] = ()  # chained hashes of the prompt's full blocks (prefix caching)
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    held: list[int] = field(default_factory=list)  # hashes of the cached blocks this request references
 
     def __post_init__(self) -> None:
         if not self.prefill_target:
@@ -68,8 +78,10 @@ class Scheduler:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.transferring: list[SimRequest] = []  # P/D decode: KV in flight (waiting reason "deferred")
-        self.free_blocks = model.kv_capacity_blocks
+        self.free_blocks = model.kv_capacity_blocks  # referenced by no request (empty or evictable)
         self.preemptions = 0
+        self.cache_refs: dict[int, int] = {}  # block hash -> requests referencing it
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; oldest first
 
     # --- queue state, read by /metrics -------------------------------------------------------
     @property
@@ -109,8 +121,48 @@ class Scheduler:
             self.waiting.remove(request)
 
     def _release(self, request: SimRequest) -> None:
-        self.free_blocks += request.blocks
+        self.free_blocks += request.blocks - len(request.held)
+        # A request's last blocks are the least likely to be shared: they go first (as vLLM frees).
+        for block_hash in reversed(request.held):
+            refs = self.cache_refs[block_hash] - 1
+            self.cache_refs[block_hash] = refs
+            if refs == 0:
+                self.evictable[block_hash] = None
+                self.free_blocks += 1
+        request.held = []
         request.blocks = 0
+
+    def _take(self, need: int) -> None:
+        """Allocate `need` free blocks, evicting the oldest unreferenced cached ones if empty ones run out."""
+        for _ in range(need - (self.free_blocks - len(self.evictable))):
+            block_hash, _ = self.evictable.popitem(last=False)
+            del self.cache_refs[block_hash]
+        self.free_blocks -= need
+
+    def _reuse_prefix(self, request: SimRequest) -> None:
+        """Admission: reference the blocks of the prompt's longest cached prefix; skip their prefill."""
+        usable = (request.prompt_tokens - 1) // self.model.block_size
+        for block_hash in request.block_hashes[:usable]:
+            refs = self.cache_refs.get(block_hash)
+            if refs is None:
+                break
+            if refs == 0:
+                del self.evictable[block_hash]
+                self.free_blocks -= 1
+            self.cache_refs[block_hash] = refs + 1
+            request.held.append(block_hash)
+            request.blocks += 1
+        request.computed = request.blocks * self.model.block_size
+        if request.preemptions == 0:
+            request.cached_tokens = request.computed
+
+    def _cache_prompt(self, request: SimRequest) -> None:
+        """Prefill done: the prompt's full blocks this request computed join the cache under their hash."""
+        for block_hash in request.block_hashes[len(request.held):]:
+            if block_hash in self.cache_refs:  # computed twice at once: the first copy stays cached
+                break
+            self.cache_refs[block_hash] = 1
+            request.held.append(block_hash)
 
     def _preempt(self, victim: SimRequest) -> None:
         self.running.remove(victim)
@@ -126,8 +178,9 @@ class Scheduler:
         need = self.model.blocks_for(request.computed + tokens) - request.blocks
         if need > self.free_blocks:
             return False
-        self.free_blocks -= need
-        request.blocks += need
+        if need > 0:
+            self._take(need)
+            request.blocks += need
         return True
 
     def plan(self, now: float) -> StepPlan | None:
@@ -160,7 +213,7 @@ class Scheduler:
                 if preempted_itself:
                     continue
             elif need > 0:
-                self.free_blocks -= need
+                self._take(need)
                 request.blocks += need
             work.append((request, tokens))
             budget -= tokens
@@ -179,8 +232,12 @@ class Scheduler:
                     request.scheduled_time = now
                 self.transferring.append(request)
                 continue
+            if request.computed == 0 and request.block_hashes:
+                self._reuse_prefix(request)
             tokens = min(request.prefill_target - request.computed, budget)
             if not self._grow(request, tokens):
+                self._release(request)
+                request.computed = 0
                 break
             self.waiting.popleft()
             if request.scheduled_time is None:
@@ -190,7 +247,7 @@ class Scheduler:
             budget -= tokens
         if not work:
             return None
-        decode_seqs = decode_context = prefill_tokens = prefill_seqs = 0
+        decode_seqs = decode_context = prefill_tokens = prefill_seqs = prefill_context = 0
         pairs = 0.0
         for request, tokens in work:
             if request.computed >= request.prefill_target:
@@ -200,7 +257,8 @@ class Scheduler:
                 prefill_seqs += 1
                 prefill_tokens += tokens
                 pairs += prefill_attention_pairs(request.computed, tokens)
-        load = StepLoad(decode_seqs, decode_context, prefill_tokens, pairs, prefill_seqs)
+                prefill_context += request.computed + tokens
+        load = StepLoad(decode_seqs, decode_context, prefill_tokens, pairs, prefill_seqs, prefill_context)
         return StepPlan(work, load, model.step_seconds(load))
 
     def complete(self, plan: StepPlan, end: float) -> StepOutcome:
@@ -213,6 +271,8 @@ class Scheduler:
             request.computed += tokens
             if was_prefill and request.computed < request.prefill_target:
                 continue  # more prefill chunks to go; no token yet
+            if was_prefill and request.block_hashes:
+                self._cache_prompt(request)
             request.generated += 1
             request.prev_token_time = request.last_token_time
             request.last_token_time = end
@@ -227,3 +287,13 @@ class Scheduler:
             done = {id(r) for r in outcome.finished}
             self.running = [r for r in self.running if id(r) not in done]
         return outcome
+
+
+def chained_block_hashes(tokens: Sequence[Hashable], block_size: int) -> tuple[int, ...]:
+    """vLLM's prefix-cache keys: each full block's hash covers its tokens and the previous block's hash."""
+    hashes = []
+    previous = 0
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        previous = hash((previous, tuple(tokens[start:start + block_size])))
+        hashes.append(previous)
+    return tuple(hashes)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from crossover.sim.model import PerfModel, StepLoad
-from crossover.sim.scheduler import Scheduler, SimRequest, StepPlan
+from crossover.sim.scheduler import Scheduler, SimRequest, StepPlan, chained_block_hashes
 from crossover.spec import FleetSpec, Role, Topology
 
 
@@ -30,6 +30,7 @@ class RequestTrace:
     first_token: float | None = None
     finish: float | None = None
     token_times: list[float] = field(default_factory=list)
+    block_hashes: tuple[int, ...] = ()  # the prompt's prefix-cache keys (none: nothing to reuse)
 
     @property
     def ttft(self) -> float:
@@ -83,7 +84,8 @@ class FleetDES:
         target = node or next(self._rr_entry)
         disaggregated = target.role is Role.PREFILL
         request = SimRequest(f"r{next(self._ids)}", trace.prompt_tokens,
-                             1 if disaggregated else trace.output_tokens, trace.arrival)
+                             1 if disaggregated else trace.output_tokens, trace.arrival,
+                             block_hashes=trace.block_hashes)
         request.sink = trace
         self.at(trace.arrival, lambda t: self._arrive(target, request))
 
@@ -297,3 +299,23 @@ def open_loop(spec: FleetSpec, topology: Topology | str, rate: float, input_len:
     des.on_done = on_done
     des.run(lambda: finished[0] >= num_requests)
     return OpenLoopResult(rate, tuple(traces))
+
+
+def conversation_ttfts(spec: FleetSpec, topology: Topology | str, turns: int, input_len: int, output_len: int,
+                       *, prefix_caching: bool = True) -> list[float]:
+    """TTFT of each turn of one conversation on one instance: turn k's prompt is every earlier prompt
+    and answer plus `input_len` new tokens, so the prefix cache holds all but the newest part."""
+    if turns < 1 or input_len < 1 or output_len < 1:
+        raise ValueError("turns, input_len and output_len must be positive")
+    des = FleetDES(spec, _topology(spec, topology))
+    keys: list[str] = []
+    ttfts: list[float] = []
+    for turn in range(turns):
+        keys += [f"u{turn}-{i}" for i in range(input_len)]
+        hashes = chained_block_hashes(keys, des.model.block_size) if prefix_caching else ()
+        trace = RequestTrace(des.now, len(keys), output_len, block_hashes=hashes)
+        des.submit(trace, des.serving[0])
+        des.run(lambda trace=trace: trace.finish is not None)  # type: ignore[misc]
+        ttfts.append(trace.ttft)
+        keys += [f"a{turn}-{i}" for i in range(output_len)]
+    return ttfts

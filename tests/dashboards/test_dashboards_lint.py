@@ -31,7 +31,7 @@ def _known(stem: str) -> frozenset[str]:
 
 
 def test_committed_dashboards_match_regeneration() -> None:
-    stale = [str(path.relative_to(REPO)) for path, text in example_outputs().items()
+    stale = [str(path.relative_to(REPO)) for path, text in example_outputs(REPO).items()
              if not path.exists() or path.read_text(encoding="utf-8") != text]
     assert not stale, f"regenerate with `python -m crossover.dashboards.generate`: {stale}"
 

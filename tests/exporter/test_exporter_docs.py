@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from crossover.exporter import docs, names
+from tests.helpers import REPO
 
 
 def test_committed_series_table_is_up_to_date():
-    text = docs.DOC.read_text(encoding="utf-8")
+    text = (REPO / docs.DOC).read_text(encoding="utf-8")
     assert docs.BEGIN in text and docs.END in text
     assert docs.render(text) == text, "run: python -m crossover.exporter.docs"
 
 
 def test_every_exported_series_is_documented():
-    text = docs.DOC.read_text(encoding="utf-8")
+    text = (REPO / docs.DOC).read_text(encoding="utf-8")
     for metric in (*names.TARGET_METRICS, *names.EXPORTER_METRICS):
         assert f"`{metric.name}`" in text
     for series in names.DERIVED_SERIES:

@@ -24,7 +24,7 @@ def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
 
 def test_committed_examples_match_regeneration() -> None:
     stale = []
-    for path, text in example_outputs().items():
+    for path, text in example_outputs(REPO).items():
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             stale.append(str(path.relative_to(REPO)))
     assert not stale, f"regenerate with `python -m crossover.rules.generate`: {stale}"

@@ -1,0 +1,524 @@
+"""GPU time of one engine step of one tensor-parallel rank's shard, measured with torch.
+
+    python benchmarks/gpu_profile.py --out gpu_profile.csv                 # on a CUDA GPU
+    python benchmarks/gpu_profile.py --device cpu --models tiny --out x.csv  # a quick check anywhere
+
+A rank's shard of a Llama layer (RMSNorm, QKV projection, rotary, KV-cache write, attention, output
+projection, RMSNorm, gate/up projection, SiLU-and-multiply, down projection) with random BF16 weights,
+stacked to the model's depth, with the embedding and the LM head computing the logits of each
+sequence's last token, as one vLLM engine step does. Every step is captured in a CUDA graph and its
+replays timed with CUDA events (the median), so host launch time is out of the figure: vLLM's
+host-side time per step is modelled apart. The all-reduces between ranks are not run (one GPU).
+
+Rows (`kind`): `decode` (batch x context, one token per sequence), `prefill` (one chunk of a
+sequence, starting at `prefill_start`), `mixed` (decode batch plus one prefill chunk: a chunked-prefill
+step), and the ceilings the performance model stands on: `copy` (device-to-device bandwidth),
+`gemm_peak` (an 8192^3 BF16 product), `kernel_floor` (the cost of one short kernel inside a graph),
+`gemm` (one projection of every layer at a token count), `attn_decode` and `attn_prefill` (attention
+alone). Comment lines (`# key: value`) at the top name the GPU, driver, CUDA, torch and the command.
+Cells whose KV cache does not fit beside the shard's weights are left out, as vLLM would not run them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SHAPES: dict[str, dict[str, int]] = {
+    "llama-3.1-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+                         intermediate=14336, vocab=128256),
+    "llama-3.1-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
+                          intermediate=28672, vocab=128256),
+    "tiny": dict(layers=2, hidden=256, heads=8, kv_heads=2, head_dim=32, intermediate=512, vocab=1000),
+}
+TP_SIZES = (1, 2, 4, 8)
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DECODE_CONTEXTS = (512, 1024, 2048, 4096, 8192)
+PREFILL_CHUNKS = (256, 512, 1024, 2048, 4096, 8192)
+PREFILL_LATE = ((2048, 6144), (512, 7680))  # (chunk, start): the later chunks of a long prompt
+MIXED = ((16, 2048, 512), (64, 2048, 512), (128, 1024, 512), (32, 4096, 2048), (128, 2048, 2048),
+         (256, 1024, 1024))  # (decode batch, decode context, prefill chunk), prefill at start 2048
+MIXED_PREFILL_START = 2048
+GEMM_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+ATTN_DECODE = ((1, 512), (1, 8192), (8, 2048), (32, 1024), (32, 8192), (64, 4096), (128, 2048), (256, 512),
+               (256, 2048))
+GIB = 1024**3
+RESERVE_BYTES = 8 * GIB  # activations, graph pools, cuBLAS workspaces
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The dimensions one TP rank holds."""
+
+    model: str
+    tp: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+    @classmethod
+    def of(cls, model: str, tp: int) -> Shard:
+        s = SHAPES[model]
+        return cls(model, tp, s["layers"], s["hidden"], s["heads"] // tp, max(1, s["kv_heads"] // tp),
+                   s["head_dim"], s["intermediate"] // tp, s["vocab"] // tp)
+
+    @property
+    def qkv_out(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def layer_weight_elems(self) -> int:
+        return (self.hidden * self.qkv_out + self.heads * self.head_dim * self.hidden
+                + 3 * self.hidden * self.intermediate + 2 * self.hidden)
+
+    @property
+    def weight_bytes(self) -> int:
+        return 2 * (self.layers * self.layer_weight_elems + 2 * self.vocab * self.hidden + self.hidden)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * 2
+
+
+class Timer:
+    """Times a step: CUDA graph replays with events on a GPU, plain calls on the CPU."""
+
+    def __init__(self, device: torch.device, target_s: float, max_reps: int) -> None:
+        self.device, self.target_s, self.max_reps = device, target_s, max_reps
+
+    def __call__(self, fn: Callable[[], torch.Tensor]) -> tuple[float, int]:
+        if self.device.type != "cuda":
+            fn()
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            return statistics.median(times), len(times)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        estimate = start.elapsed_time(end) / 1000
+        reps = max(3, min(self.max_reps, int(self.target_s / max(estimate, 1e-6))))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(reps)]
+        for a, b in events:
+            a.record()
+            graph.replay()
+            b.record()
+        torch.cuda.synchronize()
+        if not bool(torch.isfinite(out.float()).all()):
+            raise RuntimeError("non-finite output")
+        del graph, out
+        return statistics.median(a.elapsed_time(b) for a, b in events) / 1000, reps
+
+
+class ShardModel:
+    """Random BF16 weights and a KV pool for one shard; `step` runs one engine step on it."""
+
+    def __init__(self, shard: Shard, device: torch.device, kv_tokens: int) -> None:
+        self.s, self.device = shard, device
+        dt = torch.bfloat16
+
+        def w(*shape: int) -> torch.Tensor:
+            return torch.empty(*shape, device=device, dtype=dt).normal_(0.0, 0.02)
+
+        s = shard
+        self.layers = [dict(norm1=1 + w(s.hidden), qkv=w(s.qkv_out, s.hidden),
+                            o=w(s.hidden, s.heads * s.head_dim), norm2=1 + w(s.hidden),
+                            gate_up=w(2 * s.intermediate, s.hidden), down=w(s.hidden, s.intermediate))
+                       for _ in range(s.layers)]
+        self.embed = w(s.vocab, s.hidden)
+        self.lm_head = w(s.vocab, s.hidden)
+        self.final_norm = 1 + w(s.hidden)
+        self.kv_tokens = kv_tokens
+        # One K and one V pool per layer, [token, kv_head, head_dim]; a cell views its sequences in it.
+        self.k_pool = [w(kv_tokens, s.kv_heads, s.head_dim) for _ in range(s.layers)]
+        self.v_pool = [w(kv_tokens, s.kv_heads, s.head_dim) for _ in range(s.layers)]
+        max_pos = 16384
+        inv = 1.0 / (500000.0 ** (torch.arange(0, s.head_dim, 2, device=device).float() / s.head_dim))
+        freqs = torch.outer(torch.arange(max_pos, device=device).float(), inv)
+        angles = torch.cat([freqs, freqs], dim=-1)
+        self.cos = angles.cos().to(dt)
+        half = s.head_dim // 2
+        sin = angles.sin()
+        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(dt)
+        self.gqa_native = True
+        self.decode_backend: object = None
+        self.decode_choice: dict[tuple[int, int], object] = {}
+
+    def decode_kernel(self) -> contextlib.AbstractContextManager[None]:
+        if self.decode_backend is None:
+            return contextlib.nullcontext()
+        from torch.nn.attention import sdpa_kernel
+        return sdpa_kernel([self.decode_backend])
+
+    def probe_gqa(self) -> None:
+        """Use the attention kernels' own grouped-query support where this torch has it."""
+        s, dev = self.s, self.device
+        q = torch.randn(1, s.heads, 64, s.head_dim, device=dev, dtype=torch.bfloat16)
+        kv = torch.randn(1, s.kv_heads, 64, s.head_dim, device=dev, dtype=torch.bfloat16)
+        try:
+            self._prefill_attention(q, kv, kv, 0)
+        except (RuntimeError, TypeError) as exc:
+            print(f"grouped-query attention by repeating K/V ({exc})".splitlines()[0], flush=True)
+            self.gqa_native = False
+
+    def rotary(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(qk * cos, qk.roll(self.s.head_dim // 2, dims=-1), sin)
+
+    def choose_decode_backend(self, timer: Timer, batch: int, context: int) -> str:
+        """Decode attention through the faster of torch's two fused kernels at this batch shape.
+
+        FlashAttention splits a long context across multiprocessors (fast at small batches) and cuDNN's
+        kernel streams large batches closer to the HBM rate; vLLM's own kernel does both.
+        """
+        if self.device.type != "cuda" or not batch:
+            return ""
+        if (batch, context) in self.decode_choice:
+            self.decode_backend = self.decode_choice[(batch, context)]
+            return str(self.decode_backend).split(".")[-1]
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        s = self.s
+        q = torch.randn(batch, s.kv_heads, s.heads // s.kv_heads, s.head_dim, device=self.device,
+                        dtype=torch.bfloat16)
+        kd = self.k_pool[0][:batch * context].view(batch, context, s.kv_heads, s.head_dim).transpose(1, 2)
+        vd = self.v_pool[0][:batch * context].view(batch, context, s.kv_heads, s.head_dim).transpose(1, 2)
+        times = {}
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+            try:
+                with sdpa_kernel([backend]):
+                    times[backend], _ = timer(lambda: F.scaled_dot_product_attention(q, kd, vd))
+            except RuntimeError:
+                continue
+        self.decode_backend = min(times, key=lambda k: times[k]) if times else None
+        self.decode_choice[(batch, context)] = self.decode_backend
+        return str(self.decode_backend).split(".")[-1]
+
+    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           start: int) -> torch.Tensor:
+        # q [1, H, P, D]; k, v [1, Hkv, start+P, D]; causal, aligned bottom-right when start > 0.
+        causal: dict[str, object]
+        if start == 0:
+            causal = dict(is_causal=True)
+        else:
+            from torch.nn.attention.bias import causal_lower_right
+            causal = dict(attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
+        if self.gqa_native:
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **causal)
+        group = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                              **causal)
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int,
+                  context: int, chunk: int, start: int) -> torch.Tensor:
+        """Write this step's K/V into the pool and attend; decode rows first, then the prefill chunk."""
+        s = self.s
+        kp, vp = self.k_pool[layer], self.v_pool[layer]
+        outs = []
+        if batch:
+            kd = kp[:batch * context].view(batch, context, s.kv_heads, s.head_dim)
+            vd = vp[:batch * context].view(batch, context, s.kv_heads, s.head_dim)
+            kd[:, context - 1] = k[:batch]
+            vd[:, context - 1] = v[:batch]
+            group = s.heads // s.kv_heads
+            qd = q[:batch].view(batch, s.kv_heads, group, s.head_dim)
+            with self.decode_kernel():
+                out = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2))
+            outs.append(out.reshape(batch, s.heads * s.head_dim))
+        if chunk:
+            base = batch * context
+            kc = kp[base:base + start + chunk]
+            vc = vp[base:base + start + chunk]
+            kc[start:] = k[batch:]
+            vc[start:] = v[batch:]
+            qc = q[batch:].view(1, chunk, s.heads, s.head_dim).transpose(1, 2)
+            out = self._prefill_attention(qc, kc.unsqueeze(0).transpose(1, 2),
+                                          vc.unsqueeze(0).transpose(1, 2),
+                                          start)
+            outs.append(out.transpose(1, 2).reshape(chunk, s.heads * s.head_dim))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, batch: int, context: int, chunk: int,
+             start: int) -> torch.Tensor:
+        s = self.s
+        eps = 1e-5
+        residual = F.embedding(tokens, self.embed)
+        h = F.rms_norm(residual, (s.hidden,), self.layers[0]["norm1"], eps)
+        k_end = (s.heads + s.kv_heads) * s.head_dim
+        cos = self.cos[positions].unsqueeze(1)  # the same for every layer: gathered once per step
+        sin = self.sin_signed[positions].unsqueeze(1)
+        for index, layer in enumerate(self.layers):
+            if index:
+                residual = residual + h
+                h = F.rms_norm(residual, (s.hidden,), layer["norm1"], eps)
+            qkv = F.linear(h, layer["qkv"])
+            qk = self.rotary(qkv[:, :k_end].view(-1, s.heads + s.kv_heads, s.head_dim), cos, sin)
+            q, k = qk[:, :s.heads], qk[:, s.heads:]
+            v = qkv[:, k_end:].view(-1, s.kv_heads, s.head_dim)
+            attn = self.attention(index, q, k, v, batch, context, chunk, start)
+            h = F.linear(attn, layer["o"])
+            residual = residual + h
+            h = F.rms_norm(residual, (s.hidden,), layer["norm2"], eps)
+            gate_up = F.linear(h, layer["gate_up"])
+            h = F.linear(F.silu(gate_up[:, :s.intermediate]) * gate_up[:, s.intermediate:], layer["down"])
+        residual = residual + h
+        # Logits for each sequence's last token: every decode row and the chunk's last row.
+        last = torch.cat([residual[:batch], residual[-1:]]) if chunk else residual
+        return F.linear(F.rms_norm(last, (s.hidden,), self.final_norm, eps), self.lm_head)
+
+
+def inputs(model: ShardModel, batch: int, context: int, chunk: int, start: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    dev = model.device
+    tokens = torch.randint(0, model.s.vocab, (batch + chunk,), device=dev)
+    positions = torch.cat([torch.full((batch,), context - 1, device=dev, dtype=torch.long),
+                           torch.arange(start, start + chunk, device=dev)])
+    return tokens, positions
+
+
+class Profile:
+    def __init__(self, writer: csv.DictWriter, timer: Timer, deadline: float, device: torch.device) -> None:
+        self.writer, self.timer, self.deadline, self.device = writer, timer, deadline, device
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def record(self, row: dict[str, object], fn: Callable[[], torch.Tensor], divide: int = 1) -> None:
+        if self.out_of_time():
+            return
+        try:
+            seconds, reps = self.timer(fn)
+        except torch.OutOfMemoryError:
+            print(f"skip (out of memory): {row}", file=sys.stderr)
+            torch.cuda.empty_cache()
+            return
+        row = dict(row, step_ms=f"{seconds / divide * 1000:.4f}", reps=reps)
+        self.writer.writerow(row)
+        print(" ".join(f"{k}={v}" for k, v in row.items() if v not in ("", None)), flush=True)
+
+
+FIELDS = ("kind", "model", "tp", "batch", "context", "prefill_tokens", "prefill_start", "op", "tokens",
+          "step_ms", "reps", "note")
+
+
+def row(kind: str, shard: Shard | None = None, **fields: object) -> dict[str, object]:
+    base: dict[str, object] = {k: "" for k in FIELDS}
+    base["kind"] = kind
+    if shard is not None:
+        base["model"], base["tp"] = shard.model, shard.tp
+    base.update(fields)
+    return base
+
+
+def ceilings(profile: Profile, device: torch.device, small: bool) -> None:
+    n = (1 << 20) if small else (1 << 31)  # bytes per copy buffer: 2 GiB on a GPU
+    src = torch.empty(n // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    profile.record(row("copy", note=f"bytes_moved={2 * n}"), lambda: dst.copy_(src))
+    m = 256 if small else 8192
+    a = torch.randn(m, m, device=device, dtype=torch.bfloat16)
+    b = torch.randn(m, m, device=device, dtype=torch.bfloat16)
+    profile.record(row("gemm_peak", note=f"flops={2 * m**3}"), lambda: a @ b)
+    kernels = 50 if small else 2000
+    x = torch.randn(4096, device=device, dtype=torch.bfloat16)
+
+    def many() -> torch.Tensor:
+        for _ in range(kernels):
+            x.mul_(1.0)
+        return x
+
+    profile.record(row("kernel_floor", note=f"kernels={kernels}"), many, divide=kernels)
+
+
+def profile_steps(profile: Profile, model: ShardModel, small: bool) -> None:
+    s = model.s
+    cap = model.kv_tokens
+    probe = Timer(model.device, 0.02, 20)
+
+    def cell(kind: str, batch: int, context: int, chunk: int, start: int) -> None:
+        if batch * context + start + chunk > cap:
+            return
+        tokens, positions = inputs(model, batch, context, chunk, start)
+        kernel = model.choose_decode_backend(probe, batch, context)
+        profile.record(row(kind, s, batch=batch, context=context, prefill_tokens=chunk, prefill_start=start,
+                           tokens=batch + chunk, note=kernel),
+                       lambda: model.step(tokens, positions, batch, context, chunk, start))
+
+    scale = 16 if small else 1
+    for context in DECODE_CONTEXTS:
+        for batch in DECODE_BATCHES:
+            cell("decode", batch, context // scale, 0, 0)
+    for chunk in PREFILL_CHUNKS:
+        cell("prefill", 0, 0, chunk // scale, 0)
+    for chunk, start in PREFILL_LATE:
+        cell("prefill", 0, 0, chunk // scale, start // scale)
+    for batch, context, chunk in MIXED:
+        cell("mixed", batch, context // scale, chunk // scale, MIXED_PREFILL_START // scale)
+
+
+def profile_ops(profile: Profile, model: ShardModel, small: bool) -> None:
+    """The pieces, over every layer's own weights (so no layer's weights are found in L2)."""
+    s = model.s
+    scale = 16 if small else 1
+    for name in ("qkv", "o", "gate_up", "down", "lm_head"):
+        weights = [model.lm_head] if name == "lm_head" else [layer[name] for layer in model.layers]
+        for tokens in GEMM_TOKENS:
+            tokens = max(1, tokens // scale)
+            xs = torch.randn(tokens, weights[0].shape[1], device=model.device, dtype=torch.bfloat16)
+
+            def gemms(ws: list[torch.Tensor] = weights, x: torch.Tensor = xs) -> torch.Tensor:
+                out = x
+                for w_ in ws:
+                    out = F.linear(x, w_)
+                return out
+
+            profile.record(row("gemm", s, op=name, tokens=tokens,
+                               note=f"n={weights[0].shape[0]} k={weights[0].shape[1]}"), gemms,
+                           divide=len(weights))
+    for batch, context in ATTN_DECODE:
+        context //= scale
+        if batch * context > model.kv_tokens:
+            continue
+        group = s.heads // s.kv_heads
+        q = torch.randn(batch, s.kv_heads, group, s.head_dim, device=model.device, dtype=torch.bfloat16)
+
+        def attn(b: int = batch, c: int = context, q_: torch.Tensor = q) -> torch.Tensor:
+            out = q_
+            for layer in range(s.layers):
+                kd = model.k_pool[layer][:b * c].view(b, c, s.kv_heads, s.head_dim).transpose(1, 2)
+                vd = model.v_pool[layer][:b * c].view(b, c, s.kv_heads, s.head_dim).transpose(1, 2)
+                with model.decode_kernel():
+                    out = F.scaled_dot_product_attention(q_, kd, vd)
+            return out
+
+        kernel = model.choose_decode_backend(Timer(model.device, 0.02, 20), batch, context)
+        profile.record(row("attn_decode", s, batch=batch, context=context, note=kernel), attn,
+                       divide=s.layers)
+    for chunk in PREFILL_CHUNKS:
+        chunk //= scale
+        q = torch.randn(1, s.heads, chunk, s.head_dim, device=model.device, dtype=torch.bfloat16)
+
+        def attn_p(c: int = chunk, q_: torch.Tensor = q) -> torch.Tensor:
+            out = q_
+            for layer in range(s.layers):
+                k = model.k_pool[layer][:c].unsqueeze(0).transpose(1, 2)
+                v = model.v_pool[layer][:c].unsqueeze(0).transpose(1, 2)
+                out = model._prefill_attention(q_, k, v, 0)
+            return out
+
+        profile.record(row("attn_prefill", s, prefill_tokens=chunk), attn_p, divide=s.layers)
+
+
+@contextlib.contextmanager
+def fast_attention(device: torch.device) -> Iterator[None]:
+    """On a GPU, never let attention fall back to the math kernel (it would materialise the scores)."""
+    if device.type != "cuda":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    with sdpa_kernel(fused):
+        yield
+
+
+def versions(device: torch.device) -> dict[str, str]:
+    info = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, sm_count=str(props.multi_processor_count),
+                    memory_gib=f"{props.total_memory / GIB:.1f}", cudnn=str(torch.backends.cudnn.version()))
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            info["nvidia_smi"] = smi.stdout.strip()
+    else:
+        info["gpu"] = "cpu"
+    return info
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--models", default="llama-3.1-8b,llama-3.1-70b")
+    parser.add_argument("--tp", default=",".join(map(str, TP_SIZES)))
+    parser.add_argument("--parts", default="ceilings,steps,ops", help="which of ceilings, steps, ops")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting cells after this")
+    parser.add_argument("--target-s", type=float, default=0.2, help="timed replays per cell, in seconds")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    small = device.type != "cuda"
+    parts = set(args.parts.split(","))
+    deadline = time.monotonic() + args.budget_s
+    with open(args.out, "w", newline="") as handle, fast_attention(device):
+        for key, value in versions(device).items():
+            handle.write(f"# {key}: {value}\n")
+        handle.write(f"# command: python benchmarks/gpu_profile.py {' '.join(sys.argv[1:])}\n")
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        writer.writeheader()
+        profile = Profile(writer, Timer(device, args.target_s, 50), deadline, device)
+        if "ceilings" in parts:
+            ceilings(profile, device, small)
+        for name in args.models.split(","):
+            for tp in (int(t) for t in args.tp.split(",")):
+                shard = Shard.of(name, tp)
+                if SHAPES[name]["heads"] % tp or profile.out_of_time():
+                    continue
+                free = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 * GIB)
+                room = free - shard.weight_bytes - (RESERVE_BYTES if device.type == "cuda" else 0)
+                if room <= 0:
+                    print(f"skip {name} tp={tp}: weights {shard.weight_bytes / GIB:.1f} GiB do not fit",
+                          flush=True)
+                    continue
+                most = (256 * 8192 + 16384) // (16 if small else 1)
+                kv_tokens = min(int(room // shard.kv_bytes_per_token), most)
+                print(f"== {name} tp={tp}: weights {shard.weight_bytes / GIB:.1f} GiB, "
+                      f"KV pool {kv_tokens} tokens", flush=True)
+                model = ShardModel(shard, device, kv_tokens)
+                model.probe_gqa()
+                if "steps" in parts:
+                    profile_steps(profile, model, small)
+                if "ops" in parts:
+                    profile_ops(profile, model, small)
+                handle.flush()
+                del model
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        if profile.out_of_time():
+            print("budget reached: later cells left out", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    sys.exit(main())

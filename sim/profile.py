@@ -1,0 +1,142 @@
+"""Measured GPU step times beside the per-kernel model: the table in docs/simulator.md.
+
+    python -m crossover.sim.profile benchmarks/gpu_profile_h200.csv compose/specs/llama70b-h200.yaml
+
+Reads the CSV that benchmarks/gpu_profile.py writes (its `decode`, `prefill` and `mixed` rows: one TP
+rank's shard, no all-reduce, no host time) and prints, per cell, the measured time, the model's
+`PerfModel.shard_gpu_seconds` for the spec's hardware, and the error. The spec gives the hardware and
+the 70B shape; the 8B rows use Llama-3.1-8B's shape on the same hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from crossover.errors import UserError
+from crossover.sim.model import PerfModel, StepLoad, prefill_attention_pairs
+from crossover.spec import FleetSpec, load_spec
+
+STEP_KINDS = ("decode", "prefill", "mixed")
+SHAPES: dict[str, dict[str, object]] = {
+    "llama-3.1-8b": dict(name="meta-llama/Llama-3.1-8B-Instruct", params_b=8.03, layers=32, hidden_size=4096,
+                         heads=32, kv_heads=8, intermediate_size=14336, vocab_size=128256),
+    "llama-3.1-70b": dict(name="meta-llama/Llama-3.1-70B-Instruct", params_b=70.6, layers=80,
+                          hidden_size=8192,
+                          heads=64, kv_heads=8, intermediate_size=28672, vocab_size=128256),
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str
+    model: str
+    tp: int
+    batch: int
+    context: int
+    prefill_tokens: int
+    prefill_start: int
+    measured_s: float
+    modelled_s: float
+
+    @property
+    def error(self) -> float:
+        return self.modelled_s / self.measured_s - 1
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(line for line in handle if not line.startswith("#")))
+
+
+def read_header(path: Path) -> dict[str, str]:
+    with path.open() as handle:
+        pairs = (line[2:].split(": ", 1) for line in handle if line.startswith("# ") and ": " in line)
+        return {key: value.strip() for key, value in pairs}
+
+
+def load_of(batch: int, context: int, chunk: int, start: int) -> StepLoad:
+    return StepLoad(decode_seqs=batch, decode_context_tokens=batch * context, prefill_tokens=chunk,
+                    prefill_attention_pairs=prefill_attention_pairs(start, chunk) if chunk else 0.0,
+                    prefill_seqs=1 if chunk else 0, prefill_context_tokens=start + chunk if chunk else 0)
+
+
+def _spec_for(spec: FleetSpec, shape: str) -> FleetSpec:
+    data = spec.model_dump(mode="json")
+    data["model"] = {**data["model"], **SHAPES[shape]}
+    return FleetSpec.model_validate(data)
+
+
+def compare(rows: Iterable[dict[str, str]], spec: FleetSpec) -> list[Cell]:
+    models: dict[tuple[str, int], PerfModel] = {}
+    cells = []
+    for row in rows:
+        if row["kind"] not in STEP_KINDS or row["model"] not in SHAPES:
+            continue
+        key = (row["model"], int(row["tp"]))
+        if key not in models:
+            models[key] = PerfModel.for_instance(_spec_for(spec, key[0]), key[1])
+        batch, context = int(row["batch"]), int(row["context"])
+        chunk, start = int(row["prefill_tokens"]), int(row["prefill_start"])
+        modelled = models[key].shard_gpu_seconds(load_of(batch, context, chunk, start))
+        cells.append(Cell(row["kind"], key[0], key[1], batch, context, chunk, start,
+                          float(row["step_ms"]) / 1000, modelled))
+    return cells
+
+
+def format_table(cells: Sequence[Cell]) -> list[str]:
+    lines = ["| model | TP | step | measured ms | model ms | error |", "|---|---|---|---|---|---|"]
+    for c in cells:
+        step = (f"decode {c.batch} x {c.context}" if c.kind == "decode"
+                else f"prefill {c.prefill_tokens} at {c.prefill_start}" if c.kind == "prefill"
+                else f"decode {c.batch} x {c.context} + prefill {c.prefill_tokens} at {c.prefill_start}")
+        lines.append(f"| {c.model} | {c.tp} | {step} | {c.measured_s * 1000:.2f} | "
+                     f"{c.modelled_s * 1000:.2f} | "
+                     f"{c.error:+.1%} |")
+    return lines
+
+
+def summary(cells: Sequence[Cell], tolerance: float = 0.10) -> str:
+    errors = [abs(c.error) for c in cells]
+    worst = max(cells, key=lambda c: abs(c.error))
+    return (f"{len(cells)} cells: mean |error| {statistics.mean(errors):.1%}, "
+            f"{sum(e <= tolerance for e in errors)} within {tolerance:.0%}, worst {worst.error:+.1%} "
+            f"({worst.model} TP {worst.tp} {worst.kind} batch {worst.batch} context {worst.context} "
+            f"prefill {worst.prefill_tokens} at {worst.prefill_start})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m crossover.sim.profile",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("csv", type=Path)
+    parser.add_argument("spec")
+    parser.add_argument("--worst", type=int, default=0, help="print only the N worst cells")
+    args = parser.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+        if spec.hardware.kernel_us is None:
+            raise UserError(f"{args.spec}: hardware.kernel_us: the per-kernel model needs the kernel costs")
+        rows = read_rows(args.csv)
+    except UserError as exc:
+        print(f"profile: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"profile: {args.csv}: {exc.strerror}", file=sys.stderr)
+        return 2
+    cells = compare(rows, spec)
+    if not cells:
+        print(f"profile: {args.csv}: no decode, prefill or mixed rows", file=sys.stderr)
+        return 2
+    shown = sorted(cells, key=lambda c: -abs(c.error))[:args.worst] if args.worst else cells
+    print("\n".join(format_table(shown)))
+    print(f"\n{summary(cells)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
