@@ -7,7 +7,7 @@ only while an answer may lie there (a pair of topologies that does not cross bel
 that meets the objective at every level so far): at the middle of what is left, then the end.
 Then each next level goes inside the widest interval that matters: a crossing of the chosen
 metric between two topologies, or a topology's capacity at the SLO objective (both with their
-bootstrap intervals from loadgen.crossover). The sweep stops when every such interval is
+bootstrap intervals from loadgen.crossings). The sweep stops when every such interval is
 narrower than `target_ci` (a width relative to its estimate), when the request or time budget
 would be overspent by the next level, or when no unmeasured level is left inside the intervals.
 Levels given beyond the two ends are all measured first, as the user's own coarse start.
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from crossover.errors import UserError
-from crossover.loadgen.crossover import METRICS
+from crossover.loadgen.crossings import METRICS
 from crossover.loadgen.plan import Mode, SweepPlan
 
 DEFAULT_METRIC = "goodput"
@@ -265,11 +265,12 @@ def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan
         level = level_inside(interval, measured, plan)
         if level is not None:
             return Decision(level, "", interval, found)
-    # Narrow, but only interpolated: the bootstrap holds the measurements' noise, not the curve's
-    # shape between two far levels. One level at the estimate confirms it.
+    # Narrow (or narrower than the levels can go), but only interpolated: the bootstrap holds the
+    # measurements' noise, not the curve's shape between two far levels. A level beside the
+    # estimate confirms it.
     for interval in found:
         level = level_at(interval, measured, plan)
-        if level is not None and interval not in wide:
+        if level is not None:
             return Decision(level, "", interval, found)
     if not wide:
         return Decision(None, "target", max(found, key=lambda i: i.width), found)

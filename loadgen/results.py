@@ -216,7 +216,7 @@ def merge_runs(folders: list[Path], out_dir: Path, n_boot: int = 200) -> Run:
     """One run folder from the folders of one plan's shards (`crossover sweep --shard M/K` on K
     machines): each (topology, level)'s requests concatenated in index order, the summary and the
     crossover computed from all of them. Every shard must be there exactly once."""
-    from crossover.loadgen.crossover import analyze
+    from crossover.loadgen.crossings import analyze
     from crossover.loadgen.summary import summarize
 
     runs: list[tuple[Path, dict[str, Any]]] = []

@@ -206,3 +206,11 @@ def test_the_status_line_says_the_next_level_or_why_it_stopped() -> None:
     assert adaptive_line(done, "concurrency") == (
         "adaptive sweep stopped: the next level would overspend --max-requests; levels measured: 1, 8; "
         "widest interval: capacity a at concurrency 40, 25% of it")
+
+
+def test_an_interval_between_two_whole_concurrencies_is_anchored_by_both() -> None:
+    between = {"crossovers": [_crossing(8.53, 8.26, 8.76)], "capacities": []}
+    plan = AdaptivePlan(target_ci=0.05)
+    assert decide(between, plan, CLOSED, [1, 6, 14]).level == 9.0  # the nearest whole concurrency
+    assert decide(between, plan, CLOSED, [1, 6, 9, 14]).level == 8.0
+    assert decide(between, plan, CLOSED, [1, 6, 8, 9, 14]).stop_reason == "resolution"
