@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, field
 
 from crossover.errors import UserError
-from crossover.loadgen.plan import SLO_NAMES, Endpoint, LengthDist, Mode, SweepPlan, parse_levels
+from crossover.loadgen.plan import Endpoint, LengthDist, Mode, SweepPlan, parse_levels
+from crossover.slo import SLO_KINDS
 from crossover.spec import FleetSpec
 
 SLO_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
@@ -51,7 +52,7 @@ def default_form(spec: FleetSpec) -> SweepForm:
     """The form prefilled from the spec: all topologies, the spec's SLOs and objective."""
     return SweepForm(
         topologies=[t.name for t in spec.topologies],
-        slos_ms={name: spec.slos.thresholds_ms.get(name) for name in SLO_NAMES},
+        slos_ms={name: spec.slos.thresholds_ms.get(name) for name in SLO_KINDS},
         objective=spec.slos.objective,
     )
 
@@ -60,8 +61,8 @@ def check_slos(slos_ms: dict[str, float | None], objective: float) -> dict[str, 
     """The SLOs switched on (positive ms); a UserError when none is, or one is not a number."""
     chosen: dict[str, float] = {}
     for name, value in slos_ms.items():
-        if name not in SLO_NAMES:
-            raise UserError(f"SLO: unknown SLO {name!r} (use {', '.join(SLO_NAMES)})")
+        if name not in SLO_KINDS:
+            raise UserError(f"SLO: unknown SLO {name!r} (use {', '.join(SLO_KINDS)})")
         if value is None or value == 0:
             continue
         if not (math.isfinite(value) and value > 0):

@@ -30,7 +30,8 @@ class PastRun:
 
 
 def list_runs(results_dir: Path) -> list[PastRun]:
-    """Sweep folders directly under results_dir (those with a run.json), newest first."""
+    """Sweep folders directly under results_dir (those with a run.json), and folders of
+    `vllm bench serve` result files (JSON files and no run.json), newest first."""
     if not results_dir.is_dir():
         return []
     found = []
@@ -38,11 +39,21 @@ def list_runs(results_dir: Path) -> list[PastRun]:
         marker = child / RUN_FILE
         if child.is_dir() and marker.is_file():
             found.append(PastRun(child, child.name, marker.stat().st_mtime))
+        elif child.is_dir() and is_bench_folder(child):
+            found.append(PastRun(child, f"{child.name} (vllm bench results)", last_change(child)))
     return sorted(found, key=lambda run: (-run.modified, run.name))
 
 
+def is_bench_folder(folder: Path) -> bool:
+    """A folder of result files the app imports (crossover analyze's reading) rather than a sweep."""
+    return not (folder / RUN_FILE).exists() and any(folder.rglob("*.json"))
+
+
 def last_change(run_dir: Path) -> float:
-    """When a run folder last changed: its plan, or the summary loadgen rewrites after every level."""
+    """When a run folder last changed: its plan, or the summary loadgen rewrites after every level
+    (for a folder of vllm bench result files, its newest file)."""
+    if is_bench_folder(run_dir):
+        return max(path.stat().st_mtime for path in run_dir.rglob("*.json"))
     files = [run_dir / name for name in (RUN_FILE, SUMMARY_FILE)]
     times = [path.stat().st_mtime for path in files if path.exists()]
     if not times:

@@ -24,9 +24,11 @@ from crossover.app.config import AppConfig, parse_page_args
 from crossover.app.preflight import unreachable_targets
 from crossover.app.runner import RunState, RunStatus, SweepRunner, in_child_process, jobs_in, sweep_spec_plan
 from crossover.errors import UserError
-from crossover.loadgen.plan import SLO_NAMES, Endpoint, Mode
+from crossover.loadgen.analyze import import_bench_run
+from crossover.loadgen.plan import Endpoint, Mode
 from crossover.loadgen.results import RUN_FILE, load_run
 from crossover.loadgen.summary import input_len_warnings
+from crossover.slo import SLO_KINDS
 from crossover.spec import FleetSpec, load_spec
 
 REFRESH_S = 1.0
@@ -47,8 +49,13 @@ def shared_poller(source: str, url: str, spec_path: str) -> serverview.ServerPol
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)  # read-only once built; no copy per rerun
-def open_past_run(path: str, modified: float) -> view.ResultsView:
-    """A run folder as a view; `modified` makes a run that changed (one still running) a new entry."""
+def open_past_run(path: str, modified: float, spec_path: str) -> view.ResultsView:
+    """A run folder as a view; `modified` makes a run that changed (one still running) a new entry.
+    A folder of vllm bench serve result files is imported with the spec's SLOs and GPUs."""
+    if runs.is_bench_folder(Path(path)):
+        spec = load_spec(spec_path)
+        return view.past_view(import_bench_run([path], spec.slos.thresholds_ms, spec.slos.objective,
+                                               spec=spec))
     return view.past_view(load_run(path))
 
 
@@ -63,7 +70,7 @@ def form_from_state(state: Any, spec: FleetSpec) -> form.SweepForm:
         output_len=str(state.get("output_len", defaults.output_len)),
         seed=int(state.get("seed", defaults.seed)),
         endpoint=str(state.get("endpoint", defaults.endpoint)),
-        slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_NAMES},
+        slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_KINDS},
         objective=float(state.get("objective", defaults.objective)),
         bootstrap=int(state.get("bootstrap", defaults.bootstrap)))
 
@@ -93,7 +100,7 @@ def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> Non
              help="/v1/completions (prompts as token ids) or /v1/chat/completions; lengths are counted "
                   "with the server's /tokenize")
     with sb.expander("SLOs (from the spec; 0 switches one off)", expanded=False):
-        for name in SLO_NAMES:
+        for name in SLO_KINDS:
             st.number_input(f"{form.SLO_LABELS[name]} (ms)", min_value=0.0,
                             value=float(defaults.slos_ms.get(name) or 0.0), step=10.0, key=f"slo_{name}")
         st.number_input("Objective (share of good requests)", min_value=0.0, max_value=1.0,
@@ -215,6 +222,15 @@ def show_charts(results: view.ResultsView, gpus: dict[str, int]) -> None:
 def show_table_and_downloads(results: view.ResultsView, downloads: bool) -> None:
     st.subheader("Results")
     st.dataframe(view.summary_table(results.summary), hide_index=True, width="stretch")
+    server = view.server_table(results)
+    if not server.empty:
+        st.caption("The servers' side: their /metrics over each level, as the exporter derives them")
+        st.dataframe(server, hide_index=True, width="stretch")
+    turns = view.turns_table(results)
+    if not turns.empty:
+        st.caption("Per turn: a later turn's prompt holds the conversation so far (prefix caching "
+                   "shows here)")
+        st.dataframe(turns, hide_index=True, width="stretch")
     if not downloads:
         st.caption("Downloads appear when the sweep ends.")
         return
@@ -279,7 +295,7 @@ def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_ac
             results = view.live_view(status)
         else:
             path = Path(chosen)
-            results = open_past_run(str(path), runs.last_change(path))
+            results = open_past_run(str(path), runs.last_change(path), str(config.spec_path))
             st.caption(f"Showing the past run {path.name}")
     except (UserError, OSError) as exc:
         st.error(f"cannot open that run: {exc}")

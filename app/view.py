@@ -17,10 +17,13 @@ import pandas as pd
 
 from crossover.app.charts import CrossoverMark
 from crossover.app.runner import RunStatus
-from crossover.loadgen.results import Run
+from crossover.loadgen.results import Run, read_server_views
+from crossover.loadgen.summary import turn_summary
 
 # the order sentences are listed in: the question the app answers first
 METRIC_ORDER = ("goodput", "token_goodput", "output_tps", "ttft_p99", "tpot_p99", "itl_p99")
+TURN_TABLE_COLUMNS = ("topology", "level", "turn", "requests", "failed", "input_tokens", "ttft_p50_ms",
+                      "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
 SUMMARY_TABLE_COLUMNS = (
     "topology", "level", "gpus", "requests", "failed", "output_tps", "output_tps_per_gpu", "goodput",
     "goodput_per_gpu", "token_goodput", "attainment", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms",
@@ -106,6 +109,21 @@ def failure_warnings(summary: pd.DataFrame) -> list[str]:
         lines.append(f"{row['topology']} at {float(row['level']):g}: {int(row['failed'])} of "
                      f"{int(row['requests'])} requests failed ({error})")
     return lines
+
+
+def turns_table(results: ResultsView) -> pd.DataFrame:
+    """TTFT and ITL per turn of a multi-turn sweep (empty for single-turn ones)."""
+    if results.empty:
+        return pd.DataFrame()
+    table = turn_summary(results.requests())
+    return table[[c for c in TURN_TABLE_COLUMNS if c in table.columns]] if not table.empty else table
+
+
+def server_table(results: ResultsView) -> pd.DataFrame:
+    """The servers' own figures per level of a run (kept beside each level's requests)."""
+    if results.out_dir is None or results.empty:
+        return pd.DataFrame()
+    return read_server_views(results.out_dir)
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:

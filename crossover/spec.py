@@ -27,9 +27,10 @@ from pydantic import (
     model_validator,
 )
 
-from crossover.catalog import KV_CONNECTORS, SLO_HISTOGRAMS
+from crossover.catalog import KV_CONNECTORS
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
+from crossover.slo import SLO_HISTOGRAMS
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -271,7 +272,7 @@ class Slos(_Strict):
         return parse_duration(self.period)
 
 
-class Scrape(_Strict):
+class ScrapeConfig(_Strict):
     interval: str = "5s"
     timeout: str = "2s"
     bearer_token_env: str | None = None
@@ -298,7 +299,7 @@ class Scrape(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _token_source(self) -> Scrape:
+    def _token_source(self) -> ScrapeConfig:
         if self.bearer_token_env and self.bearer_token_file:
             raise ValueError("give bearer_token_env or bearer_token_file, not both")
         if parse_duration(self.timeout) > parse_duration(self.interval):
@@ -389,7 +390,7 @@ class FleetSpec(_Strict):
     hardware: Hardware
     topologies: list[Topology] = Field(min_length=1)
     slos: Slos
-    scrape: Scrape = Scrape()
+    scrape: ScrapeConfig = ScrapeConfig()
     simulator: Simulator = Simulator()
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.rules import model as m
 from crossover.rules.model import RuleSet
 
@@ -80,14 +80,14 @@ def _per_topology(name: str, legend: str = "{{topology}}") -> Query:
     return Query(_sel(name), legend)
 
 
-def _latency_panel(rules: RuleSet, metric: catalog.Metric, slo: str, title: str, what: str) -> Panel:
-    threshold = next((b for b in rules.slo_buckets if b.slo == slo), None)
+def _latency_panel(rules: RuleSet, metric: catalog.Metric, kind: str, title: str, what: str) -> Panel:
+    threshold = next((b for b in rules.slo_buckets if b.slo == kind), None)
     lines = (Line(threshold.le),) if threshold else ()
     note = ""
     if threshold:
         spec_ms = threshold.threshold_ms
         how = "" if threshold.exact else f", the stricter neighbour of the spec's {spec_ms:g} ms"
-        note = (f" The red line is the {SLO_TITLES[slo]} SLO as the rules count it "
+        note = (f" The red line is the {SLO_TITLES[kind]} SLO as the rules count it "
                 f"({threshold.le * 1000:g} ms bucket{how}).")
     return Panel(
         title=title,
@@ -106,9 +106,9 @@ def _uid(stem: str, kind: str) -> str:
 def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
     spec = rules.spec
     objective = spec.slos.objective
-    slo_queries = tuple(_per_topology(m.goodput_name(b.slo, WINDOW), f"{{{{topology}}}} {b.slo}")
+    slo_queries = tuple(_per_topology(m.attainment_name(b.slo, WINDOW), f"{{{{topology}}}} {b.slo}")
                         for b in rules.slo_buckets)
-    request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
+    request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     goodput_rows: list[Panel] = [Panel(
         title="Goodput ratio per SLO",
         description="Share of requests (ITL: of engine iterations) within each SLO, per topology: "
@@ -122,8 +122,8 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                         "only bound it: lower = max(0, sum of shares - (n-1)), upper = min of shares. "
                         f"The red line is the objective ({objective:g}).",
             unit="percentunit",
-            queries=(_per_topology(m.joint_goodput_name("lower", WINDOW), "{{topology}} lower bound"),
-                     _per_topology(m.joint_goodput_name("upper", WINDOW), "{{topology}} upper bound")),
+            queries=(_per_topology(m.joint_attainment_name("lower", WINDOW), "{{topology}} lower bound"),
+                     _per_topology(m.joint_attainment_name("upper", WINDOW), "{{topology}} upper bound")),
             lines=(Line(objective),), min=0, max=1))
         goodput_rows += [
             Panel(title="Goodput tokens/s",
@@ -287,7 +287,7 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
                              "{{topology}} {{role}}"),), min=0),
     )
     role_level = "topology_role"
-    request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
+    request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     twice = ("A P/D request is one request on the prefill instance (max_tokens 1) and one on the decode "
              "instance, so the overlay's topology-level figure of a P/D topology mixes both; read it here "
              "per role.")
@@ -316,7 +316,7 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
             description="Share of requests within each per-request SLO on each role (rate of the SLO "
                         f"bucket over the rate of the count, summed per role first). {twice}",
             unit="percentunit",
-            queries=tuple(Query(_sel(m.goodput_name(b.slo, WINDOW, role_level)),
+            queries=tuple(Query(_sel(m.attainment_name(b.slo, WINDOW, role_level)),
                                 f"{{{{topology}}}} {{{{role}}}} {b.slo}") for b in request_slos),
             lines=(Line(rules.spec.slos.objective),), min=0, max=1))
     return DashboardModel(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from crossover import slo
 from crossover.exporter import names
 from crossover.exporter.derive import Derived, Latency
 from crossover.exporter.state import GroupView, Snapshot
@@ -43,8 +44,10 @@ def derived_rows(derived: Derived) -> Iterator[Row]:
         "requests_running": derived.running,
         "requests_waiting": derived.waiting,
         "preemptions_per_second": derived.preemptions_per_second,
-        "joint_goodput_lower_ratio": derived.joint_goodput_lower,
-        "joint_goodput_upper_ratio": derived.joint_goodput_upper,
+        f"{slo.ATTAINMENT}_lower_ratio": derived.attainment_lower,
+        f"{slo.ATTAINMENT}_upper_ratio": derived.attainment_upper,
+        f"{slo.GOODPUT_REQUESTS}_lower": derived.goodput_requests_per_second_lower,
+        f"{slo.GOODPUT_REQUESTS}_upper": derived.goodput_requests_per_second_upper,
         "goodput_tokens_per_second_lower": derived.goodput_tokens_per_second_lower,
         "goodput_tokens_per_second_upper": derived.goodput_tokens_per_second_upper,
         "goodput_tokens_per_second_per_gpu_lower": derived.goodput_tokens_per_second_per_gpu_lower,
@@ -66,10 +69,14 @@ def derived_rows(derived: Derived) -> Iterator[Row]:
             yield suffix, (), value
     for reason, rate in derived.requests_per_second_by_reason.items():
         yield "finished_requests_per_second", (reason,), rate
-    for slo, attainment in derived.goodput.items():
-        yield "slo_attainment_ratio", (slo,), attainment.ratio
-        yield "slo_threshold_seconds", (slo,), attainment.threshold_seconds
-        yield "slo_attainment_exact", (slo,), 1.0 if attainment.exact else 0.0
+    for reason, rate in derived.failed_requests_per_second.items():
+        yield slo.FAILED_REQUESTS, (reason,), rate
+    if derived.failures_counted is not None:
+        yield slo.FAILURES_COUNTED, (), 1.0 if derived.failures_counted else 0.0
+    for kind, attainment in derived.attainment.items():
+        yield f"{slo.ATTAINMENT}_ratio", (kind,), attainment.ratio
+        yield "slo_threshold_seconds", (kind,), attainment.threshold_seconds
+        yield f"{slo.ATTAINMENT}_exact", (kind,), 1.0 if attainment.exact else 0.0
 
 
 def _level_labels(level: str, view: GroupView) -> tuple[str, ...]:

@@ -18,36 +18,17 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.exporter.parse import SeriesKey
-from crossover.exporter.quantile import Prepared, fraction_of, joint_bounds, prepare_sorted, quantile_of
+from crossover.exporter.quantile import Prepared, fraction_of, prepare_sorted, quantile_of
 from crossover.exporter.window import SeriesWindow
+from crossover.slo import QUANTILES, SLO_HISTOGRAMS, quantile_label
 
 K = TypeVar("K")
-
-QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
-
-# Latency families by the short name used in labels and JSON (the SLO names of the spec).
-LATENCY_FAMILIES: dict[str, catalog.Metric] = {
-    "ttft": catalog.TTFT,
-    "tpot": catalog.TPOT,
-    "itl": catalog.ITL,
-    "e2el": catalog.E2E_LATENCY,
-}
-# SLOs judged once per request; ITL is judged per engine iteration (per token), so its share is
-# a share of tokens and cannot enter a per-request joint bound (`vllm bench serve --goodput` also
-# takes only ttft, tpot and e2el).
-PER_REQUEST_SLOS: tuple[str, ...] = ("ttft", "tpot", "e2el")
-
-
-def quantile_label(q: float) -> str:
-    """The `quantile` label value and JSON key for a quantile: 0.5 -> "0.5", 0.99 -> "0.99"."""
-    return f"{q:g}"
-
 
 _QUANTILE_LABELS: tuple[tuple[float, str], ...] = tuple((q, quantile_label(q)) for q in QUANTILES)
 
@@ -63,11 +44,17 @@ class Latency:
 
 @dataclass(frozen=True)
 class SloAttainment:
-    """Share of observations within one SLO: increase(bucket{le=threshold}) / increase(count)."""
+    """Share of requests served within one SLO (crossover.slo): the histogram's share within the
+    threshold, increase(bucket{le=threshold}) / increase(count), times the share served."""
 
     threshold_seconds: float
     ratio: float
     exact: bool  # False when the threshold is not a bucket boundary (interpolated)
+
+
+def _attainment(kind: str, threshold: float, within: float, exact: bool, observed: float,
+                outcomes: slo.Outcomes) -> SloAttainment:
+    return SloAttainment(threshold, slo.attainment(kind, within, observed, outcomes), exact)
 
 
 @dataclass(frozen=True)
@@ -93,15 +80,19 @@ class Derived:
     generation_tokens_per_second: float | None = None
     requests_per_second: float | None = None
     requests_per_second_by_reason: dict[str, float] = field(default_factory=dict)
+    failed_requests_per_second: dict[str, float] = field(default_factory=dict)  # slo.FAILURE_REASONS
+    failures_counted: bool | None = None  # None: no requests counter; False: histogram-only fallback
     kv_cache_usage_max: float | None = None
     kv_cache_usage_mean: float | None = None
     running: float | None = None  # mean over the window, summed over targets
     waiting: float | None = None
     preemptions_per_second: float | None = None
-    goodput: dict[str, SloAttainment] = field(default_factory=dict)  # SLO name -> attainment
+    attainment: dict[str, SloAttainment] = field(default_factory=dict)  # SLO name -> attainment
     joint_slos: tuple[str, ...] = ()
-    joint_goodput_lower: float | None = None
-    joint_goodput_upper: float | None = None
+    attainment_lower: float | None = None  # every joint SLO met: Fréchet bounds
+    attainment_upper: float | None = None
+    goodput_requests_per_second_lower: float | None = None
+    goodput_requests_per_second_upper: float | None = None
     goodput_tokens_per_second_lower: float | None = None
     goodput_tokens_per_second_upper: float | None = None
     kv_transfer: KvTransfer | None = None
@@ -148,6 +139,11 @@ def _key_info(key: SeriesKey) -> _KeyInfo | None:
     if found is None:
         return None
     metric, suffix = found
+    if metric is catalog.HTTP_REQUESTS:
+        # Only the fleet's requests: the serving handlers without client errors (crossover.slo).
+        labels = dict(key[1])
+        if not slo.is_fleet_request(labels.get("handler", ""), labels.get("status", "")):
+            return None
     le: float | None = None
     reason: str | None = None
     for name, value in key[1]:
@@ -299,7 +295,7 @@ def _total(values: list[float], columns: list[int]) -> float:
     return math.fsum([values[c] for c in columns])
 
 
-def summarize(window: SeriesWindow) -> WindowSums:
+def window_sums(window: SeriesWindow) -> WindowSums:
     """Reduce one target's window (all its engines and label sets summed). Plain lists, not numpy:
     a target has about a hundred series, where a numpy call costs more than the arithmetic."""
     layout = _layout(window.keys)
@@ -388,12 +384,13 @@ def user_facing(instances: WindowSums, requests: WindowSums, generation: WindowS
     """A topology as its users see it: request-level families (latencies, finished requests) from
     `requests` (its entrypoint, or its decode role), generated tokens from `generation` (decode),
     prompt tokens from `prompt` (prefill), and everything else (KV cache, queues, KV transfer)
-    from its instances. No request is counted on two roles."""
+    from its instances. No request is counted on two roles: the request outcome families
+    (slo.OUTCOME_FAMILIES) come from `requests` too."""
     out = WindowSums(targets=instances.targets, histograms=dict(instances.histograms),
                      rates=dict(instances.rates), reason_rates=dict(requests.reason_rates),
                      hist_rates=dict(instances.hist_rates), gauge_mean_sum=instances.gauge_mean_sum,
                      gauge_max=instances.gauge_max, gauge_target_means=instances.gauge_target_means)
-    for metric in catalog.ENTRYPOINT_FAMILIES:
+    for metric in dict.fromkeys((*catalog.ENTRYPOINT_FAMILIES, *slo.OUTCOME_FAMILIES)):
         out.histograms.pop(metric.name, None)
         out.rates.pop(metric.name, None)
         if metric.name in requests.histograms:
@@ -424,7 +421,7 @@ def _latency(histogram: _Histogram | None) -> Latency | None:
 def derive(windows: Sequence[SeriesWindow | None], *, gpus: int, slos_seconds: Mapping[str, float],
            window_seconds: float) -> Derived:
     """Derive one group's figures over one window from its targets' windows (None: no window)."""
-    return derive_sums(merge(summarize(w) for w in windows if w is not None), gpus=gpus,
+    return derive_sums(merge(window_sums(w) for w in windows if w is not None), gpus=gpus,
                        slos_seconds=slos_seconds, window_seconds=window_seconds)
 
 
@@ -434,33 +431,26 @@ def derive_sums(sums: WindowSums, *, gpus: int, slos_seconds: Mapping[str, float
     if sums.targets == 0:
         return Derived(window_seconds=window_seconds, targets=0, gpus=gpus)
     latency: dict[str, Latency] = {}
-    for short, metric in LATENCY_FAMILIES.items():
+    for short, metric in SLO_HISTOGRAMS.items():
         summary = _latency(sums.histograms.get(metric.name))
         if summary is not None:
             latency[short] = summary
 
-    goodput: dict[str, SloAttainment] = {}
-    for slo, threshold in slos_seconds.items():
-        slo_metric = catalog.SLO_HISTOGRAMS.get(slo)
+    outcomes = slo.outcomes(sums.reason_rates, sums.rates.get(catalog.ADMISSION_REJECTIONS.name),
+                            sums.rates.get(catalog.HTTP_REQUESTS.name))
+    attainment: dict[str, SloAttainment] = {}
+    for kind, threshold in slos_seconds.items():
+        slo_metric = SLO_HISTOGRAMS.get(kind)
         histogram = sums.histograms.get(slo_metric.name) if slo_metric is not None else None
         if histogram is None or not histogram.bounds:
             continue
         count = histogram.count if histogram.has_count else None
         fraction = fraction_of(threshold, histogram.prepared(), count)
-        goodput[slo] = SloAttainment(threshold, fraction.value, fraction.exact)
-
-    joint_slos = tuple(s for s in PER_REQUEST_SLOS if s in slos_seconds)
-    joint_lower = joint_upper = None
-    if joint_slos and all(s in goodput for s in joint_slos):
-        joint_lower, joint_upper = joint_bounds(goodput[s].ratio for s in joint_slos)
-
-    generation = sums.rates.get(catalog.GENERATION_TOKENS.name)
-    goodput_lower = goodput_upper = None
-    if generation is not None and joint_lower is not None and joint_upper is not None:
-        goodput_lower = generation * joint_lower
-        goodput_upper = generation * joint_upper
-
+        observed = sums.hist_rates.get(slo_metric.name + "_count", math.nan)  # type: ignore[union-attr]
+        attainment[kind] = _attainment(kind, threshold, fraction.value, fraction.exact, observed, outcomes)
     requests = sums.rates.get(catalog.REQUEST_SUCCESS.name)
+    generation = sums.rates.get(catalog.GENERATION_TOKENS.name)
+    joint = _joint(attainment, slos_seconds, outcomes, requests, generation)
     kv_means = sums.gauge_target_means.get(catalog.KV_CACHE_USAGE.name)
     return Derived(
         window_seconds=window_seconds,
@@ -471,19 +461,36 @@ def derive_sums(sums: WindowSums, *, gpus: int, slos_seconds: Mapping[str, float
         generation_tokens_per_second=generation,
         requests_per_second=requests,
         requests_per_second_by_reason=dict(sorted(sums.reason_rates.items())),
+        failed_requests_per_second=outcomes.failed if requests is not None else {},
+        failures_counted=outcomes.counted if requests is not None else None,
         kv_cache_usage_max=sums.gauge_max.get(catalog.KV_CACHE_USAGE.name),
         kv_cache_usage_mean=math.fsum(kv_means) / len(kv_means) if kv_means else None,
         running=sums.gauge_mean_sum.get(catalog.NUM_REQUESTS_RUNNING.name),
         waiting=sums.gauge_mean_sum.get(catalog.NUM_REQUESTS_WAITING.name),
         preemptions_per_second=sums.rates.get(catalog.NUM_PREEMPTIONS.name),
-        goodput=goodput,
-        joint_slos=joint_slos,
-        joint_goodput_lower=joint_lower,
-        joint_goodput_upper=joint_upper,
-        goodput_tokens_per_second_lower=goodput_lower,
-        goodput_tokens_per_second_upper=goodput_upper,
+        attainment=attainment,
         kv_transfer=_kv_transfer(sums),
+        **joint,
     )
+
+
+def _joint(attainment: Mapping[str, SloAttainment], slos_seconds: Mapping[str, float], outcomes: slo.Outcomes,
+           requests: float | None, generation: float | None) -> dict[str, Any]:
+    """The joint bounds and goodput fields of a Derived (one arithmetic for both paths)."""
+    kinds = slo.joint_slos(slos_seconds)
+    out: dict[str, Any] = {"joint_slos": kinds}
+    if not kinds or not all(s in attainment for s in kinds):
+        return out
+    lower, upper = slo.joint_bounds(attainment[s].ratio for s in kinds)
+    out.update(attainment_lower=lower, attainment_upper=upper)
+    if requests is not None:
+        every = outcomes.total if outcomes.counted else requests
+        out.update(goodput_requests_per_second_lower=slo.goodput(every, lower),
+                   goodput_requests_per_second_upper=slo.goodput(every, upper))
+    if generation is not None:
+        out.update(goodput_tokens_per_second_lower=slo.goodput(generation, lower),
+                   goodput_tokens_per_second_upper=slo.goodput(generation, upper))
+    return out
 
 
 def _kv_transfer(sums: WindowSums) -> KvTransfer | None:
@@ -604,7 +611,7 @@ def _fraction_rows(threshold: float, bounds: tuple[float, ...], monotonic: np.nd
 
 class WindowBatch:
     """The windows of several targets that share one layout (a homogeneous fleet), each reduced
-    as `summarize` reduces one, as arrays with one row per target. Instances are derived from the
+    as `window_sums` reduces one, as arrays with one row per target. Instances are derived from the
     rows at once (`derive_rows`), and groups from rows added in member order (`sums`): the same
     numbers as the per-target path, in the same order of operations."""
 
@@ -616,6 +623,7 @@ class WindowBatch:
         self.positive = durations > 0
         self.rows = len(windows)
         self.histograms: dict[str, tuple[tuple[float, ...], np.ndarray, np.ndarray, np.ndarray, bool]] = {}
+        self.hist_rates: dict[str, np.ndarray] = {}  # as WindowSums.hist_rates, one row per target
         for family, columns in layout.histograms.items():
             if columns.direct is not None:
                 counts = increase[:, columns.direct] if columns.direct else np.zeros((self.rows, 0))
@@ -627,6 +635,10 @@ class WindowBatch:
             total = _column_total(increase, columns.sums) if columns.sums else zero
             count = _column_total(increase, columns.counts) if columns.counts else zero
             self.histograms[family] = (columns.bounds, counts, total, count, bool(columns.counts))
+            if columns.sums:
+                self.hist_rates[family + "_sum"] = total * self.per_second
+            if columns.counts:
+                self.hist_rates[family + "_count"] = count * self.per_second
         self.rates = {family: _column_total(increase, cols) * self.per_second
                       for family, cols in layout.counters.items()}
         self.reason_rates = {reason: _column_total(increase, cols) * self.per_second
@@ -666,6 +678,10 @@ class WindowBatch:
                             (out.gauge_mean_sum, self.gauge_mean_sum)):
             for name, values in rates.items():
                 into[name] = _sequential(values, rows)
+        timed = [row for row in rows if self.positive[row]]  # window_sums() has no rate without a duration
+        if timed:
+            for name, values in self.hist_rates.items():
+                out.hist_rates[name] = _sequential(values, timed)
         for family, highest in self.gauge_max.items():
             out.gauge_max[family] = max(highest[list(rows)].tolist())
         for family, means in self.gauge_target_mean.items():
@@ -675,10 +691,43 @@ class WindowBatch:
     def derive_rows(self, gpus: Sequence[int], *, slos_seconds: Mapping[str, float],
                     window_seconds: float) -> list[Derived]:
         """derive_sums of each row's own WindowSums (one instance per row)."""
-        rows = self.rows
+        latency, prepared = self._latency_rows()
+        shares = self._slo_share_rows(slos_seconds, prepared)
+        columns = self._per_second_rows()
+        reasons = sorted(self.reason_rates)
+        reason_lists = [self.reason_rates[r].tolist() for r in reasons]
+        out: list[Derived] = []
+        for row in range(self.rows):
+            row_latency = {short: Latency(dict(zip(_LABELS, quantiles[row], strict=True)), means[row],
+                                          obs[row])
+                           for short, (quantiles, means, obs) in latency.items()}
+            row_reasons = {r: values[row] for r, values in zip(reasons, reason_lists, strict=True)}
+            at = {name: None if values is None else values[row] for name, values in columns.items()}
+            outcomes = slo.outcomes(row_reasons, at["rejections"], at["http"])
+            row_attainment = {kind: _attainment(kind, threshold, values[row], exact or empty[row],
+                                                observed[row], outcomes)
+                              for kind, (threshold, values, exact, empty, observed) in shares.items()}
+            counted = at["requests"] is not None
+            out.append(Derived(
+                window_seconds=window_seconds, targets=1, gpus=gpus[row], latency=row_latency,
+                prompt_tokens_per_second=at["prompt"], generation_tokens_per_second=at["generation"],
+                requests_per_second=at["requests"], requests_per_second_by_reason=row_reasons,
+                failed_requests_per_second=outcomes.failed if counted else {},
+                failures_counted=outcomes.counted if counted else None,
+                kv_cache_usage_max=at["kv_max"], kv_cache_usage_mean=at["kv_mean"],
+                running=at["running"], waiting=at["waiting"], preemptions_per_second=at["preemptions"],
+                attainment=row_attainment, kv_transfer=None,
+                **_joint(row_attainment, slos_seconds, outcomes, at["requests"], at["generation"]),
+            ))
+        return out
+
+    def _latency_rows(self) -> tuple[dict[str, tuple[list[list[float]], list[float], list[float]]],
+                                     dict[str, np.ndarray | None]]:
+        """Per SLO histogram: (quantiles, mean, observations) per row, and its cumulative counts made
+        monotonic (None without a +Inf bucket), which the SLO shares reuse."""
         latency: dict[str, tuple[list[list[float]], list[float], list[float]]] = {}
         prepared: dict[str, np.ndarray | None] = {}
-        for short, metric in LATENCY_FAMILIES.items():
+        for short, metric in SLO_HISTOGRAMS.items():
             found = self.histograms.get(metric.name)
             if found is None or not found[0]:
                 continue
@@ -687,18 +736,22 @@ class WindowBatch:
                          if len(bounds) >= 2 and bounds[-1] == math.inf else None)
             prepared[metric.name] = monotonic
             if monotonic is None:
-                quantiles = [[math.nan] * rows for _ in QUANTILES]
+                quantiles = [[math.nan] * self.rows for _ in QUANTILES]
             else:
                 quantiles = [_quantile_rows(q, bounds, monotonic).tolist() for q in QUANTILES]
             observations = count if has_count else counts.max(axis=1)
-            mean = np.full(rows, math.nan)
+            mean = np.full(self.rows, math.nan)
             np.divide(total, observations, out=mean, where=observations > 0)
             latency[short] = ([list(row) for row in zip(*quantiles, strict=True)], mean.tolist(),
                               observations.tolist())
-        # SLO -> (threshold, ratio per row, exact, per row: no observations (NaN and exact))
-        goodput: dict[str, tuple[float, list[float], bool, list[bool]]] = {}
-        for slo, threshold in slos_seconds.items():
-            slo_metric = catalog.SLO_HISTOGRAMS.get(slo)
+        return latency, prepared
+
+    def _slo_share_rows(self, slos_seconds: Mapping[str, float], prepared: Mapping[str, np.ndarray | None]
+                        ) -> dict[str, tuple[float, list[float], bool, list[bool], list[float]]]:
+        """SLO -> (threshold, share within per row, exact, no observations per row, observed/s per row)."""
+        shares: dict[str, tuple[float, list[float], bool, list[bool], list[float]]] = {}
+        for kind, threshold in slos_seconds.items():
+            slo_metric = SLO_HISTOGRAMS.get(kind)
             found = self.histograms.get(slo_metric.name) if slo_metric is not None else None
             if slo_metric is None or found is None or not found[0]:
                 continue
@@ -710,61 +763,32 @@ class WindowBatch:
             else:
                 monotonic = None
             if monotonic is None:
-                goodput[slo] = (threshold, [math.nan] * rows, False, [False] * rows)
+                shares[kind] = (threshold, [math.nan] * self.rows, False, [False] * self.rows,
+                                [math.nan] * self.rows)
                 continue
             denominator = count if has_count else monotonic[:, -1]
             values, exact, empty = _fraction_rows(threshold, bounds, monotonic, denominator)
-            goodput[slo] = (threshold, np.where(empty, math.nan, values).tolist(), exact, empty.tolist())
-        joint_slos = tuple(s for s in PER_REQUEST_SLOS if s in slos_seconds)
-        joint = bool(joint_slos) and all(s in goodput for s in joint_slos)
-        generation = self.rates.get(catalog.GENERATION_TOKENS.name)
-        generation_list = generation.tolist() if generation is not None else None
-        requests = self.rates.get(catalog.REQUEST_SUCCESS.name)
-        requests_list = requests.tolist() if requests is not None else None
-        prompt = self.rates.get(catalog.PROMPT_TOKENS.name)
-        prompt_list = prompt.tolist() if prompt is not None else None
-        preemptions = self.rates.get(catalog.NUM_PREEMPTIONS.name)
-        preemptions_list = preemptions.tolist() if preemptions is not None else None
-        reasons = sorted(self.reason_rates)
-        reason_lists = [self.reason_rates[r].tolist() for r in reasons]
+            observed = (count * self.per_second if has_count else np.full(self.rows, math.nan)).tolist()
+            shares[kind] = (threshold, np.where(empty, math.nan, values).tolist(), exact, empty.tolist(),
+                            observed)
+        return shares
+
+    def _per_second_rows(self) -> dict[str, list[float] | None]:
+        """The rates and gauges a Derived carries, one value per row (None: the family is absent)."""
         kv = catalog.KV_CACHE_USAGE.name
-        kv_max = self.gauge_max[kv].tolist() if kv in self.gauge_max else None
-        kv_mean = self.gauge_target_mean[kv].tolist() if kv in self.gauge_target_mean else None
-        running = self.gauge_mean_sum.get(catalog.NUM_REQUESTS_RUNNING.name)
-        running_list = running.tolist() if running is not None else None
-        waiting = self.gauge_mean_sum.get(catalog.NUM_REQUESTS_WAITING.name)
-        waiting_list = waiting.tolist() if waiting is not None else None
-        out: list[Derived] = []
-        for row in range(rows):
-            row_latency = {short: Latency(dict(zip(_LABELS, quantiles[row], strict=True)), means[row],
-                                          obs[row])
-                           for short, (quantiles, means, obs) in latency.items()}
-            row_goodput = {slo: SloAttainment(threshold, values[row], exact or empty[row])
-                           for slo, (threshold, values, exact, empty) in goodput.items()}
-            lower = upper = None
-            if joint:
-                lower, upper = joint_bounds(row_goodput[s].ratio for s in joint_slos)
-            tokens = generation_list[row] if generation_list is not None else None
-            good_lower = good_upper = None
-            if tokens is not None and lower is not None and upper is not None:
-                good_lower, good_upper = tokens * lower, tokens * upper
-            out.append(Derived(
-                window_seconds=window_seconds, targets=1, gpus=gpus[row], latency=row_latency,
-                prompt_tokens_per_second=prompt_list[row] if prompt_list is not None else None,
-                generation_tokens_per_second=tokens,
-                requests_per_second=requests_list[row] if requests_list is not None else None,
-                requests_per_second_by_reason={r: values[row] for r, values in zip(reasons, reason_lists,
-                                                                                   strict=True)},
-                kv_cache_usage_max=kv_max[row] if kv_max is not None else None,
-                kv_cache_usage_mean=kv_mean[row] if kv_mean is not None else None,
-                running=running_list[row] if running_list is not None else None,
-                waiting=waiting_list[row] if waiting_list is not None else None,
-                preemptions_per_second=preemptions_list[row] if preemptions_list is not None else None,
-                goodput=row_goodput, joint_slos=joint_slos, joint_goodput_lower=lower,
-                joint_goodput_upper=upper, goodput_tokens_per_second_lower=good_lower,
-                goodput_tokens_per_second_upper=good_upper, kv_transfer=None,
-            ))
-        return out
+        columns = {
+            "generation": self.rates.get(catalog.GENERATION_TOKENS.name),
+            "requests": self.rates.get(catalog.REQUEST_SUCCESS.name),
+            "prompt": self.rates.get(catalog.PROMPT_TOKENS.name),
+            "preemptions": self.rates.get(catalog.NUM_PREEMPTIONS.name),
+            "rejections": self.rates.get(catalog.ADMISSION_REJECTIONS.name),
+            "http": self.rates.get(catalog.HTTP_REQUESTS.name),
+            "kv_max": self.gauge_max.get(kv),
+            "kv_mean": self.gauge_target_mean.get(kv),
+            "running": self.gauge_mean_sum.get(catalog.NUM_REQUESTS_RUNNING.name),
+            "waiting": self.gauge_mean_sum.get(catalog.NUM_REQUESTS_WAITING.name),
+        }
+        return {name: None if values is None else values.tolist() for name, values in columns.items()}
 
 
 _LABELS = tuple(label for _, label in _QUANTILE_LABELS)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from crossover import slo
+
 PREFIX = "crossover"
 
 LEVELS: tuple[str, ...] = ("topology", "role", "instance")
@@ -71,18 +73,25 @@ DERIVED_SERIES: tuple[DerivedSeries, ...] = (
     DerivedSeries("requests_running", "Requests running, mean over the window, summed over instances."),
     DerivedSeries("requests_waiting", "Requests waiting, mean over the window, summed over instances."),
     DerivedSeries("preemptions_per_second", "Preemptions per second."),
-    DerivedSeries("slo_attainment_ratio", "Share of observations within the SLO: "
-                  "increase(bucket{le=threshold})/increase(count); interpolated where the threshold is "
-                  "not a bucket boundary.", ("slo",)),
+    DerivedSeries(f"{slo.FAILED_REQUESTS}", "Requests the fleet should have served and did not, per "
+                  "second, by reason: abort and error (finished_reason), rejected (admission).", ("reason",)),
+    DerivedSeries(slo.FAILURES_COUNTED, "1 when attainment counts failed requests (the targets expose "
+                  "finished_reason); 0: the histogram-only fallback of older vLLM (failures unseen)."),
+    DerivedSeries(f"{slo.ATTAINMENT}_ratio", "Share of requests served within the SLO, of all requests the "
+                  "fleet should have served: increase(bucket{le=threshold})/increase(count) x served/"
+                  "(served + failed); interpolated where the threshold is not a bucket boundary.", ("slo",)),
     DerivedSeries("slo_threshold_seconds", "The SLO threshold from the spec.", ("slo",)),
-    DerivedSeries("slo_attainment_exact", "1 when the threshold is a bucket boundary (the ratio is exact), "
-                  "0 when it is interpolated.", ("slo",)),
-    DerivedSeries("joint_goodput_lower_ratio", "Lower bound on the share of requests meeting every "
-                  "per-request SLO (ttft, tpot, e2el): max(0, sum(a_i) - (n-1))."),
-    DerivedSeries("joint_goodput_upper_ratio", "Upper bound on the share of requests meeting every "
-                  "per-request SLO: min(a_i)."),
-    DerivedSeries("goodput_tokens_per_second_lower", "Generated tokens/s x the joint lower bound."),
-    DerivedSeries("goodput_tokens_per_second_upper", "Generated tokens/s x the joint upper bound."),
+    DerivedSeries(f"{slo.ATTAINMENT}_exact", "1 when the threshold is a bucket boundary (the histogram share "
+                  "is exact), 0 when it is interpolated.", ("slo",)),
+    DerivedSeries(f"{slo.ATTAINMENT}_lower_ratio", "Lower bound on the share of requests served meeting "
+                  "every per-request SLO (ttft, tpot, e2el): max(0, sum(a_i) - (n-1))."),
+    DerivedSeries(f"{slo.ATTAINMENT}_upper_ratio", "Upper bound on the share of requests served meeting "
+                  "every per-request SLO: min(a_i)."),
+    DerivedSeries(f"{slo.GOODPUT_REQUESTS}_lower", "Good requests per second, lower bound: all requests "
+                  "the fleet should have served per second x the joint lower bound."),
+    DerivedSeries(f"{slo.GOODPUT_REQUESTS}_upper", "Good requests per second, upper bound."),
+    DerivedSeries(f"{slo.GOODPUT_TOKENS}_lower", "Generated tokens/s x the joint lower bound."),
+    DerivedSeries(f"{slo.GOODPUT_TOKENS}_upper", "Generated tokens/s x the joint upper bound."),
     DerivedSeries("goodput_tokens_per_second_per_gpu_lower", "Goodput tokens/s per GPU, lower bound."),
     DerivedSeries("goodput_tokens_per_second_per_gpu_upper", "Goodput tokens/s per GPU, upper bound."),
     *_latency("kv_transfer", "KV-transfer time (P/D; NIXL or Mooncake)"),

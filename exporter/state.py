@@ -22,13 +22,13 @@ from crossover.exporter.derive import (
     exposes_requests,
     layout_of,
     merge,
-    quantile_label,
-    summarize,
     user_facing,
+    window_sums,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
 from crossover.exporter.targets import Target
 from crossover.exporter.window import History, SeriesWindow
+from crossover.slo import GOODPUT_REQUESTS, GOODPUT_TOKENS, quantile_label
 from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, format_duration
 
 
@@ -118,7 +118,7 @@ class _WindowDerivation:
     """Every group's figures over one window. Targets whose windows share one layout (a
     homogeneous fleet) are reduced and derived together, as a WindowBatch; a group whose targets
     with a window all sit in one batch is summed from the batch's rows. Other targets take the
-    per-target path (summarize, merge). Both give the same numbers."""
+    per-target path (window_sums, merge). Both give the same numbers."""
 
     def __init__(self, health: Sequence[TargetHealth], now: float, seconds: float,
                  slos: Mapping[str, float]) -> None:
@@ -153,7 +153,7 @@ class _WindowDerivation:
         sums = self._sums.get(key)
         if sums is None:
             window = self.windows[key]
-            sums = self._sums[key] = summarize(window) if window is not None else WindowSums()
+            sums = self._sums[key] = window_sums(window) if window is not None else WindowSums()
         return sums
 
     def instance(self, target: Target) -> Derived:
@@ -284,8 +284,9 @@ def _headline(view: GroupView, window: str) -> dict[str, Any]:
         return None if latency is None else latency.quantiles[p99] * 1000.0
 
     return {"requests_source": derived.requests_source,
-            "goodput_tps": derived.goodput_tokens_per_second_lower,
-            "goodput_tps_upper": derived.goodput_tokens_per_second_upper,
+            f"{GOODPUT_REQUESTS}_lower": derived.goodput_requests_per_second_lower,
+            f"{GOODPUT_TOKENS}_lower": derived.goodput_tokens_per_second_lower,
+            f"{GOODPUT_TOKENS}_upper": derived.goodput_tokens_per_second_upper,
             "output_tps": derived.generation_tokens_per_second,
             "ttft_p99_ms": ms("ttft"), "tpot_p99_ms": ms("tpot"), "itl_p99_ms": ms("itl")}
 

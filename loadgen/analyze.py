@@ -10,7 +10,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from crossover.errors import UserError
+from crossover.loadgen import results
+from crossover.loadgen.benchjson import read_bench_results, requests_frame
+from crossover.loadgen.crossings import analyze
+from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.results import Run, RunInfo, TopologyInfo
+from crossover.loadgen.summary import summarize
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="also write a run folder here (the app opens it)")
 
 
-def _gpus(args: argparse.Namespace, files: list[Any], spec: Any) -> dict[str, int]:
+def _gpus(files: list[Any], spec: Any, overrides: dict[str, int]) -> dict[str, int]:
+    """GPUs per topology: --gpus, else the files' --metadata gpus=N, else the spec, else 1."""
     gpus: dict[str, int] = {}
+    for topology in spec.topologies if spec is not None else []:
+        gpus[topology.name] = topology.gpus
     for f in files:
         value = f.data.get("gpus")
         if value is not None:
@@ -36,27 +47,57 @@ def _gpus(args: argparse.Namespace, files: list[Any], spec: Any) -> dict[str, in
                 gpus[f.topology] = int(value)
             except ValueError:
                 raise UserError(f"{f.path}: metadata gpus={value!r} is not a whole number") from None
-    for topology in spec.topologies if spec is not None else []:
-        gpus.setdefault(topology.name, topology.gpus)
-    for item in args.gpus:
-        name, _, value = item.partition("=")
-        if not value.isdigit() or int(value) < 1:
-            raise UserError(f"--gpus {item!r}: want TOPOLOGY=N with N a positive whole number")
-        gpus[name] = int(value)
+    gpus.update(overrides)
     return {f.topology: gpus.get(f.topology, 1) for f in files}
 
 
+def parse_gpus(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not value.isdigit() or int(value) < 1:
+            raise UserError(f"--gpus {item!r}: want TOPOLOGY=N with N a positive whole number")
+        out[name] = int(value)
+    return out
+
+
+def import_bench_run(paths: list[str], slos_ms: dict[str, float], objective: float, *, spec: Any = None,
+                     gpus: dict[str, int] | None = None, n_boot: int = 200) -> Run:
+    """A run from vllm bench serve result files: requests, summary and crossover as a sweep's."""
+    files = read_bench_results(paths)
+    axis = files[0].axis
+    requests = pd.concat([requests_frame(f) for f in files], ignore_index=True)
+    per_topology = _gpus(files, spec, gpus or {})
+    order = list(dict.fromkeys(sorted(f.topology for f in files)))
+    plan = SweepPlan(mode=Mode.CLOSED if axis == "concurrency" else Mode.OPEN,
+                     levels=tuple(sorted({f.level for f in files})),
+                     requests_per_level=max(len(f.data["ttfts"]) for f in files) or 1, slos_ms=slos_ms,
+                     objective=objective)
+    summary = summarize(requests, slos_ms, per_topology, plan)
+    crossover = analyze(summary, requests, axis=axis, objective=objective, slos_ms=slos_ms, plan=plan,
+                        n_boot=n_boot, seed=0, order=order)
+    info = RunInfo(plan=plan, slos_ms=dict(slos_ms), objective=objective,
+                   model=str(files[0].data.get("model_id", "")),
+                   topologies={name: TopologyInfo(name, per_topology[name], (), "imported")
+                               for name in order})
+    return Run(Path(paths[0]), info, requests, summary, crossover)
+
+
+def write_run(folder: Path, run: Run) -> None:
+    """An imported run as a run folder (run.json, levels, summary, crossover)."""
+    results.prepare(folder, run.info)
+    for (topology, level), frame in run.requests.groupby(["topology", "level"], sort=True):
+        results.write_level(folder, run.info.plan, str(topology), float(level),  # type: ignore[arg-type]
+                            frame.reset_index(drop=True))
+    results.write_summary(folder, run.summary)
+    results.write_json(folder / results.CROSSOVER_FILE, run.crossover)
+
+
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
     from rich.console import Console
 
-    from crossover.loadgen import results
-    from crossover.loadgen.benchjson import read_bench_results, requests_frame
     from crossover.loadgen.cli import print_summary
-    from crossover.loadgen.crossover import analyze
-    from crossover.loadgen.plan import Mode, SweepPlan, parse_slo_overrides
-    from crossover.loadgen.results import RunInfo, TopologyInfo
-    from crossover.loadgen.summary import summarize
+    from crossover.loadgen.plan import parse_slo_overrides
     from crossover.spec import load_spec
 
     if args.bootstrap < 0:
@@ -68,29 +109,11 @@ def run(args: argparse.Namespace) -> int:
     objective = args.objective if args.objective is not None else (spec.slos.objective if spec else 0.99)
     if not 0 < objective < 1:
         raise UserError(f"--objective: must be between 0 and 1, got {objective}")
-    files = read_bench_results(args.paths)
-    axis = files[0].axis
-    requests = pd.concat([requests_frame(f) for f in files], ignore_index=True)
-    gpus = _gpus(args, files, spec)
-    order = list(dict.fromkeys(sorted(f.topology for f in files)))
-    plan = SweepPlan(mode=Mode.CLOSED if axis == "concurrency" else Mode.OPEN,
-                     levels=tuple(sorted({f.level for f in files})),
-                     requests_per_level=max(len(f.data["ttfts"]) for f in files) or 1, slos_ms=slos_ms,
-                     objective=objective)
-    summary = summarize(requests, slos_ms, gpus, plan)
-    crossover = analyze(summary, requests, axis=axis, objective=objective, slos_ms=slos_ms, plan=plan,
-                        n_boot=args.bootstrap, seed=0, order=order)
+    imported = import_bench_run(args.paths, slos_ms, objective, spec=spec, gpus=parse_gpus(args.gpus),
+                                n_boot=args.bootstrap)
     out = Console() if sys.stdout.isatty() else Console(width=160)
-    print_summary(summary, crossover, out)
+    print_summary(imported.summary, imported.crossover, out)
     if args.out:
-        folder = Path(args.out)
-        model = str(files[0].data.get("model_id", ""))
-        info = RunInfo(plan=plan, slos_ms=dict(slos_ms), objective=objective, model=model,
-                       topologies={name: TopologyInfo(name, gpus[name], (), "imported") for name in order})
-        results.prepare(folder, info)
-        for (topology, level), frame in requests.groupby(["topology", "level"], sort=True):
-            results.write_level(folder, plan, str(topology), float(level), frame.reset_index(drop=True))  # type: ignore[arg-type]
-        results.write_summary(folder, summary)
-        results.write_json(folder / results.CROSSOVER_FILE, crossover)
-        out.print(f"run folder in {folder} (crossover app SPEC opens it)")
+        write_run(Path(args.out), imported)
+        out.print(f"run folder in {args.out} (crossover app SPEC opens it)")
     return 0

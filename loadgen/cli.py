@@ -14,11 +14,10 @@ from crossover.errors import UserError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="fleet spec (YAML)")
-    load = parser.add_mutually_exclusive_group(required=True)
+    load = parser.add_mutually_exclusive_group()
     load.add_argument("--concurrency", "--max-concurrency",
                       help="closed loop: comma-separated concurrencies, e.g. 1,2,4,8,16")
-    load.add_argument("--rate", "--request-rate",
-                      help="open loop: comma-separated request rates (req/s), e.g. 0.5,1,2")
+    load.add_argument("--rate", help="open loop: comma-separated request rates (req/s), e.g. 0.5,1,2")
     parser.add_argument("--out", required=True, help="run folder; rerunning with the same folder resumes")
     parser.add_argument("--topology", action="append", default=None,
                         help="topology to drive (repeatable; default: all in the spec)")
@@ -59,6 +58,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dataset-name", choices=["random", "jsonl", "sharegpt"], default=None,
                        help="random prompts (default), a JSONL file or a ShareGPT JSON file")
     group.add_argument("--dataset-path", default=None, metavar="FILE", help="the jsonl or sharegpt file")
+    group.add_argument("--request-rate", default=None,
+                       help="as in vllm bench: --rate, or inf with --max-concurrency (closed loop)")
+    group.add_argument("--turns", type=int, default=1,
+                       help="requests per conversation (chat): each turn sends the history and a new message")
+    group.add_argument("--think-time", type=float, default=0.0,
+                       help="seconds between a turn's answer and the next")
     group.add_argument("--random-input-len", type=int, default=None, help="as in vllm bench: --input-len N")
     group.add_argument("--random-output-len", type=int, default=None, help="as in vllm bench: --output-len N")
     group.add_argument("--random-range-ratio", type=float, default=0.0,
@@ -108,9 +113,32 @@ def _workload_fields(args: argparse.Namespace) -> dict[str, Any]:
     if name != "random" and not args.dataset_path:
         raise UserError(f"--dataset-name {name}: give the file with --dataset-path")
     return {"endpoint": Endpoint(args.endpoint), "dataset": DatasetKind(name),
-            "dataset_path": args.dataset_path, "tokenizer": args.tokenizer,
+            "dataset_path": args.dataset_path, "tokenizer": args.tokenizer, "turns": args.turns,
+            "think_time_s": args.think_time,
             "input_len": length("--random-input-len", args.random_input_len, args.input_len),
             "output_len": length("--random-output-len", args.random_output_len, args.output_len)}
+
+
+def _request_rate(args: argparse.Namespace) -> str:
+    """The open-loop rates from --rate or vllm bench's --request-rate (whose `inf` with
+    --max-concurrency is our closed loop); one of the two loads must be given."""
+    rate = args.rate
+    asked = args.request_rate
+    if asked is not None:
+        if args.rate is not None:
+            raise UserError("--rate and --request-rate: give one of them")
+        if asked.strip().lower() == "inf":
+            if not args.concurrency:
+                raise UserError("--request-rate inf: give --max-concurrency (a closed loop at each "
+                                "concurrency)")
+        elif args.concurrency:
+            raise UserError("--request-rate with --max-concurrency: a rate capped by a concurrency is not "
+                            "supported; give one of them (or --request-rate inf)")
+        else:
+            rate = asked
+    if not args.concurrency and not rate:
+        raise UserError("give --concurrency (closed loop) or --rate (open loop)")
+    return str(rate or "")
 
 
 def _plan(args: argparse.Namespace) -> Any:
@@ -122,8 +150,9 @@ def _plan(args: argparse.Namespace) -> Any:
         parse_slo_overrides,
     )
 
+    rate = _request_rate(args)
     mode = Mode.CLOSED if args.concurrency else Mode.OPEN
-    levels = parse_levels(args.concurrency or args.rate, "--concurrency" if args.concurrency else "--rate")
+    levels = parse_levels(args.concurrency or rate, "--concurrency" if args.concurrency else "--rate")
     if args.bootstrap < 0:
         raise UserError(f"--bootstrap: must be zero or positive, got {args.bootstrap}")
     return SweepPlan(
@@ -158,12 +187,27 @@ def print_summary(summary: Any, crossover: dict[str, Any], console: Any) -> None
     for _, row in summary.iterrows():
         table.add_row(*(_cell(row.get(column), form) for column, _, form in _TABLE_COLUMNS))
     console.print(table)
-    for sentence in crossover.get("sentences", []):
-        console.print(f"- {sentence}")
     from crossover.loadgen.summary import input_len_warnings
 
+    for sentence in crossover.get("sentences", []):
+        console.print(f"- {sentence}")
     for warning in input_len_warnings(summary):
         console.print(f"warning: {warning}")
+
+
+def print_turns(turns: Any, console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="per turn (a later turn's prompt holds the conversation so far)")
+    columns = (("topology", "topology", "{}"), ("level", "level", "{:g}"), ("turn", "turn", "{:.0f}"),
+               ("requests", "n", "{:.0f}"), ("input_tokens", "input tok", "{:.0f}"),
+               ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"), ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
+               ("itl_p99_ms", "ITL p99 ms", "{:.1f}"))
+    for _, header, _ in columns:
+        table.add_column(header, justify="left" if header == "topology" else "right")
+    for _, row in turns.iterrows():
+        table.add_row(*(_cell(row.get(column), form) for column, _, form in columns))
+    console.print(table)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -222,6 +266,12 @@ def run(args: argparse.Namespace) -> int:
     out = Console() if sys.stdout.isatty() else Console(width=160)  # files and pipes: no 80-column squeeze
     if not result.summary.empty:
         print_summary(result.summary, result.crossover, out)
+    if not result.turns.empty:
+        print_turns(result.turns, out)
+    workload = result.workload
+    out.print(f"prompt tokens counted with {workload['tokenizer']}"
+              + (f"; the chat template adds {workload['chat_template_tokens']} tokens per request"
+                 if workload["endpoint"] == "chat" else ""))
     out.print(f"results in {result.out_dir} (requests per level under levels/, summary.csv, crossover.json)")
     failed = int(result.summary["failed"].sum()) if "failed" in result.summary else 0
     if failed:

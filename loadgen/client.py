@@ -40,6 +40,7 @@ class StreamTrace:
     done: bool = False  # saw [DONE]
     garbage: int = 0  # events that were not JSON objects we understand
     end_time: float = 0.0  # when the request finished (or failed), unix time
+    text: list[str] | None = None  # the streamed text, kept only when asked (a conversation's next turn)
 
 
 @dataclass
@@ -136,6 +137,14 @@ def build_record(trace: StreamTrace, request: SyntheticRequest, topology: str, l
         planned_output=request.output_len, completion_id=trace.completion_id, garbage=trace.garbage)
 
 
+def _keep_text(text: list[str], choice: object) -> None:
+    if isinstance(choice, dict):
+        delta = choice.get("delta")
+        piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(piece, str):
+            text.append(piece)
+
+
 def _role_only(choice: object) -> bool:
     """A chat event whose delta carries no text (the assistant role chunk, or an empty delta)."""
     if not isinstance(choice, dict) or "delta" not in choice:
@@ -182,6 +191,8 @@ def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
             tokens = None
         if tokens is None and _role_only(choices[0]):
             tokens = 0  # a chat stream's first event: the assistant role, no content yet
+        if trace.text is not None:
+            _keep_text(trace.text, choices[0])
         if tokens is None or tokens > 0:
             trace.chunk_times.append(now)
             trace.chunk_tokens.append(tokens)
@@ -247,10 +258,10 @@ _JSON = {"Content-Type": "application/json"}
 
 
 async def stream_completion(client: HTTPClient, base_url: str, payload: bytes, timeout_s: float, *,
-                            path: str = "/v1/completions") -> StreamTrace:
+                            path: str = "/v1/completions", keep_text: bool = False) -> StreamTrace:
     """POST one streaming completion and record when each token event arrives. Never raises for
     what the server or network does: every failure ends up in trace.error."""
-    trace = StreamTrace(send_time=time.time())
+    trace = StreamTrace(send_time=time.time(), text=[] if keep_text else None)
     sink = _CompletionSink(trace)
     try:
         async with asyncio.timeout(timeout_s):

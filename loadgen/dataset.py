@@ -44,6 +44,16 @@ _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "ass
 
 
 @dataclass(frozen=True)
+class FollowUp:
+    """A later turn of a conversation, prepared with the first: its new user message and the
+    answer's planned length (its history is known only once the earlier turns are answered)."""
+
+    text: str
+    tokens: int  # the message's content tokens
+    output_len: int
+
+
+@dataclass(frozen=True)
 class SyntheticRequest:
     index: int  # position in the level's sequence; identical across topologies
     prompt: str | list[int]  # text, or token ids (random prompts on /v1/completions)
@@ -51,6 +61,7 @@ class SyntheticRequest:
     output_len: int
     messages: Messages | None = None  # the chat request's messages (chat endpoint)
     source: str = ""  # where a dataset prompt came from (FILE:LINE), for error messages
+    followups: tuple[FollowUp, ...] = ()  # a conversation's later turns (--turns)
 
 
 @dataclass
@@ -62,6 +73,7 @@ class _Entry:
     messages: Messages | None
     output_len: int | None = None
     reply: str | None = None  # ShareGPT: the recorded answer, counted for output_len
+    later: list[tuple[str, str | None]] = field(default_factory=list)  # ShareGPT: next (user, answer) turns
 
 
 @dataclass
@@ -74,6 +86,7 @@ class Workload:
     max_model_len: int
     pool: np.ndarray
     template_tokens: int = 0
+    turn_tokens: int = 0  # template tokens a later turn adds besides its contents (answer + user message)
     entries: list[_Entry] = field(default_factory=list)
     _counted: dict[int, tuple[int, int | None]] = field(default_factory=dict, repr=False)
 
@@ -81,6 +94,7 @@ class Workload:
         return {"tokenizer": self.tokenizer.source, "endpoint": self.plan.endpoint.value,
                 "dataset": self.plan.dataset.value, "dataset_path": self.plan.dataset_path,
                 "dataset_entries": len(self.entries), "chat_template_tokens": self.template_tokens,
+                "turns": self.plan.turns, "turn_template_tokens": self.turn_tokens,
                 "max_model_len": self.max_model_len}
 
 
@@ -94,6 +108,8 @@ def prepare_workload(plan: SweepPlan, tokenizer: Tokenizer, max_model_len: int) 
     workload = Workload(plan, tokenizer, limit, pool)
     if plan.endpoint is Endpoint.CHAT:
         workload.template_tokens = _template_overhead(tokenizer)
+        if plan.turns > 1:
+            workload.turn_tokens = _turn_overhead(tokenizer) - workload.template_tokens
     if plan.dataset is DatasetKind.RANDOM:
         high = plan.input_len.high + workload.template_tokens + plan.output_len.high
         if high > limit:
@@ -113,6 +129,15 @@ def _template_overhead(tokenizer: Tokenizer) -> int:
         raise UserError(f"--endpoint chat: tokenizer {tokenizer.source} has no chat template "
                         "(chat_template in tokenizer_config.json)")
     return len(with_template) - len(tokenizer.encode(sample))
+
+
+def _turn_overhead(tokenizer: Tokenizer) -> int:
+    """Template tokens of a three-message conversation (user, assistant, user) besides contents."""
+    texts = ("how many tokens does the template add", "a few", "and for one more turn")
+    messages = [{"role": role, "content": text} for role, text in zip(("user", "assistant", "user"), texts,
+                                                                        strict=True)]
+    ids = tokenizer.encode_chat(messages) or []
+    return len(ids) - sum(len(tokenizer.encode(text)) for text in texts)
 
 
 def _rng(plan: SweepPlan, level: float, stream: str) -> np.random.Generator:
@@ -160,12 +185,24 @@ def _random_requests(workload: Workload, level: float) -> Iterator[SyntheticRequ
             else:
                 text = fit_text(workload.tokenizer, ids, len(ids), workload.pool, rng)
                 yield SyntheticRequest(index, text, len(ids) + workload.template_tokens, int(n_out),
-                                       messages=[{"role": "user", "content": text}])
-            index += 1
+                                       messages=[{"role": "user", "content": text}],
+                                       followups=_random_followups(workload, rng))
+            index += plan.turns
 
 
 def _chat_messages(entry: _Entry) -> Messages:
     return entry.messages or [{"role": "user", "content": entry.prompt}]
+
+
+def _random_followups(workload: Workload, rng: np.random.Generator) -> tuple[FollowUp, ...]:
+    plan = workload.plan
+    later = []
+    for n_in, n_out in zip(_lengths(plan.input_len, rng, plan.turns - 1).tolist(),
+                           _lengths(plan.output_len, rng, plan.turns - 1).tolist(), strict=True):
+        ids = rng.choice(workload.pool, n_in).tolist()
+        text = fit_text(workload.tokenizer, ids, n_in, workload.pool, rng)
+        later.append(FollowUp(text, n_in, n_out))
+    return tuple(later)
 
 
 def _count(workload: Workload, position: int) -> tuple[int, int | None]:
@@ -190,6 +227,15 @@ def _count(workload: Workload, position: int) -> tuple[int, int | None]:
     return n_in, n_out
 
 
+def _dataset_followups(workload: Workload, entry: _Entry, drawn: int) -> tuple[FollowUp, ...]:
+    """A ShareGPT conversation's later user turns, up to --turns, with their answers' lengths."""
+    later = []
+    for text, reply in entry.later[:workload.plan.turns - 1]:
+        answer = len(workload.tokenizer.encode(reply)) if reply else drawn
+        later.append(FollowUp(text, len(workload.tokenizer.encode(text)), max(1, answer)))
+    return tuple(later)
+
+
 def _dataset_requests(workload: Workload, level: float) -> Iterator[SyntheticRequest]:
     plan = workload.plan
     rng = _rng(plan, level, "requests")
@@ -207,11 +253,12 @@ def _dataset_requests(workload: Workload, level: float) -> Iterator[SyntheticReq
             if plan.endpoint is Endpoint.CHAT:
                 messages = _chat_messages(entry)
                 text = str(messages[-1]["content"])
-                yield SyntheticRequest(index, text, n_in, n_out, messages, entry.where)
+                yield SyntheticRequest(index, text, n_in, n_out, messages, entry.where,
+                                       _dataset_followups(workload, entry, int(drawn)))
             else:
                 assert entry.prompt is not None
                 yield SyntheticRequest(index, entry.prompt, n_in, n_out, source=entry.where)
-            index += 1
+            index += plan.turns
 
 
 def requests(workload: Workload, level: float) -> Iterator[SyntheticRequest]:
@@ -293,11 +340,22 @@ def _read_sharegpt(path: Path, endpoint: Endpoint) -> list[_Entry]:
         first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
         reply = next((m["content"] for m in messages[first_user + 1:] if m["role"] == "assistant"), None)
         asked = messages[:first_user + 1]
+        later = _later_turns(messages[first_user + 1:])
         if endpoint is Endpoint.COMPLETIONS:
             entries.append(_Entry(where, asked[-1]["content"], None, reply=reply))
         else:
-            entries.append(_Entry(where, None, asked, reply=reply))
+            entries.append(_Entry(where, None, asked, reply=reply, later=later))
     return entries
+
+
+def _later_turns(rest: Messages) -> list[tuple[str, str | None]]:
+    """(user message, the answer after it) for each user turn after the first."""
+    turns = []
+    for i, message in enumerate(rest):
+        if message["role"] == "user":
+            answer = next((m["content"] for m in rest[i + 1:] if m["role"] == "assistant"), None)
+            turns.append((str(message["content"]), answer))
+    return turns
 
 
 def read_dataset(kind: DatasetKind, path_text: str, endpoint: Endpoint) -> list[_Entry]:

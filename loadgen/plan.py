@@ -14,8 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from crossover.errors import UserError
-
-SLO_NAMES = ("ttft", "tpot", "itl", "e2el")
+from crossover.slo import SLO_KINDS
 
 
 class Mode(StrEnum):
@@ -138,6 +137,8 @@ class SweepPlan:
     dataset: DatasetKind = DatasetKind.RANDOM
     dataset_path: str | None = None
     tokenizer: str | None = None  # a local tokenizer folder; None: the server's /tokenize
+    turns: int = 1  # requests per conversation: each turn sends the history and a new user message
+    think_time_s: float = 0.0  # pause between a turn's answer and the next turn
 
     def __post_init__(self) -> None:
         if not self.levels:
@@ -168,12 +169,20 @@ class SweepPlan:
             raise UserError(f"plan.shared_prefix: must be zero or positive, got {self.shared_prefix}")
         if self.slos_ms is not None:
             for name, value in self.slos_ms.items():
-                if name not in SLO_NAMES:
-                    raise UserError(f"plan.slos_ms: unknown SLO {name!r} (use {', '.join(SLO_NAMES)})")
+                if name not in SLO_KINDS:
+                    raise UserError(f"plan.slos_ms: unknown SLO {name!r} (use {', '.join(SLO_KINDS)})")
                 if not (value > 0 and math.isfinite(value)):
                     raise UserError(f"plan.slos_ms: {name} must be a positive number of ms, got {value}")
         if (self.dataset is DatasetKind.RANDOM) != (self.dataset_path is None):
             raise UserError("plan.dataset_path: a jsonl or sharegpt dataset needs a file, random needs none")
+        if self.turns < 1:
+            raise UserError(f"plan.turns: must be at least 1, got {self.turns}")
+        if self.turns > 1 and self.endpoint is not Endpoint.CHAT:
+            raise UserError("plan.turns: a conversation of several turns needs --endpoint chat")
+        if self.turns > 1 and self.dataset is DatasetKind.JSONL:
+            raise UserError("plan.turns: JSONL prompts are single requests; use random or sharegpt for turns")
+        if not (self.think_time_s >= 0 and math.isfinite(self.think_time_s)):
+            raise UserError(f"plan.think_time_s: must be zero or positive, got {self.think_time_s}")
         if self.objective is not None and not (0 < self.objective < 1):
             raise UserError(f"plan.objective: must be between 0 and 1, got {self.objective}")
         object.__setattr__(self, "levels", tuple(sorted(float(x) for x in self.levels)))
@@ -181,6 +190,11 @@ class SweepPlan:
     @property
     def axis(self) -> str:
         return "concurrency" if self.mode is Mode.CLOSED else "rate"
+
+    def conversations_for(self, level: float) -> int | None:
+        """How many conversations (of `turns` requests each) a level starts; None for a duration."""
+        total = self.requests_for(level)
+        return None if total is None else math.ceil(total / self.turns)
 
     def requests_for(self, level: float) -> int | None:
         """How many requests a level sends; None when it runs for duration_s instead."""
@@ -247,8 +261,8 @@ def parse_slo_overrides(items: list[str]) -> dict[str, float]:
             number = float(value)
         except ValueError:
             number = math.nan
-        if not sep or name not in SLO_NAMES or not (number > 0 and math.isfinite(number)):
-            raise UserError(f"--slo {item!r}: want NAME:MS with NAME one of {', '.join(SLO_NAMES)} "
+        if not sep or name not in SLO_KINDS or not (number > 0 and math.isfinite(number)):
+            raise UserError(f"--slo {item!r}: want NAME:MS with NAME one of {', '.join(SLO_KINDS)} "
                             "and a positive number of milliseconds")
         out[name] = number
     return out

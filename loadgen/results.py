@@ -3,9 +3,12 @@
     OUT/run.json                       plan, SLOs, topologies (GPUs, where traffic went)
     OUT/levels/TOPOLOGY/LEVEL.parquet  one file per finished (topology, level): the requests table
     OUT/levels/TOPOLOGY/LEVEL.csv      the same, when CSV was asked for
+    OUT/levels/TOPOLOGY/LEVEL.server.json  the servers' own figures over the level (their /metrics)
+    OUT/levels/TOPOLOGY/LEVEL.json     the level as a vllm bench serve result (--save-result)
     OUT/summary.parquet, summary.csv   per topology x level (rewritten after every level)
     OUT/crossover.json                 crossings and capacities (rewritten after every level)
     OUT/workload.json                  the tokenizer, endpoint, dataset and chat-template overhead
+    OUT/turns.csv                      per topology x level x turn: TTFT and ITL (multi-turn sweeps)
 
 Every file is written to a temporary name and renamed, so a crash never leaves half a file that a
 rerun would take for a finished level.
@@ -30,6 +33,8 @@ SUMMARY_FILE = "summary.parquet"
 SUMMARY_CSV = "summary.csv"
 CROSSOVER_FILE = "crossover.json"
 WORKLOAD_FILE = "workload.json"
+TURNS_CSV = "turns.csv"
+SERVER_SUFFIX = ".server.json"
 LIST_COLUMNS = ("itl", "chunk_times", "chunk_tokens")
 
 
@@ -79,6 +84,8 @@ class Run:
     requests: pd.DataFrame = field(repr=False)
     summary: pd.DataFrame = field(repr=False)
     crossover: dict[str, Any] = field(default_factory=dict, repr=False)
+    turns: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # per-turn latencies (--turns)
+    server: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # the servers' figures per level
 
 
 def _atomic_write(path: Path, write: Any) -> None:
@@ -135,6 +142,10 @@ def write_level(out_dir: Path, plan: SweepPlan, topology: str, level: float, req
         _atomic_write(path.with_suffix(".csv"), lambda p: flat.to_csv(p, index=False))
 
 
+def write_turns(out_dir: Path, turns: pd.DataFrame) -> None:
+    _atomic_write(out_dir / TURNS_CSV, lambda p: turns.to_csv(p, index=False))
+
+
 def write_summary(out_dir: Path, summary: pd.DataFrame) -> None:
     _atomic_write(out_dir / SUMMARY_FILE, lambda p: summary.to_parquet(p, index=False))
     _atomic_write(out_dir / SUMMARY_CSV, lambda p: summary.to_csv(p, index=False))
@@ -152,6 +163,21 @@ def read_requests(out_dir: Path) -> pd.DataFrame:
     return requests.sort_values(["topology", "level", "index"], kind="stable").reset_index(drop=True)
 
 
+def read_server_views(out_dir: Path) -> pd.DataFrame:
+    """The servers' figures of every finished level (LEVEL.server.json), one row per level."""
+    from crossover.loadgen.serverside import server_frame
+
+    views = []
+    for path in sorted((out_dir / LEVELS_DIR).glob(f"*/*{SERVER_SUFFIX}")):
+        requests = path.with_name(path.name.removesuffix(SERVER_SUFFIX) + ".parquet")
+        try:
+            level = float(pd.read_parquet(requests, columns=["level"])["level"].iloc[0])
+            views.append((path.parent.name, level, json.loads(path.read_text())))
+        except (OSError, ValueError, IndexError, KeyError):
+            continue  # a level without its requests table is not finished
+    return server_frame(views)
+
+
 def load_run(out_dir: str | os.PathLike[str]) -> Run:
     """Open a past run: its plan, every finished level's requests, the summary and crossover."""
     folder = Path(out_dir)
@@ -162,10 +188,10 @@ def load_run(out_dir: str | os.PathLike[str]) -> Run:
         info = RunInfo.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: cannot read it ({exc})") from None
-    from crossover.loadgen.summary import summarize  # the summary is recomputed, never trusted stale
+    from crossover.loadgen.summary import summarize, turn_summary  # recomputed, never trusted stale
 
     requests = read_requests(folder)
     summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
     crossover_path = folder / CROSSOVER_FILE
     crossover = json.loads(crossover_path.read_text()) if crossover_path.exists() else {}
-    return Run(folder, info, requests, summary, crossover)
+    return Run(folder, info, requests, summary, crossover, turn_summary(requests), read_server_views(folder))

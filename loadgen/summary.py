@@ -1,10 +1,11 @@
 """From the requests table to one row per topology x level: goodput, attainment, percentiles,
 throughput in total and per GPU. Pure pandas, no I/O: the app and the tests feed it directly.
 
-Definitions (docs/sweep.md):
+Definitions (crossover.slo, docs/sweep.md):
 - A request is good when it finished and every SLO given is met, value <= SLO, with TPOT as
   `vllm bench serve` defines it (0 for one output token); the ITL SLO holds when every one of the
-  request's inter-token latencies meets it. Failed requests are never good.
+  request's inter-token latencies meets it. Failed requests are never good; requests refused as
+  bad input (HTTP 4xx, slo.is_client_error) are not the fleet's to serve and are not counted.
 - Steady-state window of a level: from its first send + warmup_s to its last end - cooldown_s;
   only requests sent and finished inside it count, and rates divide by its length.
 - Rates: open loop, counts over the window (as `vllm bench serve` divides by its duration);
@@ -22,23 +23,23 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from crossover import slo
 from crossover.loadgen.plan import Mode, SweepPlan
 
-LATENCIES = ("ttft", "tpot", "itl", "e2el")
 # Planned and server-counted prompt lengths agree when they differ by at most this share or this
 # many tokens (the larger): beyond it, the level measured another workload than the one asked for.
 INPUT_LEN_TOLERANCE = 0.01
 INPUT_LEN_TOLERANCE_TOKENS = 2.0
-PERCENTILES = (50, 90, 99)
 _SOURCE_COLUMN = {"ttft": "ttft", "tpot": "tpot", "itl": "itl_max", "e2el": "e2e"}
 
 
 def mark_requests(requests: pd.DataFrame, slos_ms: Mapping[str, float],
                   plan: SweepPlan | None = None) -> pd.DataFrame:
-    """The requests with `in_window`, `good_<slo>` per SLO and `good` (all SLOs) columns added."""
+    """The requests with `in_window`, `counted` (in the window and not a client error), `good_<slo>`
+    per SLO and `good` (all SLOs) columns added."""
     marked = requests.copy()
     if marked.empty:
-        for column in ("in_window", "good", *(f"good_{s}" for s in slos_ms)):
+        for column in ("in_window", "counted", "good", *(f"good_{s}" for s in slos_ms)):
             marked[column] = pd.Series(dtype=bool)
         return marked
     warmup = plan.warmup_s if plan else 0.0
@@ -49,10 +50,12 @@ def mark_requests(requests: pd.DataFrame, slos_ms: Mapping[str, float],
     marked["window_start"] = start
     marked["window_end"] = end
     marked["in_window"] = (marked["send_time"] >= start) & (marked["end_time"] <= end)
+    client_error = marked["status"].map(slo.is_client_error).astype(bool)
+    marked["counted"] = marked["in_window"] & ~client_error
     good = marked["ok"].astype(bool)
-    for slo, threshold_ms in slos_ms.items():
-        met = marked["ok"].astype(bool) & (marked[_SOURCE_COLUMN[slo]] <= threshold_ms / 1000.0)
-        marked[f"good_{slo}"] = met
+    for kind, threshold_ms in slos_ms.items():
+        met = marked["ok"].astype(bool) & (marked[_SOURCE_COLUMN[kind]] <= threshold_ms / 1000.0)
+        marked[f"good_{kind}"] = met
         good &= met
     marked["good"] = good
     return marked
@@ -62,14 +65,15 @@ def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
     row: dict[str, float] = {}
     finite = values[np.isfinite(values)] * 1000.0
     row[f"{name}_mean_ms"] = float(finite.mean()) if finite.size else float("nan")
-    for q in PERCENTILES:
-        row[f"{name}_p{q}_ms"] = float(np.percentile(finite, q)) if finite.size else float("nan")
+    for q in slo.QUANTILES:
+        value = float(np.percentile(finite, q * 100)) if finite.size else float("nan")
+        row[f"{name}_{slo.percentile_label(q)}_ms"] = value
     return row
 
 
 def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, level: float,
                closed_loop: bool) -> dict[str, float]:
-    counted = group[group["in_window"]]
+    counted = group[group["counted"]]
     duration = float(group["window_end"].iloc[0] - group["window_start"].iloc[0])
     window_rate = 1.0 / duration if duration > 0 else float("nan")
     if closed_loop:
@@ -92,10 +96,11 @@ def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, lev
         "output_tps_window": output_tokens * window_rate,
         "total_tps": (output_tokens + float(finished["input_tokens"].sum())) * rate,
         "goodput": len(good) * rate, "token_goodput": float(good["output_tokens"].sum()) * rate,
-        "attainment": len(good) / n if n else float("nan"),
+        slo.attainment_column(): len(good) / n if n else float("nan"),
+        "client_errors": int((group["in_window"] & ~group["counted"]).sum()),
     }
-    for slo in slos_ms:
-        row[f"attainment_{slo}"] = float(counted[f"good_{slo}"].sum()) / n if n else float("nan")
+    for kind in slos_ms:
+        row[slo.attainment_column(kind)] = float(counted[f"good_{kind}"].sum()) / n if n else float("nan")
     for name in ("output_tps", "total_tps", "goodput", "token_goodput"):
         row[f"{name}_per_gpu"] = row[name] / gpus
     row.update(_percentiles(finished["ttft"].to_numpy(float), "ttft"))
@@ -135,6 +140,26 @@ def input_len_warnings(summary: pd.DataFrame) -> list[str]:
             f"{row['input_tokens_counted']:.1f} input tokens per request, {row['input_tokens_planned']:.1f} "
             "planned (the prompts were not the asked length)"
             for row in summary[summary["input_len_off"].astype(bool)].to_dict("records")]
+
+
+def turn_summary(requests: pd.DataFrame) -> pd.DataFrame:
+    """One row per (topology, level, turn) of a multi-turn sweep: how many turns finished, their
+    mean counted input, and TTFT and ITL percentiles (a later turn's prompt holds the history, so
+    prefix caching shows here first)."""
+    if requests.empty or "turn" not in requests or requests["turn"].max() <= 1:
+        return pd.DataFrame(columns=["topology", "level", "turn", "requests"])
+    rows = []
+    for (topology, level, turn), group in requests.groupby(["topology", "level", "turn"], sort=True):
+        finished = group[group["ok"].astype(bool)]
+        itl = (np.concatenate([np.asarray(v, float) for v in finished["itl"]]) if len(finished)
+               else np.array([]))
+        row = {"topology": topology, "level": float(level), "turn": int(turn),  # type: ignore[arg-type,call-overload]
+               "requests": len(group), "failed": len(group) - len(finished),
+               "input_tokens": float(finished["input_tokens"].mean())}
+        row.update(_percentiles(finished["ttft"].to_numpy(float), "ttft"))
+        row.update(_percentiles(itl, "itl"))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def summarize(requests: pd.DataFrame, slos_ms: Mapping[str, float], gpus: Mapping[str, int],

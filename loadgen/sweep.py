@@ -31,13 +31,14 @@ from crossover.loadgen.client import (
     build_record,
     stream_completion,
 )
-from crossover.loadgen.crossover import analyze
+from crossover.loadgen.crossings import analyze
 from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
 from crossover.loadgen.httpclient import HTTPClient
 from crossover.loadgen.payloads import PATHS, request_payload
-from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.plan import DatasetKind, Mode, SweepPlan
 from crossover.loadgen.results import RunInfo, TopologyInfo
-from crossover.loadgen.summary import summarize
+from crossover.loadgen.serverside import ServerView
+from crossover.loadgen.summary import summarize, turn_summary
 from crossover.loadgen.tokens import open_tokenizer
 from crossover.spec import Balance, FleetSpec, Topology
 
@@ -71,6 +72,7 @@ class SweepResult:
     stopped: bool = False
     resumed_levels: int = 0
     workload: dict[str, Any] = field(default_factory=dict)  # workload.json: tokenizer, template overhead
+    turns: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # per-turn latencies (--turns)
     measured_levels: list[tuple[str, float]] = field(default_factory=list)
 
 
@@ -91,7 +93,15 @@ def open_workload(spec: FleetSpec, plan: SweepPlan, topologies: Sequence[str]) -
     """The tokenizer, dataset and chat template, read and checked before any traffic."""
     tokenizer = open_tokenizer(plan.tokenizer, tokenizer_urls(spec, topologies), spec.model.name)
     try:
-        return prepare_workload(plan, tokenizer, spec.model.max_model_len)
+        workload = prepare_workload(plan, tokenizer, spec.model.max_model_len)
+        if plan.dataset is not DatasetKind.RANDOM:
+            # every level's dataset prompts counted now (and kept), so a prompt that does not fit the
+            # context is an error before any traffic, not in the middle of the sweep
+            for level in plan.levels:
+                count = plan.conversations_for(level) or len(workload.entries)
+                for _ in islice(requests(workload, level), count):
+                    pass
+        return workload
     finally:
         tokenizer.close()
 
@@ -101,7 +111,7 @@ def prepare_level(workload: Workload, model: str, level: float) -> Iterator[Prep
     level has a count, else a first block and the rest as they are needed."""
     plan = workload.plan
     source = requests(workload, level)
-    total = plan.requests_for(level)
+    total = plan.conversations_for(level)
     first = list(islice(source, total if total is not None else max(_DURATION_BLOCK, 4 * int(level))))
     ready = [(r, request_payload(model, r, plan.ignore_eos, plan.endpoint)) for r in first]
     workload.tokenizer.close()  # no idle connection to a server while the level runs (reopens if needed)
@@ -133,7 +143,8 @@ class _LevelRunner:
 
     def __init__(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
                  on_request: RequestCallback | None, client: ClientOptions,
-                 prepared: Iterator[Prepared]) -> None:
+                 prepared: Iterator[Prepared], turn_tokens: int = 0,
+                 server_view: ServerView | None = None) -> None:
         policy = Balance.ROUND_ROBIN if info.balance == "entrypoint" else Balance(info.balance)
         self.balancer = Balancer(list(info.targets), policy)
         self.info, self.model, self.plan, self.level = info, model, plan, level
@@ -142,25 +153,61 @@ class _LevelRunner:
         self.total = plan.requests_for(level)
         self.client = client
         self.prepared = prepared
+        self.turn_tokens = turn_tokens
+        self.server_view = server_view
+        self.server: dict[str, Any] | None = None  # the servers' figures over the level
         self.path = PATHS[plan.endpoint]
 
     async def _one(self, session: HTTPClient, prepared: Prepared) -> None:
+        """One request, or a whole conversation when it has later turns (all to one instance, as a
+        session-affine balancer sends them, so a prefix cache sees the history again)."""
         request, payload = prepared
         url = self.balancer.acquire()
         try:
-            trace = await stream_completion(session, url, payload, self.plan.timeout_s, path=self.path)
+            if request.followups:
+                await self._conversation(session, url, request, payload)
+            else:
+                await self._send(session, url, request, payload)
         finally:
             self.balancer.release(url)
-        self.records.append(build_record(trace, request, self.info.name, self.level, url))
+
+    async def _send(self, session: HTTPClient, url: str, request: SyntheticRequest,
+                    payload: bytes, keep_text: bool = False) -> tuple[RequestRecord, str]:
+        trace = await stream_completion(session, url, payload, self.plan.timeout_s, path=self.path,
+                                        keep_text=keep_text)
+        record = build_record(trace, request, self.info.name, self.level, url)
+        self.records.append(record)
         if self.on_request is not None:
             self.on_request(self.info.name, self.level, len(self.records), self.total)
+        return record, "".join(trace.text or ())
+
+    async def _conversation(self, session: HTTPClient, url: str, request: SyntheticRequest,
+                            payload: bytes) -> None:
+        """Each turn sends the history, the previous answer and a new user message; its planned
+        input is the previous turn's counted input and output plus the new message and template."""
+        messages = list(request.messages or [])
+        first = request.index
+        for turn, follow in enumerate(request.followups, 1):
+            record, answer = await self._send(session, url, request, payload, keep_text=True)
+            if not record.ok:
+                return  # the conversation cannot go on without its answer
+            if self.plan.think_time_s > 0:
+                await asyncio.sleep(self.plan.think_time_s)
+            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": follow.text}]
+            planned = record.input_tokens + record.output_tokens + follow.tokens + self.turn_tokens
+            request = SyntheticRequest(first + turn, follow.text, planned, follow.output_len, list(messages))
+            payload = request_payload(self.model, request, self.plan.ignore_eos, self.plan.endpoint)
+        await self._send(session, url, request, payload)
 
     async def run(self) -> list[RequestRecord]:
+        before = await self.server_view.snapshot() if self.server_view else None
         async with HTTPClient(kernel_stamps=self.client.kernel_stamps) as session:
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:
                 await self._open(session)
+        if self.server_view is not None and before is not None:
+            self.server = self.server_view.level_figures(before, await self.server_view.snapshot())
         return self.records
 
     async def _closed(self, session: HTTPClient) -> None:
@@ -179,14 +226,17 @@ class _LevelRunner:
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     return
-                issued += 1
-                await self._one(session, next(source))
+                prepared = next(source)
+                issued += 1 + len(prepared[0].followups)  # every turn is a request
+                await self._one(session, prepared)
 
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
 
     async def _open(self, session: HTTPClient) -> None:
-        assert self.total is not None
-        offsets = arrival_offsets(self.plan, self.level, self.total)
+        conversations = self.plan.conversations_for(self.level)
+        assert conversations is not None
+        # conversations arrive at the rate of requests divided by their turns
+        offsets = arrival_offsets(self.plan, self.level / self.plan.turns, conversations)
         loop = asyncio.get_running_loop()
         start = loop.time()
         tasks = []
@@ -220,8 +270,10 @@ async def _run_or_stop(job: Coroutine[Any, Any, list[RequestRecord]],
     return None
 
 
-def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
+def records_frame(records: list[RequestRecord], turns: int = 1) -> pd.DataFrame:
+    """The requests table; `turn` numbers a request within its conversation (1 when single-turn)."""
     frame = pd.DataFrame.from_records([vars(r) for r in records])
+    frame["turn"] = frame["index"] % turns + 1 if len(frame) else pd.Series(dtype=int)
     return frame.sort_values("index", kind="stable").reset_index(drop=True)
 
 
@@ -251,6 +303,9 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
                                     objective=info.objective, slos_ms=info.slos_ms, plan=plan, n_boot=n_boot,
                                     seed=plan.seed, order=list(info.topologies))
         results.write_summary(folder, outcome.summary)
+        if plan.turns > 1:
+            outcome.turns = turn_summary(outcome.requests)
+            results.write_turns(folder, outcome.turns)
         results.write_json(folder / results.CROSSOVER_FILE, outcome.crossover)
         if on_level is not None:
             on_level(LevelDone(name, level, position, len(jobs), resumed, frame, outcome.summary,
@@ -276,13 +331,16 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
                 ready[level] = list(prepare_level(workload, info.model, level))
             prepared = iter(ready[level])
         runner = _LevelRunner(info.topologies[name], info.model, plan, level, on_request,
-                              client or ClientOptions(), prepared)
+                              client or ClientOptions(), prepared, workload.turn_tokens,
+                              ServerView(spec, name))
         records = await _run_or_stop(runner.run(), stop)
         if records is None:
             outcome.stopped = True
             break
-        frame = records_frame(records)
+        frame = records_frame(records, plan.turns)
         results.write_level(folder, plan, name, level, frame, csv=csv)
+        if runner.server is not None:
+            results.write_json(path.with_suffix(results.SERVER_SUFFIX), runner.server)
         if bench is not None:  # --save-result: the level as vllm bench serve writes it, beside its table
             results.write_json(path.with_suffix(".json"), bench_result(
                 frame, topology=name, level=level, axis=plan.axis, model=info.model,

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.catalog import Metric
 from crossover.errors import UserError
 from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, bucket_neighbours, format_duration, on_boundary
@@ -31,10 +31,6 @@ ROLE_BY = ("topology", "role", "model_name")
 JOB_NAME = "vllm"
 DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
 REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written for 30 days
-QUANTILES = (0.5, 0.99)
-# SLOs judged once per finished request; only these form the joint (all-SLOs-met) bounds.
-# ITL is observed once per engine iteration, a different population, so it stays a single SLO.
-REQUEST_SLOS = ("ttft", "tpot", "e2el")
 # Histograms whose quantiles and means are recorded per topology.
 LATENCY_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
 RATE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS,
@@ -77,8 +73,10 @@ KV_HISTOGRAMS: tuple[KvFamily, ...] = (KV_TIME, KV_BYTES)
 # A topology as its users see it (docs/routers.md): request families from its entrypoint targets,
 # else from its decode role, else from its instances (colocated); never from both P/D roles.
 # Generated tokens leave out the prefill role (its one token per request is no output), prompt
-# tokens the decode role; nothing else is read from an entrypoint.
-REQUEST_FAMILIES: frozenset[str] = frozenset(m.name for m in catalog.ENTRYPOINT_FAMILIES)
+# tokens the decode role; nothing else is read from an entrypoint. The request outcome families
+# (crossover.slo) follow the same choice, so a P/D request is never counted on both roles.
+REQUEST_FAMILIES: frozenset[str] = frozenset(m.name for m in (*catalog.ENTRYPOINT_FAMILIES,
+                                                              *slo.OUTCOME_FAMILIES))
 USER_SOURCES: tuple[tuple[str, str], ...] = (
     ("entrypoint", f'role="{ENTRYPOINT_ROLE}"'),
     ("decode", f'role="{Role.DECODE.value}"'),
@@ -272,17 +270,37 @@ def kv_usage_name(operation: str) -> str:
     return f"topology:{catalog.KV_CACHE_USAGE.rule_stem}:{operation}"
 
 
-def goodput_name(slo: str, window: str, level: str = "topology") -> str:
-    return f"{level}:vllm_goodput_{slo}:ratio_rate{window}"
+def attainment_name(kind: str, window: str, level: str = "topology") -> str:
+    """Share of all requests served within one SLO (crossover.slo)."""
+    return f"{level}:vllm_{slo.ATTAINMENT}_{kind}:ratio_rate{window}"
 
 
-def joint_goodput_name(bound: str, window: str) -> str:
+def joint_attainment_name(bound: str, window: str) -> str:
     """bound is lower or upper: max(0, sum(a_i)-(n-1)) <= joint <= min(a_i)."""
-    return f"topology:vllm_goodput:ratio_{bound}_rate{window}"
+    return f"topology:vllm_{slo.ATTAINMENT}:ratio_{bound}_rate{window}"
+
+
+REQUEST_OUTCOMES = ("all", "served", "failed_finished")
+
+
+def requests_name(outcome: str, window: str, level: str = "topology") -> str:
+    """Requests per second by outcome (crossover.slo.Outcomes): all the fleet should have served
+    (finished + rejected at admission), served, or failed and finished by the engine (abort, error)."""
+    stem = "vllm_requests" if outcome == "all" else f"vllm_requests_{outcome}"
+    return f"{level}:{stem}:rate{window}"
+
+
+def failed_requests_name(window: str) -> str:
+    """Failed requests per second by `reason` (slo.FAILURE_REASONS)."""
+    return f"topology:vllm_failed_requests:rate{window}"
+
+
+def goodput_requests_name(window: str) -> str:
+    return f"topology:vllm_{slo.GOODPUT}_requests:rate{window}"
 
 
 def goodput_tokens_name(window: str, per_gpu: bool = False) -> str:
-    return f"topology:vllm_goodput_tokens{'_per_gpu' if per_gpu else ''}:rate{window}"
+    return f"topology:vllm_{slo.GOODPUT}_tokens{'_per_gpu' if per_gpu else ''}:rate{window}"
 
 
 def kv_bandwidth_name(window: str) -> str:
@@ -336,22 +354,22 @@ def slo_buckets(spec: FleetSpec, refuse_off_boundary: bool = False,
     warning), never a looser one; refuse when asked to, or when no boundary lies below."""
     chosen: list[SloBucket] = []
     warnings: list[str] = []
-    for slo, threshold_ms in spec.slos.thresholds_ms.items():
-        metric = catalog.SLO_HISTOGRAMS[slo]
+    for kind, threshold_ms in spec.slos.thresholds_ms.items():
+        metric = slo.SLO_HISTOGRAMS[kind]
         threshold_s = threshold_ms / 1000.0
         if on_boundary(threshold_s, metric.buckets):
             le = min(metric.buckets, key=lambda b: abs(b - threshold_s))
-            chosen.append(SloBucket(slo, threshold_ms, metric, le, exact=True))
+            chosen.append(SloBucket(kind, threshold_ms, metric, le, exact=True))
             continue
         below, above = bucket_neighbours(threshold_s, metric.buckets)
         near = " and ".join(f"{b * 1000:g} ms" for b in (below, above) if b is not None)
-        where = f"{source}: slos.{slo}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} " \
+        where = f"{source}: slos.{kind}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} " \
                 f"(neighbours {near})"
         if refuse_off_boundary:
             raise UserError(f"{where}; pick a boundary or drop --refuse-off-boundary to round down")
         if below is None:
             raise UserError(f"{where}; no stricter boundary exists below it, pick one of the buckets")
-        chosen.append(SloBucket(slo, threshold_ms, metric, below, exact=False))
+        chosen.append(SloBucket(kind, threshold_ms, metric, below, exact=False))
         warnings.append(f"{where}; the rules count a request as good only below {below * 1000:g} ms "
                         "(the stricter neighbour), so goodput is a lower bound")
     return tuple(chosen), tuple(warnings)
@@ -509,16 +527,56 @@ class _Builder:
             RecordingRule(count, self.summed_rate(self.raw(metric, "_count"), window)),
             RecordingRule(total, self.summed_rate(self.raw(metric, "_sum"), window)),
         ]
-        for quantile in QUANTILES:
+        for quantile in slo.QUANTILES:
             rules.append(RecordingRule(quantile_name(metric, quantile, window),
                                        f"histogram_quantile({quantile}, {bucket})"))
         rules.append(RecordingRule(mean_name(metric, window), f"{total} / {count}"))
         return rules
 
-    def goodput_ratio(self, bucket: SloBucket, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-        good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
-        every = self.sel(bucket.metric.name + "_count")
-        return f"{self.summed_rate(good, window, by)}\n/\n{self.summed_rate(every, window, by)}"
+    def attainment(self, bucket: SloBucket, window: str, level: str = "topology",
+                   by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+        """slo.attainment in PromQL, on the outcome rates recorded by outcome_rules."""
+        good = self.summed_rate(self.sel(bucket.metric.name + "_bucket", bucket.le_matcher), window, by)
+        every = requests_name("all", window, level)
+        on = f"on ({_by(by)})"
+        if bucket.slo in slo.OBSERVES_FAILED:
+            failed = requests_name("failed_finished", window, level)
+            return f"clamp_min(\n{good}\n- {on} {failed},\n0)\n/ {on} {every}"
+        served = requests_name("served", window, level)
+        count = self.summed_rate(self.sel(bucket.metric.name + "_count"), window, by)
+        # 0, not NaN, when requests came and none was served (the histogram then observed nothing)
+        return (f"(\n{good}\n/\n{count}\n* {on} {served} and {on} {served} > 0\nor {on} 0 * {served}\n)"
+                f"\n/ {on} {every}")
+
+    def fleet_requests(self, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+        """The API server's requests the fleet should have served (slo.is_fleet_request). The
+        counter has no model label: one spec serves one model, so it is added here."""
+        handlers = promql_string("|".join(re.escape(h) for h in slo.SERVING_HANDLERS))
+        series = self.sel(catalog.HTTP_REQUESTS.promql_name,
+                          f"handler=~{handlers},status!={promql_string(slo.CLIENT_ERROR_STATUS)}")
+        summed = self.summed_rate(series, window, tuple(label for label in by if label != "model_name"))
+        return f'label_replace({summed}, "model_name", {promql_string(self.spec.model.name)}, "", "")'
+
+    def outcome_rules(self, window: str, level: str = "topology",
+                      by: tuple[str, ...] = TOPOLOGY_BY) -> list[RecordingRule]:
+        """slo.outcomes in PromQL: all requests are the API server's (4xx left out), at least the
+        finished and rejected ones. A target without finished_reason counts every request as
+        served (the fallback); one without the HTTP or admission family counts none there."""
+        failed = f"finished_reason=~{promql_string('|'.join(slo.FAILED_REASONS))}"
+        success = catalog.REQUEST_SUCCESS.promql_name
+        finished = self.summed_rate(self.sel(success), window, by)
+        rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)
+        served = self.summed_rate(self.sel(success, failed.replace("=~", "!~")), window, by)
+        failed_finished = self.summed_rate(self.sel(success, failed), window, by)
+        on = f"on ({_by(by)})"
+        counted = f"(\n  {finished}\n  + {on}\n  ({rejected} or 0 * {finished})\n)"
+        return [
+            RecordingRule(requests_name("all", window, level),
+                          f"{self.fleet_requests(window, by)}\n>= {on} {counted}\nor {on}\n{counted}"),
+            RecordingRule(requests_name("served", window, level), served),
+            RecordingRule(requests_name("failed_finished", window, level),
+                          f"{failed_finished}\nor\n0 * {finished}"),
+        ]
 
     def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """Request figures per P/D role: the decode side is what users see after the first token
@@ -533,39 +591,45 @@ class _Builder:
                 bucket = histogram_rate_name(metric, "bucket", window, level)
                 rules.append(RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
                                                                     (*ROLE_BY, "le"))))
-                for quantile in QUANTILES:
+                for quantile in slo.QUANTILES:
                     rules.append(RecordingRule(quantile_name(metric, quantile, window, level),
                                                f"histogram_quantile({quantile}, {bucket})"))
+            rules.extend(self.outcome_rules(window, level, ROLE_BY))
             for slo_bucket in self.buckets:
-                if slo_bucket.slo in REQUEST_SLOS:
-                    rules.append(RecordingRule(goodput_name(slo_bucket.slo, window, level),
-                                               self.goodput_ratio(slo_bucket, window, ROLE_BY)))
+                if slo_bucket.slo in slo.PER_REQUEST_SLOS:
+                    rules.append(RecordingRule(attainment_name(slo_bucket.slo, window, level),
+                                               self.attainment(slo_bucket, window, level, ROLE_BY)))
         return tuple(rules)
 
     def goodput_rules(self, dashboard_windows: tuple[str, ...],
                       sli_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []
-        request_slos = [b for b in self.buckets if b.slo in REQUEST_SLOS]
+        request_slos = [b for b in self.buckets if b.slo in slo.PER_REQUEST_SLOS]
         for window in sli_windows:
+            rules.extend(self.outcome_rules(window))
             for bucket in self.buckets:
-                name = goodput_name(bucket.slo, window)
-                rules.append(RecordingRule(name, self.goodput_ratio(bucket, window)))
+                name = attainment_name(bucket.slo, window)
+                rules.append(RecordingRule(name, self.attainment(bucket, window)))
                 rules.append(RecordingRule(sli_error_name(window), f"1 - {name}", (("slo", bucket.slo),)))
         for window in dashboard_windows:
+            rules.append(RecordingRule(failed_requests_name(window), self.failed_requests(window)))
             if request_slos:
-                names = [goodput_name(b.slo, window) for b in request_slos]
+                names = [attainment_name(b.slo, window) for b in request_slos]
                 # Frechet bounds on "every SLO met" from the per-SLO shares.
                 lower = " + ".join(names)
-                rules.append(RecordingRule(joint_goodput_name("lower", window),
+                rules.append(RecordingRule(joint_attainment_name("lower", window),
                                            f"clamp_min({lower} - {len(names) - 1}, 0)"))
                 upper = " or ".join(f'label_replace({n}, "slo", "{b.slo}", "", "")'
                                     for n, b in zip(names, request_slos, strict=True))
-                rules.append(RecordingRule(joint_goodput_name("upper", window),
+                rules.append(RecordingRule(joint_attainment_name("upper", window),
                                            f"min without (slo) ({upper})"))
+                rules.append(RecordingRule(
+                    goodput_requests_name(window),
+                    f"{requests_name('all', window)} * {joint_attainment_name('lower', window)}"))
                 rules.append(RecordingRule(
                     goodput_tokens_name(window),
                     f"{rate_name(catalog.GENERATION_TOKENS, window)}"
-                    f" * {joint_goodput_name('lower', window)}"))
+                    f" * {joint_attainment_name('lower', window)}"))
                 rules.append(RecordingRule(
                     goodput_tokens_name(window, per_gpu=True),
                     f"{goodput_tokens_name(window)} / on (topology) group_left {GPUS_NAME}"))
@@ -577,6 +641,22 @@ class _Builder:
             BUDGET_REMAINING_NAME,
             f"1 - {sli_error_name(period)} / {error_budget(self.spec)!r}"))
         return tuple(rules)
+
+    def failed_requests(self, window: str) -> str:
+        """Failed requests/s by reason (slo.FAILURE_REASONS): abort and error (finished_reason),
+        rejected (admission), unfinished (the rest of all requests)."""
+        failed = promql_string("|".join(slo.FAILED_REASONS))
+        finished = self.sel(catalog.REQUEST_SUCCESS.promql_name, f"finished_reason=~{failed}")
+        rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window)
+        on = f"on ({_by(TOPOLOGY_BY)})"
+        every = requests_name("all", window)
+        unfinished = (f"clamp_min(\n  {every}\n  - {on} {requests_name('served', window)}"
+                      f"\n  - {on} {requests_name('failed_finished', window)}"
+                      f"\n  - {on} ({rejected} or 0 * {every}),\n0)")
+        return (f"sum by ({_by((*TOPOLOGY_BY, 'reason'))}) (label_replace(rate({finished}[{window}]), "
+                f'"reason", "$1", "finished_reason", "(.*)"))\n'
+                f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")\n'
+                f'or\nlabel_replace({unfinished}, "reason", {promql_string(slo.UNFINISHED_REASON)}, "", "")')
 
     def kv_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []

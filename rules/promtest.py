@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.catalog import Metric, MetricType
 from crossover.exporter.quantile import histogram_quantile
 from crossover.rules import model as m
@@ -26,7 +26,12 @@ from crossover.rules.render import dump, expand_annotation, header
 from crossover.spec import ENTRYPOINT_ROLE, Instance, Role, Topology, entrypoint_replica, format_duration
 
 GOOD_SHARE = (1.0, 0.5)  # per topology index (cycled): share of requests within every SLO
-REQUESTS_PER_S = 1.0  # per instance
+REQUESTS_PER_S = 1.0  # per instance, served
+# Per topology index (cycled), failed requests/s per instance by reason: the first topology meets
+# every latency SLO and fails half of its requests (errors alone must burn its budget).
+FAILED_PER_S: tuple[dict[str, float], ...] = (
+    {"error": 0.25, "abort": 0.25, slo.REJECTED_REASON: 0.25, slo.UNFINISHED_REASON: 0.25}, {})
+CLIENT_ERRORS_PER_S = 0.5  # per instance, 4xx answers: counted nowhere
 GENERATION_TOKENS_PER_S = 100.0
 PROMPT_TOKENS_PER_S = 200.0
 KV_USAGE = 0.5
@@ -58,11 +63,15 @@ class _Shape:
     sum_per_second: float
 
 
-def _latency_shape(metric: Metric, good_share: float, rules: RuleSet) -> _Shape:
+def _latency_shape(metric: Metric, good_share: float, rules: RuleSet, failed_per_s: float = 0.0) -> _Shape:
+    """Served requests, `good_share` of them at the SLO's bucket and the rest one bucket above;
+    failed ones in the first bucket where vLLM observes them (slo.OBSERVES_FAILED)."""
     bounds = (*metric.buckets, math.inf)
     per_second = [0.0] * len(bounds)
-    slo = next((b for b in rules.slo_buckets if b.metric is metric), None)
-    index = bounds.index(slo.le) if slo else MODEL_BUCKET_INDEX
+    if any(slo.SLO_HISTOGRAMS[kind] is metric for kind in slo.OBSERVES_FAILED):
+        per_second[0] += failed_per_s
+    chosen = next((b for b in rules.slo_buckets if b.metric is metric), None)
+    index = bounds.index(chosen.le) if chosen else MODEL_BUCKET_INDEX
     per_second[index] += REQUESTS_PER_S * good_share
     per_second[min(index + 1, len(bounds) - 1)] += REQUESTS_PER_S * (1 - good_share)
     total = sum(c * (b if math.isfinite(b) else bounds[-2]) for c, b in zip(per_second, bounds, strict=True))
@@ -120,19 +129,40 @@ def _entrypoint(data: _Input, rules: RuleSet, labels: dict[str, str], engine: di
 
 def _serving_instance(data: _Input, rules: RuleSet, role: Role, labels: dict[str, str],
                       engine: dict[str, str], good: float, spell: Any, xfer_seconds: float = XFER_SECONDS,
-                      failures_per_s: float = 0.0) -> None:
-    """Every series a healthy vLLM instance of this role exposes (KV-transfer ones on decode only,
-    of the spec's simulator.kv_connector)."""
+                      failures_per_s: float = 0.0, failed: dict[str, float] | None = None) -> None:
+    """Every series a vLLM instance of this role exposes (KV-transfer ones on decode only, of the
+    spec's simulator.kv_connector), failing `failed` requests/s by slo.FAILURE_REASONS besides the
+    served ones."""
+    failed = failed or {}
     data.gauge("up", labels, 1.0)
     data.counter(catalog.GENERATION_TOKENS.promql_name, engine, GENERATION_TOKENS_PER_S)
     data.counter(catalog.PROMPT_TOKENS.promql_name, engine, PROMPT_TOKENS_PER_S)
     data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "length"}, REQUESTS_PER_S)
+    for reason in slo.FAILED_REASONS:
+        data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": reason},
+                     failed.get(reason, 0.0))
+    model = {k: v for k, v in engine.items() if k != "engine"}
+    data.counter(catalog.ADMISSION_REJECTIONS.promql_name, {**model, "reason": "max_num_queued_reqs"},
+                 failed.get(slo.REJECTED_REASON, 0.0))
+    # The API server's counter, as vLLM 0.32 answers (docs/slo.md): streams, cut or aborted ones
+    # included, are 2xx; engine errors and admission rejections 5xx; bad input 4xx.
+    by_status = {
+        "2xx": REQUESTS_PER_S + failed.get("abort", 0.0) + failed.get(slo.UNFINISHED_REASON, 0.0),
+        "4xx": CLIENT_ERRORS_PER_S,
+        "5xx": failed.get("error", 0.0) + failed.get(slo.REJECTED_REASON, 0.0),
+    }
+    for status, per_s in by_status.items():
+        served_by = {**labels, "handler": slo.SERVING_HANDLERS[0], "method": "POST", "status": status}
+        data.counter(catalog.HTTP_REQUESTS.promql_name, served_by, per_s)
+    data.counter(catalog.HTTP_REQUESTS.promql_name, {**labels, "handler": "/v1/models", "method": "GET",
+                                                     "status": "2xx"}, 1.0)
     data.counter(catalog.NUM_PREEMPTIONS.promql_name, engine, 0.0)
     data.gauge(catalog.NUM_REQUESTS_RUNNING.promql_name, engine, RUNNING)
     data.gauge(catalog.NUM_REQUESTS_WAITING.promql_name, engine, WAITING)
     data.gauge(catalog.KV_CACHE_USAGE.promql_name, engine, KV_USAGE)
+    failed_finished = sum(failed.get(r, 0.0) for r in slo.FAILED_REASONS)
     for metric in m.LATENCY_HISTOGRAMS:
-        data.histogram(metric, engine, _latency_shape(metric, good, rules), spell)
+        data.histogram(metric, engine, _latency_shape(metric, good, rules, failed_finished), spell)
     if role is Role.DECODE:
         connector = catalog.KV_CONNECTORS[rules.spec.simulator.kv_connector]
         data.histogram(connector.xfer_time, engine,
@@ -171,6 +201,15 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
     index = 0
     for t_index, topology in enumerate(spec.topologies):
         good = GOOD_SHARE[t_index % len(GOOD_SHARE)]
+        source = ("entrypoint" if topology.entrypoint.metrics_url else
+                  "decode" if topology.disaggregated else "instances")
+        # Failures on colocated topologies only: one source of request figures, one count.
+        failed = FAILED_PER_S[t_index % len(FAILED_PER_S)] if source == "instances" else {}
+        every_per_s = REQUESTS_PER_S + sum(failed.values())
+        # vLLM observes failed requests in the e2e and TPOT histograms (fast, within the SLO), so
+        # every SLO kind comes out at the same attainment: the served share of the good share.
+        attained = good * REQUESTS_PER_S / every_per_s
+        finished_per_s = REQUESTS_PER_S + sum(failed.get(r, 0.0) for r in slo.FAILED_REASONS)
         spell = _python_spelling if t_index % 2 == 0 else _go_spelling
         model = {"model_name": spec.model.name}
         n = len(topology.instances)
@@ -179,7 +218,7 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             labels = _instance_labels(topology, instance, index)
             index += 1
             engine = {**labels, **model, "engine": "0"}
-            _serving_instance(data, rules, instance.role, labels, engine, good, spell)
+            _serving_instance(data, rules, instance.role, labels, engine, good, spell, failed=failed)
         if topology.entrypoint.metrics_url is not None:
             labels = {**_instance_labels(topology, topology.instances[0], index), "role": ENTRYPOINT_ROLE,
                       "gpus": "0", "replica": entrypoint_replica(topology.name)}
@@ -191,18 +230,16 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             cumulative.append(cumulative[-1] + per_s * n)
         ttft_p99 = histogram_quantile(0.99, zip(ttft_shape.bounds, cumulative[1:], strict=True))
         key = {"topology": topology.name, **model}
-        request_slos = [b for b in rules.slo_buckets if b.slo in m.REQUEST_SLOS]
-        lower = max(0.0, good * len(request_slos) - (len(request_slos) - 1))
+        request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
+        lower, upper = slo.joint_bounds([attained] * len(request_slos))
         # Each request once: from the entrypoint or the decode role of a P/D topology; tokens
         # generated on the decode role only.
         serving = 1 if topology.disaggregated else n
         gen_rate = GENERATION_TOKENS_PER_S * serving
-        source = ("entrypoint" if topology.entrypoint.metrics_url else
-                  "decode" if topology.disaggregated else "instances")
         expectations: list[tuple[str, dict[str, str], float]] = [
             (m.GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
             (m.requests_source_name(), {"topology": topology.name, "source": source}, 1.0),
-            (m.rate_name(catalog.REQUEST_SUCCESS, window), key, REQUESTS_PER_S * serving),
+            (m.rate_name(catalog.REQUEST_SUCCESS, window), key, finished_per_s * serving),
             (m.rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
             (m.per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / topology.gpus),
             (m.gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), key, RUNNING * n),
@@ -210,10 +247,13 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             (m.quantile_name(catalog.TTFT, 0.99, window), key, ttft_p99),
         ]
         for bucket in rules.slo_buckets:
-            expectations.append((m.goodput_name(bucket.slo, window), key, good))
+            expectations.append((m.attainment_name(bucket.slo, window), key, attained))
+        for reason, per_s in failed.items():
+            expectations.append((m.failed_requests_name(window), {**key, "reason": reason}, per_s * serving))
         if request_slos:
-            expectations.append((m.joint_goodput_name("lower", window), key, lower))
-            expectations.append((m.joint_goodput_name("upper", window), key, good))
+            expectations.append((m.joint_attainment_name("lower", window), key, lower))
+            expectations.append((m.joint_attainment_name("upper", window), key, upper))
+            expectations.append((m.goodput_requests_name(window), key, every_per_s * serving * lower))
             expectations.append((m.goodput_tokens_name(window), key, gen_rate * lower))
         if topology.disaggregated:
             expectations.append((m.kv_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
@@ -224,17 +264,19 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
             for role, count in roles.items():
                 role_key = {"topology": topology.name, "role": role, **model}
                 expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, "topology_role"), role_key,
-                                     REQUESTS_PER_S * count))
+                                     finished_per_s * count))
                 for bucket in request_slos:
-                    expectations.append((m.goodput_name(bucket.slo, window, "topology_role"), role_key, good))
+                    name = m.attainment_name(bucket.slo, window, "topology_role")
+                    expectations.append((name, role_key, attained))
         for name, labels, value in expectations:
             selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
             promql_tests.append({"expr": f"{name}{{{selector}}}", "eval_time": format_duration(eval_s),
                                  "exp_samples": [{"labels": _series_name(name, labels), "value": value}]})
-        if good < 1.0:
-            _expect_burn(rules, expected_alerts, key, good)
+        if attained < 1.0:
+            _expect_burn(rules, expected_alerts, key, attained)
     tests = [{
-        "name": "goodput per topology: one meets every SLO, one misses half of its requests",
+        "name": "attainment per topology: one fails half of its requests within the latency SLOs, one "
+                "serves all and misses the SLOs for half",
         "interval": format_duration(interval),
         "input_series": data.series,
         "promql_expr_test": promql_tests,
@@ -255,8 +297,8 @@ def _alert(rule: AlertRule, labels: dict[str, str]) -> dict[str, Any]:
 
 
 def _expect_burn(rules: RuleSet, expected: dict[str, list[dict[str, Any]]], key: dict[str, str],
-                 good: float) -> None:
-    error = 1 - good
+                 attained: float) -> None:
+    error = 1 - attained
     for rule in rules.alerts:
         if rule.alert == "VllmGoodputBudgetBurn":
             tier = next(t for t in rules.tiers if ("long_window", t.long) in rule.labels)

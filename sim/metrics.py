@@ -69,6 +69,8 @@ class InstanceMetrics:
         self.prefix_hits = 0
         self.prompt_by_source = dict.fromkeys(catalog.PROMPT_SOURCES, 0)
         self.success = dict.fromkeys(catalog.FINISHED_REASONS, 0)
+        self.rejections = dict.fromkeys(catalog.ADMISSION_REJECTION_REASONS, 0)
+        self.http: dict[tuple[str, str, str], int] = {}  # (handler, method, status class) -> requests
         token_buckets = catalog.token_count_buckets(self.max_model_len)
         self.ttft = Hist(catalog.TTFT.buckets, now)
         self.itl = Hist(catalog.ITL.buckets, now)
@@ -110,6 +112,17 @@ class InstanceMetrics:
         self.request_prompt.observe(prompt_tokens)
         self.request_generation.observe(generated)
 
+    def on_engine_error(self, *, arrival: float, now: float, prompt_tokens: int) -> None:
+        """A request the engine failed before its first token: vLLM counts it by finished_reason
+        "error" and observes it in the per-finished-request histograms like any other."""
+        self.on_finished(reason="error", arrival=arrival, scheduled=arrival, first_token=now, last_token=now,
+                         prompt_tokens=prompt_tokens, generated=0)
+
+    def on_http(self, handler: str, method: str, status: int) -> None:
+        """One answered API request, as prometheus-fastapi-instrumentator counts it (status class)."""
+        key = (handler, method, f"{status // 100}xx")
+        self.http[key] = self.http.get(key, 0) + 1
+
     def on_kv_transfer(self, seconds: float, nbytes: float, descriptors: int) -> None:
         self.kv_xfer.observe(seconds)
         self.kv_post.observe(min(seconds, 0.0005))
@@ -123,7 +136,8 @@ class InstanceMetrics:
             (catalog.NUM_REQUESTS_RUNNING, float(state.running)),
             (catalog.NUM_REQUESTS_WAITING, float(state.waiting_capacity + state.waiting_deferred)),
             (catalog.NUM_REQUESTS_WAITING_BY_REASON,
-             {"capacity": float(state.waiting_capacity), "deferred": float(state.waiting_deferred)}),
+             dict(zip(catalog.WAITING_REASONS, (float(state.waiting_capacity), float(state.waiting_deferred)),
+                      strict=True))),
             (catalog.KV_CACHE_USAGE, state.kv_usage),
             (catalog.PREFIX_CACHE_QUERIES, float(self.prefix_queries)),
             (catalog.PREFIX_CACHE_HITS, float(self.prefix_hits)),
@@ -134,6 +148,8 @@ class InstanceMetrics:
              float(self.prefix_hits + self.prompt_by_source["external_kv_transfer"])),
             (catalog.GENERATION_TOKENS, float(self.generation_tokens)),
             (catalog.REQUEST_SUCCESS, {k: float(v) for k, v in self.success.items()}),
+            (catalog.ADMISSION_REJECTIONS, {k: float(v) for k, v in self.rejections.items()}),
+            (catalog.HTTP_REQUESTS, {k: float(v) for k, v in self.http.items()}),
             (catalog.REQUEST_PROMPT_TOKENS, self.request_prompt),
             (catalog.REQUEST_GENERATION_TOKENS, self.request_generation),
             (catalog.TTFT, self.ttft),

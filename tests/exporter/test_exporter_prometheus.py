@@ -13,12 +13,11 @@ import asyncio
 import json
 import math
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,14 @@ import pytest
 import yaml
 
 from crossover import catalog
-from crossover.exporter.derive import LATENCY_FAMILIES, QUANTILES, quantile_label
 from crossover.exporter.parse import Parser
 from crossover.exporter.quantile import histogram_quantile
 from crossover.exporter.service import Exporter
 from crossover.netutil import free_port, spec_on_free_ports
+from crossover.slo import QUANTILES, SLO_HISTOGRAMS, quantile_label
 from crossover.spec import load_spec
 from tests.exporter.exporter_traffic import send
-from tests.helpers import FIXTURES, SPECS, require_binary
+from tests.helpers import FIXTURES, SPECS, require_binary, serving_http
 
 sim_fleet = pytest.importorskip("crossover.sim.fleet")
 
@@ -63,14 +62,8 @@ class _FixtureHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fixture_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _FixtureHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_http(_FixtureHandler) as address:
+        yield address
 
 
 class Prometheus:
@@ -175,7 +168,7 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
         def prometheus_has_final_state() -> bool:
             # Every compared family's count, not just TTFT's: a scrape taken after the last first
             # token but before the last request finished has the final TTFT count and not the rest.
-            for metric in LATENCY_FAMILIES.values():
+            for metric in SLO_HISTOGRAMS.values():
                 family_count = metric.name + "_count"
                 rows = prometheus.query(f'{family_count}{{job="vllm"}}')
                 if len(rows) != len(final):
@@ -196,7 +189,7 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
                 ("instance", snapshot.instances, lambda v: f'job="vllm",replica="{v.instance}"')):
             for view in views:
                 derived = view.windows["1m"]
-                for short, metric in LATENCY_FAMILIES.items():
+                for short, metric in SLO_HISTOGRAMS.items():
                     mine = derived.latency[short]
                     for q in QUANTILES:
                         series = f"{metric.name}_bucket{{{selector(view)}}}"
@@ -206,8 +199,8 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
                     theirs_mean = prometheus.scalar(f"sum({metric.name}_sum{{{selector(view)}}}) / "
                                                     f"sum({metric.name}_count{{{selector(view)}}})")
                     assert close(mine.mean, theirs_mean), (level, view, short)
-                for slo, attainment in derived.goodput.items():
-                    metric = catalog.SLO_HISTOGRAMS[slo]
+                for slo, attainment in derived.attainment.items():
+                    metric = SLO_HISTOGRAMS[slo]
                     assert attainment.exact
                     # Find the exposed `le` string of the threshold (exact string matchers on `le`).
                     les = {row["metric"]["le"] for row in prometheus.query(
@@ -224,7 +217,7 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
         parser = Parser()
         for name in FIXTURE_NAMES:
             parsed = parser.series((FIXTURES / f"vllm-0.32.0-{name}.prom").read_text())
-            for metric in LATENCY_FAMILIES.values():
+            for metric in SLO_HISTOGRAMS.values():
                 buckets: dict[float, float] = {}
                 for (sample, labels), value in parsed.items():
                     if sample == metric.name + "_bucket":

@@ -88,7 +88,7 @@ def test_goodput_matches_client_measured_truth():
         for slo, below, threshold, above, values in (
                 ("ttft", ttft_below, ttft_slo, ttft_above, [t.ttft for t in client]),
                 ("tpot", tpot_below, tpot_slo, tpot_above, [t.tpot for t in client])):
-            server = derived.goodput[slo]
+            server = derived.attainment[slo]
             assert server.exact
             # The client's timings differ from the server's by loopback and event-loop delays (a
             # late first chunk makes TTFT longer and TPOT shorter): within one bucket either way,
@@ -100,10 +100,10 @@ def test_goodput_matches_client_measured_truth():
         tokens = sum(t.tokens for t in client)
         assert derived.generation_tokens_per_second == pytest.approx(tokens / 30.0)
         assert derived.requests_per_second_by_reason["length"] == pytest.approx(len(client) / 30.0)
-        lower, upper = derived.joint_goodput_lower, derived.joint_goodput_upper
+        lower, upper = derived.attainment_lower, derived.attainment_upper
         assert lower is not None and upper is not None
         client_joint = sum(t.ttft <= ttft_slo and t.tpot <= tpot_slo for t in client) / len(client)
-        ttft_ratio, tpot_ratio = derived.goodput["ttft"].ratio, derived.goodput["tpot"].ratio
+        ttft_ratio, tpot_ratio = derived.attainment["ttft"].ratio, derived.attainment["tpot"].ratio
         assert lower == pytest.approx(max(0.0, ttft_ratio + tpot_ratio - 1)) and lower <= upper
         assert upper == min(ttft_ratio, tpot_ratio)
         # The server's shares are at least the client's (it does not see the client's overhead),

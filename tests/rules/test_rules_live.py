@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import pytest
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.rules import model as m
 from crossover.spec import parse_duration
 from tests.helpers import require
@@ -59,7 +59,7 @@ def test_every_recording_rule_has_data(stack: LiveStack) -> None:
 
 
 def test_per_topology_series_for_every_topology(stack: LiveStack) -> None:
-    for name in (m.rate_name(catalog.GENERATION_TOKENS, "1m"), m.goodput_name("tpot", "1m"),
+    for name in (m.rate_name(catalog.GENERATION_TOKENS, "1m"), m.attainment_name("tpot", "1m"),
                  m.quantile_name(catalog.ITL, 0.99, "1m"), m.kv_usage_name("max")):
         got = {s.labels["topology"] for s in stack.prometheus.query(name)}
         assert got == {t.name for t in stack.spec.topologies}, name
@@ -195,23 +195,38 @@ def test_rates_and_goodput_match_the_python_derivation(stack: LiveStack) -> None
     for topology, value in recorded.items():
         assert value > 0 and _close(value, derived[(topology,)], REL), (topology, value, derived)
     for bucket in stack.rules.slo_buckets:
-        at, recorded = _recorded(stack, m.goodput_name(bucket.slo, window))
+        at, recorded = _recorded(stack, m.attainment_name(bucket.slo, window))
         good = _user_rates(stack, f"{bucket.metric.name}_bucket{{{sel},{bucket.le_matcher}}}", at, window)
         every = _user_rates(stack, f"{bucket.metric.name}_count{{{sel}}}", at, window)
         for topology, value in recorded.items():
-            want = good[(topology,)] / every[(topology,)]
+            within = good[(topology,)] / every[(topology,)]
+            outcomes = _outcomes(stack, topology, at, window)
+            want = slo.attainment(bucket.slo, within, every[(topology,)], outcomes)
             assert _close(value, want, REL), (bucket.slo, topology, value, want)
+
+
+def _outcomes(stack: LiveStack, topology: str, at: float, window: str) -> slo.Outcomes:
+    """crossover.slo.outcomes of one topology from the raw counters' rates, each from the roles
+    the rules read it from."""
+    sel = f'{stack.rules.config.selector},topology="{topology}"'
+    by_reason = {k[1]: v for k, v in _user_rates(stack, f"{catalog.REQUEST_SUCCESS.promql_name}{{{sel}}}",
+                                                 at, window, ("topology", "finished_reason")).items()}
+    rejected = _user_rates(stack, f"{catalog.ADMISSION_REJECTIONS.promql_name}{{{sel}}}", at, window)
+    http = _user_rates(stack, f"{catalog.HTTP_REQUESTS.promql_name}{{{sel}}}", at, window,
+                       ("topology", "handler", "status"))
+    requests = sum(v for (_, handler, status), v in http.items() if slo.is_fleet_request(handler, status))
+    return slo.outcomes(by_reason, rejected.get((topology,)), requests if http else None)
 
 
 def test_joint_bounds_follow_from_the_per_slo_shares(stack: LiveStack) -> None:
     window = "1m"
-    at, lower = _recorded(stack, m.joint_goodput_name("lower", window))
+    at, lower = _recorded(stack, m.joint_attainment_name("lower", window))
     upper = {s.labels["topology"]: s.value
-             for s in stack.prometheus.query(m.joint_goodput_name("upper", window), at)}
+             for s in stack.prometheus.query(m.joint_attainment_name("upper", window), at)}
     shares: dict[str, list[float]] = defaultdict(list)
     for bucket in stack.rules.slo_buckets:
-        if bucket.slo in m.REQUEST_SLOS:
-            for s in stack.prometheus.query(m.goodput_name(bucket.slo, window), at):
+        if bucket.slo in slo.PER_REQUEST_SLOS:
+            for s in stack.prometheus.query(m.attainment_name(bucket.slo, window), at):
                 shares[s.labels["topology"]].append(s.value)
     for topology, values in shares.items():
         assert _close(lower[topology], max(0.0, sum(values) - (len(values) - 1)), 1e-9)
@@ -267,14 +282,15 @@ def _exporter_pairs(stack: LiveStack) -> list[tuple[str, str, str, str]]:
         (m.KV_TIME, "kv_transfer"))
     for metric, short in metrics:
         pairs += [(m.quantile_name(metric, q, w), f"{short}_seconds", f',quantile="{q:g}"', "ratio")
-                  for q in m.QUANTILES]
+                  for q in slo.QUANTILES]
         pairs.append((m.mean_name(metric, w), f"{short}_mean_seconds", "", "ratio"))
     for bucket in stack.rules.slo_buckets:
-        pairs.append((m.goodput_name(bucket.slo, w), "slo_attainment_ratio", f',slo="{bucket.slo}"',
+        pairs.append((m.attainment_name(bucket.slo, w), "attainment_ratio", f',slo="{bucket.slo}"',
                       "exact" if bucket.exact else "lower"))
-    joint = "exact" if all(b.exact for b in stack.rules.slo_buckets if b.slo in m.REQUEST_SLOS) else "lower"
-    pairs += [(m.joint_goodput_name("lower", w), "joint_goodput_lower_ratio", "", joint),
-              (m.joint_goodput_name("upper", w), "joint_goodput_upper_ratio", "", joint),
+    joined = [b for b in stack.rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
+    joint = "exact" if all(b.exact for b in joined) else "lower"
+    pairs += [(m.joint_attainment_name("lower", w), "attainment_lower_ratio", "", joint),
+              (m.joint_attainment_name("upper", w), "attainment_upper_ratio", "", joint),
               (m.goodput_tokens_name(w), "goodput_tokens_per_second_lower", "", joint),
               (m.goodput_tokens_name(w, per_gpu=True), "goodput_tokens_per_second_per_gpu_lower", "", joint)]
     return pairs
@@ -287,10 +303,10 @@ def _exporter_role_pairs(stack: LiveStack) -> list[tuple[str, str, str, str]]:
              (m.rate_name(catalog.GENERATION_TOKENS, w, level), "generation_tokens_per_second", "", "rate")]
     for metric, short in ((catalog.TTFT, "ttft"), (catalog.TPOT, "tpot"), (catalog.E2E_LATENCY, "e2el")):
         pairs += [(m.quantile_name(metric, q, w, level), f"{short}_seconds", f',quantile="{q:g}"', "ratio")
-                  for q in m.QUANTILES]
+                  for q in slo.QUANTILES]
     for bucket in stack.rules.slo_buckets:
-        if bucket.slo in m.REQUEST_SLOS:
-            pairs.append((m.goodput_name(bucket.slo, w, level), "slo_attainment_ratio",
+        if bucket.slo in slo.PER_REQUEST_SLOS:
+            pairs.append((m.attainment_name(bucket.slo, w, level), "attainment_ratio",
                           f',slo="{bucket.slo}"', "exact" if bucket.exact else "lower"))
     return pairs
 

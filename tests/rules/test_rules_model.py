@@ -104,8 +104,10 @@ def test_names_follow_level_metric_operations() -> None:
     names = rules.record_names
     assert "topology:vllm_generation_tokens:rate1m" in names
     assert "topology:vllm_time_to_first_token_seconds:p99_1m" in names
-    assert "topology:vllm_goodput_tpot:ratio_rate5m" in names
-    assert "topology:vllm_goodput:ratio_lower_rate5m" in names
+    assert "topology:vllm_attainment_tpot:ratio_rate5m" in names
+    assert "topology:vllm_attainment:ratio_lower_rate5m" in names
+    assert "topology:vllm_goodput_requests:rate5m" in names
+    assert "topology:vllm_failed_requests:rate5m" in names
     for name in names:
         assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", name), name
         assert "_total" not in name
@@ -116,15 +118,27 @@ def test_ratios_sum_numerator_and_denominator_before_dividing() -> None:
     checked = 0
     for rule in rules.records:
         level = rule.record.split(":")[0]
-        if ":ratio_rate" in rule.record and rule.record.split(":")[1].startswith("vllm_goodput_"):
+        if ":ratio_rate" in rule.record and rule.record.split(":")[1].startswith("vllm_attainment_"):
             by = {"topology": "topology, model_name", "topology_role": "topology, role, model_name"}[level]
-            numerator, denominator = rule.expr.split("\n/\n")
+            window = rule.record.split("ratio_rate")[1]
+            good, every = rule.expr.rsplit("\n/ on ", 1)
+            # failed requests count: every attainment divides by all requests the fleet should have served
+            assert every == f"({by}) {m.requests_name('all', window, level)}"
             # per topology, a parenthesised choice among its roles (docs/routers.md), each one summed
-            assert numerator.lstrip("( \n").startswith(f"sum by ({by}) (rate(")
-            assert denominator.lstrip("( \n").startswith(f"sum by ({by}) (rate(")
+            sums = [part.lstrip("( ") for part in good.split("\n") if part.lstrip("( ").startswith("sum by")]
+            assert sums and all(part.startswith(f"sum by ({by}) (rate(") for part in sums)
             checked += 1
         assert "avg_over_time" not in rule.expr
     assert checked > 20
+
+
+def test_outcome_rules_fall_back_when_failure_families_are_absent() -> None:
+    """No admission family: no rejection; no finished_reason: the failed rate is 0, not absent."""
+    rules = build_rules(load_spec(PD))
+    exprs = {r.record: r.expr for r in rules.records}
+    every = exprs[m.requests_name("all", "5m")]
+    assert "or 0 * (\n  sum by (topology, model_name) (rate(" + catalog.REQUEST_SUCCESS.promql_name in every
+    assert "\nor\n0 * " in exprs[m.requests_name("failed_finished", "5m")]
 
 
 def test_windows_cover_the_spec_and_the_alerts() -> None:
@@ -251,6 +265,6 @@ def test_pd_fleets_record_request_figures_per_role() -> None:
     names = build_rules(load_spec(PD)).record_names
     assert {m.rate_name(catalog.REQUEST_SUCCESS, "1m", "topology_role"),
             m.quantile_name(catalog.TTFT, 0.99, "5m", "topology_role"),
-            m.goodput_name("ttft", "1m", "topology_role")} <= names
+            m.attainment_name("ttft", "1m", "topology_role")} <= names
     seed = build_rules(load_spec(SEED)).record_names
     assert not any(n.startswith("topology_role:") and ":rate" in n for n in seed)

@@ -13,7 +13,8 @@ from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import running_fleet, with_overrides
 from crossover.spec import load_spec
 from tests.helpers import FIXTURES, SPECS
-from tests.sim.sim_client import get_text, stream
+from tests.outcomes import MEASURED, cut_stream, increase
+from tests.sim.sim_client import get_text, post_json, stream
 
 
 def _families(text: str) -> dict[str, object]:
@@ -84,3 +85,28 @@ def test_version_switch_emits_legacy_names(version: str, current: bool, legacy: 
         assert (metric.name in names) is current, (version, metric.name)
         assert (metric.aliases[0] in names) is legacy, (version, metric.aliases[0])
     assert catalog.TTFT.name in names  # never renamed
+
+
+@pytest.mark.parametrize("outcome", ["bad_input", "cut_stream", "engine_error"])
+def test_failures_are_counted_as_the_real_server_counts_them(outcome: str) -> None:
+    """A bad request, a stream its client cuts and an engine error move the same counters as on
+    vLLM 0.32 (tests/outcomes.py); admission rejections are exposed at zero (no queue limit)."""
+    spec = spec_on_free_ports(load_spec(SPECS / "cpu-real-vllm.yaml"))
+    with running_fleet(spec):
+        url = spec.topologies[0].instances[0].url
+        before = get_text(url + "/metrics")
+        body = {"model": spec.model.name, "prompt": "w1 w2 w3 w4", "max_tokens": 4}
+        if outcome == "bad_input":
+            status, _ = post_json(url + "/v1/completions", {**body, "model": "nope"})
+            assert status == 404
+        elif outcome == "cut_stream":
+            cut_stream(url, spec.model.name)
+        else:
+            post_json(url + "/admin/faults", {"error_rate": 1.0})
+            status, _ = post_json(url + "/v1/completions", body)
+            assert status == 500
+        after = get_text(url + "/metrics")
+    assert increase(before, after) == MEASURED[outcome]
+    assert {(s.labels["reason"], s.value) for f in text_string_to_metric_families(after) for s in f.samples
+            if s.name == catalog.ADMISSION_REJECTIONS.name + "_total"} == {
+        (r, 0.0) for r in catalog.ADMISSION_REJECTION_REASONS}

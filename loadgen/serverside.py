@@ -1,0 +1,107 @@
+"""The servers' own view of a level, kept with the run: each instance's /metrics scraped just before
+and just after the level, and the exporter's figures derived over that window (the same parser,
+window and derivation as `crossover exporter`), written beside the level's requests as
+LEVEL.server.json. A finished run then shows client and server side by side without Prometheus.
+
+A target that cannot be scraped (no /metrics, down, refusing the token) is named in the file's
+`scrape_errors`; it never fails the level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pandas as pd
+
+from crossover.errors import UserError
+from crossover.exporter.collector import derived_rows
+from crossover.exporter.derive import derive
+from crossover.exporter.parse import ParsedSeries, Parser
+from crossover.exporter.scrape import scrape
+from crossover.exporter.targets import Target, spec_targets
+from crossover.exporter.window import Scrape, window_of
+from crossover.spec import FleetSpec
+
+# The figures the app and `load_run` show per level, from derived_rows' names.
+SERVER_COLUMNS = {"ttft_seconds{0.99}": "server_ttft_p99_ms", "tpot_seconds{0.99}": "server_tpot_p99_ms",
+                  "itl_seconds{0.99}": "server_itl_p99_ms", "e2el_seconds{0.99}": "server_e2el_p99_ms",
+                  "generation_tokens_per_second": "server_output_tps",
+                  "prompt_tokens_per_second": "server_prompt_tps",
+                  "requests_per_second": "server_request_rate",
+                  "kv_cache_usage_max_ratio": "server_kv_cache_max",
+                  "preemptions_per_second": "server_preemptions", "requests_waiting": "server_waiting"}
+
+
+@dataclass
+class Snapshot:
+    """One scrape of every target of a topology: instance -> its parsed series, and the failures."""
+
+    taken: float
+    series: dict[str, ParsedSeries]
+    errors: dict[str, str]
+
+
+class ServerView:
+    """Scrapes a topology's instances around a level and derives the level's server figures."""
+
+    def __init__(self, spec: FleetSpec, topology: str) -> None:
+        self.spec = spec
+        self.targets: list[Target] = [t for t in spec_targets(spec) if t.topology == topology]
+        self.gpus = spec.topology(topology).gpus
+        self.parser = Parser()
+        try:
+            self.token = spec.scrape.bearer_token()
+        except UserError:
+            self.token = None  # the exporter scrapes without it too, and says so there
+
+    async def snapshot(self) -> Snapshot:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            results = await asyncio.gather(*(scrape(
+                session, target, self.parser, timeout=self.spec.scrape.timeout_seconds,
+                max_body_bytes=self.spec.scrape.max_body_bytes, max_series=self.spec.scrape.max_series,
+                bearer_token=self.token) for target in self.targets))
+        taken = time.time()
+        series, errors = {}, {}
+        for result in results:
+            if result.series is not None:
+                series[result.target.instance] = result.series
+            else:
+                errors[result.target.instance] = f"{result.reason}: {result.error}"
+        return Snapshot(taken, series, errors)
+
+    def level_figures(self, before: Snapshot, after: Snapshot) -> dict[str, Any]:
+        """The exporter's figures for the topology over [before, after]."""
+        seconds = after.taken - before.taken
+        windows = []
+        for instance, series in before.series.items():
+            if instance in after.series:
+                first = Scrape.of(before.taken, series)
+                last = Scrape.of(after.taken, after.series[instance], first)  # counter resets undone
+                windows.append(window_of([first, last], end=after.taken, seconds=seconds))
+        slos_seconds = {name: ms / 1000 for name, ms in self.spec.slos.thresholds_ms.items()}
+        derived = derive(windows, gpus=self.gpus, slos_seconds=slos_seconds, window_seconds=seconds)
+        figures = {_name(suffix, labels): value for suffix, labels, value in derived_rows(derived)}
+        return {"window_s": seconds, "start": before.taken, "end": after.taken, "figures": figures,
+                "scrape_errors": {**before.errors, **after.errors}}
+
+
+def _name(suffix: str, labels: Sequence[str]) -> str:
+    return f"{suffix}{{{','.join(labels)}}}" if labels else suffix
+
+
+def server_frame(views: Sequence[tuple[str, float, dict[str, Any]]]) -> pd.DataFrame:
+    """(topology, level, LEVEL.server.json) -> one row per level of the figures worth a column."""
+    rows = []
+    for topology, level, view in views:
+        figures = view.get("figures", {})
+        row: dict[str, Any] = {"topology": topology, "level": level}
+        for name, column in SERVER_COLUMNS.items():
+            value = figures.get(name)
+            row[column] = value * 1000 if value is not None and column.endswith("_ms") else value
+        rows.append(row)
+    return pd.DataFrame(rows)
