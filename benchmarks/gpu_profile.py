@@ -281,7 +281,8 @@ class ShardModel:
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)[:2]
         elif self.late_kernel == "CUDNN_SPLIT":
-            out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal)[:2]
+            cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+            out, lse = cudnn(q, k, v, None, True, 0.0, causal)[:2]
         else:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[:2]
         return out, lse.reshape(q.shape[:3])
@@ -542,9 +543,8 @@ def profile_elementwise(profile: Profile, model: ShardModel, small: bool) -> Non
         positions = torch.arange(tokens, device=dev)
         cos = model.cos[positions].unsqueeze(1)
         sin = model.sin_signed[positions].unsqueeze(1)
-        weight = model.layers[0]["norm1"]
-
-        def add_norm(r: torch.Tensor = residual, x: torch.Tensor = h) -> torch.Tensor:
+        def add_norm(r: torch.Tensor = residual, x: torch.Tensor = h,
+                     weight: torch.Tensor = model.layers[0]["norm1"]) -> torch.Tensor:
             out = x
             for _ in range(s.layers):
                 out = F.rms_norm(r + x, (s.hidden,), weight, eps)
@@ -609,9 +609,9 @@ def main() -> int:
     parser.add_argument("--models", default="llama-3.1-8b,llama-3.1-70b")
     parser.add_argument("--tp", default=",".join(map(str, TP_SIZES)))
     parser.add_argument("--parts", default="ceilings,steps,ops",
-                        help="which of ceilings, steps, ops; or late (the steps whose chunk starts after earlier "
-                             "context, and their attention), shapes (GEMMs at 1-16 tokens, small-batch decode "
-                             "attention), elementwise (the short kernels)")
+                        help="which of ceilings, steps, ops; or late (the steps whose chunk starts after "
+                             "earlier context, and their attention), shapes (GEMMs at 1-16 tokens, "
+                             "small-batch decode attention), elementwise (the short kernels)")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting cells after this")
     parser.add_argument("--target-s", type=float, default=0.2, help="timed replays per cell, in seconds")
     args = parser.parse_args()

@@ -104,10 +104,13 @@ def test_a_five_turn_sweep_shows_prefix_cache_hits_and_a_falling_ttft(tmp_path: 
     from tests.test_real_vllm import prefix_counters
 
     document = " ".join(f"w{i}" for i in range(3000))
+    def message(n: int, k: int) -> str:
+        return f"{document} c{n}" if k == 0 else f"follow up {k} of conversation {n}"
+
     conversations = [{"id": str(n), "conversations": [
-        turn for k in range(5) for turn in (
-            {"from": "human", "value": f"{document} c{n}" if k == 0 else f"follow up {k} of conversation {n}"},
-            {"from": "gpt", "value": " ".join(["answer"] * 20)})]} for n in range(2)]
+        turn for k in range(5) for turn in ({"from": "human", "value": message(n, k)},
+                                            {"from": "gpt", "value": " ".join(["answer"] * 20)})]}
+        for n in range(2)]
     dataset = tmp_path / "conversations.json"
     dataset.write_text(json.dumps(conversations))
     spec = spec_on_free_ports(load_spec(SPECS / "llama70b-h200.yaml"))
