@@ -19,6 +19,7 @@ SLO_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency
 MAX_LEVELS = 32
 MAX_REQUESTS_PER_LEVEL = 100_000
 MAX_BOOTSTRAP = 2000
+MAX_TURNS = 50
 DEFAULT_BOOTSTRAP = 200  # loadgen's default
 
 
@@ -34,6 +35,7 @@ class SweepForm:
     output_len: str = "64"
     seed: int = 0
     endpoint: str = Endpoint.COMPLETIONS.value
+    turns: int = 1  # requests per conversation (chat)
     slos_ms: dict[str, float | None] = field(default_factory=dict)  # None or 0: that SLO is off
     objective: float = 0.99
     bootstrap: int = DEFAULT_BOOTSTRAP  # resamples for the crossover's interval; 0: none
@@ -106,11 +108,16 @@ def build_request(form: SweepForm, spec: FleetSpec) -> SweepRequest:
         endpoint = Endpoint(form.endpoint)
     except ValueError:
         raise UserError(f"Endpoint: unknown endpoint {form.endpoint!r} (completions or chat)") from None
+    if not 1 <= form.turns <= MAX_TURNS:
+        raise UserError(f"Turns per conversation: between 1 and {MAX_TURNS}, got {form.turns}")
+    if form.turns > 1 and endpoint is not Endpoint.CHAT:
+        raise UserError("Turns per conversation: a conversation needs the chat endpoint")
     if not 0 <= form.bootstrap <= MAX_BOOTSTRAP:
         raise UserError(f"Bootstrap resamples: between 0 and {MAX_BOOTSTRAP}, got {form.bootstrap}")
     try:
         plan = SweepPlan(mode=mode, levels=levels, requests_per_level=int(form.requests_per_level),
                          input_len=input_len, output_len=output_len, seed=int(form.seed), endpoint=endpoint,
+                         turns=int(form.turns),
                          slos_ms=slos, objective=float(form.objective))
     except UserError as exc:
         raise UserError(str(exc).replace("plan.levels", what)) from None

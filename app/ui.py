@@ -29,7 +29,7 @@ from crossover.loadgen.plan import Endpoint, Mode
 from crossover.loadgen.results import RUN_FILE, load_run
 from crossover.loadgen.summary import input_len_warnings
 from crossover.slo import SLO_KINDS
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import REQUEST_SOURCES, FleetSpec, load_spec
 
 REFRESH_S = 1.0
 LIVE = "live"
@@ -70,6 +70,7 @@ def form_from_state(state: Any, spec: FleetSpec) -> form.SweepForm:
         output_len=str(state.get("output_len", defaults.output_len)),
         seed=int(state.get("seed", defaults.seed)),
         endpoint=str(state.get("endpoint", defaults.endpoint)),
+        turns=int(state.get("turns", defaults.turns)),
         slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_KINDS},
         objective=float(state.get("objective", defaults.objective)),
         bootstrap=int(state.get("bootstrap", defaults.bootstrap)))
@@ -99,6 +100,10 @@ def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> Non
     sb.radio("Endpoint", [e.value for e in Endpoint], horizontal=True, key="endpoint",
              help="/v1/completions (prompts as token ids) or /v1/chat/completions; lengths are counted "
                   "with the server's /tokenize")
+    sb.number_input("Turns per conversation (chat)", min_value=1, max_value=form.MAX_TURNS,
+                    value=defaults.turns, step=1, key="turns",
+                    help="each turn sends the history, the previous answer and a new message of the input "
+                    "length; TTFT and ITL per turn appear below the results")
     with sb.expander("SLOs (from the spec; 0 switches one off)", expanded=False):
         for name in SLO_KINDS:
             st.number_input(f"{form.SLO_LABELS[name]} (ms)", min_value=0.0,
@@ -264,6 +269,10 @@ def show_server_view(config: AppConfig, spec: FleetSpec, status: RunStatus) -> N
     if history.frame.empty:
         st.caption("No server-side data yet.")
         return
+    decode_side = serverview.decode_side(history.frame)
+    if decode_side:
+        st.caption(f"{', '.join(decode_side)}: {REQUEST_SOURCES['decode']} (no entrypoint metrics, so "
+                   "request figures come from the decode instances; see docs/routers.md).")
     marks = serverview.level_marks(status.marks)
     data_key = f"{source}:{history.key}:{status.out_dir}:{len(status.marks)}"
     columns = st.columns(2)

@@ -96,6 +96,16 @@ class Role(StrEnum):
 ENTRYPOINT_ROLE = "entrypoint"
 
 
+# Where a topology's request figures (latencies, requests, goodput) come from, most faithful first,
+# and how a dashboard or page says so (docs/routers.md): its entrypoint (what users waited for), its
+# decode role (a P/D topology without entrypoint metrics), or its instances (colocated).
+REQUEST_SOURCES: dict[str, str] = {
+    "entrypoint": "entrypoint",
+    "decode": "decode-side: excludes the prefill",
+    "instances": "instances",
+}
+
+
 def entrypoint_replica(topology: str) -> str:
     """The instance (exporter) and replica (Prometheus) label of a topology's entrypoint target."""
     return f"{topology}-entrypoint"

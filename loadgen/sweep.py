@@ -200,14 +200,14 @@ class _LevelRunner:
         await self._send(session, url, request, payload)
 
     async def run(self) -> list[RequestRecord]:
-        before = await self.server_view.snapshot() if self.server_view else None
+        before = await self.server_view.scrape_all() if self.server_view else None
         async with HTTPClient(kernel_stamps=self.client.kernel_stamps) as session:
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:
                 await self._open(session)
         if self.server_view is not None and before is not None:
-            self.server = self.server_view.level_figures(before, await self.server_view.snapshot())
+            self.server = self.server_view.level_figures(before, await self.server_view.scrape_all())
         return self.records
 
     async def _closed(self, session: HTTPClient) -> None:

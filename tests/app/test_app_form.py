@@ -38,6 +38,12 @@ def test_a_good_form_becomes_the_loadgen_plan(spec):
     assert request.plan.slos_ms == {"ttft": 1000.0}  # 0 and None switch an SLO off
     assert request.plan.objective == 0.95
     assert request.n_boot == 50
+    chat = build_request(replace(form, endpoint="chat", turns=5), spec)
+    assert chat.plan.endpoint.value == "chat" and chat.plan.turns == 5
+    with pytest.raises(UserError, match="Turns per conversation: a conversation needs the chat endpoint"):
+        build_request(replace(form, turns=3), spec)
+    with pytest.raises(UserError, match="Endpoint: unknown endpoint"):
+        build_request(replace(form, endpoint="embeddings"), spec)
 
 
 @pytest.mark.parametrize(("change", "message"), [
