@@ -22,7 +22,7 @@ MACHINERY = {"crossover.sim.fastpath", "crossover.sim._emitter", "threading", "s
 
 
 def _imports(path: Path) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
