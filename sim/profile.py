@@ -1,11 +1,12 @@
 """Measured GPU step times beside the per-kernel model: the table in docs/simulator.md.
 
-    python -m crossover.sim.profile benchmarks/gpu_profile_h200.csv compose/specs/llama70b-h200.yaml
+    python -m crossover.sim.profile benchmarks/gpu_profile_h200.csv compose/specs/llama70b-h200.yaml [--docs]
 
 Reads the CSV that benchmarks/gpu_profile.py writes (its `decode`, `prefill` and `mixed` rows: one TP
 rank's shard, no all-reduce, no host time) and prints, per cell, the measured time, the model's
 `PerfModel.shard_gpu_seconds` for the spec's hardware, and the error. The spec gives the hardware and
-the 70B shape; the 8B rows use Llama-3.1-8B's shape on the same hardware.
+the 70B shape; the 8B rows use Llama-3.1-8B's shape on the same hardware. `--docs` prints the
+tables of docs/simulator.md instead.
 """
 
 from __future__ import annotations
@@ -101,6 +102,44 @@ def format_table(cells: Sequence[Cell]) -> list[str]:
     return lines
 
 
+def _figure(cell: Cell | None, digits: int) -> str:
+    if cell is None:
+        return ""
+    return f"{cell.measured_s * 1000:.{digits}f} / {cell.modelled_s * 1000:.{digits}f} ({cell.error:+.0%})"
+
+
+def docs_tables(cells: Sequence[Cell]) -> list[str]:
+    """The tables of docs/simulator.md: a decode grid per model, then the prefill and mixed steps."""
+    lines: list[str] = []
+    shards = sorted({(c.model, c.tp) for c in cells}, key=lambda m: (m[0] != "llama-3.1-70b", m[1]))
+    for model in dict.fromkeys(m for m, _ in shards):
+        decode = {(c.tp, c.context, c.batch): c for c in cells if c.model == model and c.kind == "decode"}
+        batches = sorted({b for _, _, b in decode})
+        lines += [f"**{model}, decode** (ms measured / model, error; batch across, "
+                  "context down; blank: KV does not fit)", "",
+                  "| TP | context | " + " | ".join(map(str, batches)) + " |",
+                  "|---|---|" + "---|" * len(batches)]
+        for tp, context in sorted({(t, c) for t, c, _ in decode}):
+            row = [_figure(decode.get((tp, context, b)), 2) for b in batches]
+            lines.append(f"| {tp} | {context} | " + " | ".join(row) + " |")
+        lines.append("")
+    others = [c for c in cells if c.kind != "decode"]
+    def step(c: Cell) -> tuple[str, int, int, int, int]:
+        return c.kind, c.batch, c.context, c.prefill_tokens, c.prefill_start
+
+    steps = list(dict.fromkeys(step(c) for c in others))
+    by_step = {(*step(c), c.model, c.tp): c for c in others}
+    names = [f"{m.removeprefix('llama-3.1-')} TP{tp}" for m, tp in shards]
+    lines += ["**Prefill chunks and mixed chunked-prefill steps** (ms measured / model, error)", "",
+              "| step | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for kind, batch, context, chunk, start in steps:
+        label = (f"prefill {chunk} at {start}" if kind == "prefill"
+                 else f"{batch} x {context} + prefill {chunk} at {start}")
+        row = [_figure(by_step.get((kind, batch, context, chunk, start, m, tp)), 1) for m, tp in shards]
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    return lines
+
+
 def summary(cells: Sequence[Cell], tolerance: float = 0.10) -> str:
     errors = [abs(c.error) for c in cells]
     worst = max(cells, key=lambda c: abs(c.error))
@@ -116,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("csv", type=Path)
     parser.add_argument("spec")
     parser.add_argument("--worst", type=int, default=0, help="print only the N worst cells")
+    parser.add_argument("--docs", action="store_true", help="print the tables of docs/simulator.md instead")
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
@@ -133,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"profile: {args.csv}: no decode, prefill or mixed rows", file=sys.stderr)
         return 2
     shown = sorted(cells, key=lambda c: -abs(c.error))[:args.worst] if args.worst else cells
-    print("\n".join(format_table(shown)))
+    print("\n".join(docs_tables(cells) if args.docs else format_table(shown)))
     print(f"\n{summary(cells)}")
     return 0
 
