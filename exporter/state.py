@@ -193,8 +193,8 @@ class _WindowDerivation:
         if source != "instances" or ENTRYPOINT_ROLE in by_role:
             decode = self.sums(by_role[Role.DECODE.value]) if Role.DECODE.value in by_role else instances
             prefill = self.sums(by_role[Role.PREFILL.value]) if Role.PREFILL.value in by_role else instances
-            requests = {"entrypoint": entry, "decode": decode, "instances": instances}[source]
-            sums = user_facing(instances, requests, decode, prefill)
+            sources = {"entrypoint": [entry, decode], "decode": [decode], "instances": [instances]}[source]
+            sums = user_facing(instances, sources, decode, prefill)
         derived = derive_sums(sums, gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
         return dataclasses.replace(derived, requests_source=source), silent
 

@@ -38,7 +38,7 @@ SERVER_COLUMNS = {"ttft_seconds{0.99}": "server_ttft_p99_ms", "tpot_seconds{0.99
 
 
 @dataclass
-class Snapshot:
+class Scrapes:
     """One scrape of every target of a topology: instance -> its parsed series, and the failures."""
 
     taken: float
@@ -59,7 +59,7 @@ class ServerView:
         except UserError:
             self.token = None  # the exporter scrapes without it too, and says so there
 
-    async def snapshot(self) -> Snapshot:
+    async def scrape_all(self) -> Scrapes:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             results = await asyncio.gather(*(scrape(
                 session, target, self.parser, timeout=self.spec.scrape.timeout_seconds,
@@ -72,9 +72,9 @@ class ServerView:
                 series[result.target.instance] = result.series
             else:
                 errors[result.target.instance] = f"{result.reason}: {result.error}"
-        return Snapshot(taken, series, errors)
+        return Scrapes(taken, series, errors)
 
-    def level_figures(self, before: Snapshot, after: Snapshot) -> dict[str, Any]:
+    def level_figures(self, before: Scrapes, after: Scrapes) -> dict[str, Any]:
         """The exporter's figures for the topology over [before, after]."""
         seconds = after.taken - before.taken
         windows = []
