@@ -130,7 +130,8 @@ def test_bad_jsonl_is_one_line_naming_file_and_line(lines: list[str], endpoint: 
     assert "\n" not in str(info.value)
 
 
-def test_bad_sharegpt_missing_files_and_too_long_prompts(words: LocalTokenizer, tmp_path: Path) -> None:
+def test_bad_sharegpt_missing_files_and_too_long_prompts(words: LocalTokenizer, bpe: LocalTokenizer,
+                                                         tmp_path: Path) -> None:
     def fails(plan: SweepPlan, message: str, level: float = 1) -> None:
         with pytest.raises(UserError, match=message):
             workload = prepare_workload(plan, words, 64)
@@ -146,6 +147,10 @@ def test_bad_sharegpt_missing_files_and_too_long_prompts(words: LocalTokenizer, 
           "none.jsonl: cannot read it")
     fails(SweepPlan(levels=(1,), input_len=LengthDist.fixed(60), output_len=LengthDist.fixed(8)),
           "more than the model's context of 64")
+    with pytest.raises(UserError, match="over 3 turns reaches"):
+        three_turns = SweepPlan(levels=(1,), input_len=LengthDist.fixed(400),
+                                output_len=LengthDist.fixed(400), turns=3, endpoint=Endpoint.CHAT)
+        prepare_workload(three_turns, bpe, 4096)  # the tokenizer's own config says 2,048
     long = _write(tmp_path / "long.jsonl", [json.dumps({"prompt": "the " * 70})])
     fails(SweepPlan(levels=(1,), dataset=DatasetKind.JSONL, dataset_path=long),
           "long.jsonl:1: a prompt of 70")
