@@ -235,7 +235,8 @@ class ShardModel:
         kernel, and FlashAttention 2's own bottom-right path is an Ampere kernel: both run at about 320
         TFLOP/s on an H200, where a chunk at zero runs near 550. So the candidates are those two and the same
         math in two calls of one fused kernel (the chunk over the earlier context, unmasked; the chunk over
-        itself, causal) merged by their log-sum-exps, through cuDNN or FlashAttention. Each is checked
+        itself, causal) merged by their log-sum-exps, through cuDNN (with K/V repeated per query head if
+        it takes no grouped heads, the copy timed too) or FlashAttention. Each is checked
         against the masked reference; the fastest exact one at a 2048-token chunk after 6144 is used.
         """
         s, dev = self.s, self.device
@@ -252,7 +253,8 @@ class ShardModel:
         kt = self.k_pool[0][:start + chunk].unsqueeze(0).transpose(1, 2)
         vt = self.v_pool[0][:start + chunk].unsqueeze(0).transpose(1, 2)
         times: dict[str, float] = {}
-        for kernel in ("LOWER_RIGHT_MASK", "FLASH_BOTTOM_RIGHT", "CUDNN_SPLIT", "FLASH_SPLIT"):
+        for kernel in ("LOWER_RIGHT_MASK", "FLASH_BOTTOM_RIGHT", "CUDNN_SPLIT", "CUDNN_SPLIT_REPEAT",
+                       "FLASH_SPLIT"):
             self.late_kernel = kernel
             try:
                 error = float((self._prefill_attention(q, k, v, 160).float() - reference).abs().max())
@@ -276,11 +278,12 @@ class ShardModel:
     def _with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention and its log-sum-exp per query row, [1, H, P], through the late kernel's fused op."""
-        if self.device.type != "cuda":
-            group = q.shape[1] // k.shape[1]
+        if self.device.type != "cuda" or self.late_kernel == "CUDNN_SPLIT_REPEAT":
+            group = q.shape[1] // k.shape[1]  # K/V repeated per query head: the copy is in the time
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        if self.device.type != "cuda":
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)[:2]
-        elif self.late_kernel == "CUDNN_SPLIT":
+        elif self.late_kernel.startswith("CUDNN_SPLIT"):
             cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
             out, lse = cudnn(q, k, v, None, True, 0.0, causal)[:2]
         else:
@@ -299,7 +302,7 @@ class ShardModel:
         # q [1, H, P, D]; k, v [1, Hkv, start+P, D]; causal, aligned bottom-right when start > 0.
         if start and self.late_kernel == "FLASH_BOTTOM_RIGHT":
             return self._flash_bottom_right(q, k, v)
-        if start and self.late_kernel in ("CUDNN_SPLIT", "FLASH_SPLIT"):
+        if start and self.late_kernel.endswith(("_SPLIT", "_SPLIT_REPEAT")):
             return self._split_merge(q, k, v, start)
         causal: dict[str, object]
         if start == 0:

@@ -66,8 +66,8 @@ class Shard:
     attention_flops_per_s: float
     decode_attention_s_per_token: float = 0.0
 
-    PREFILL_EXTRA_KERNELS = 3  # the chunk's two cache writes and its attention output's copy
-    DECODE_EXTRA_KERNELS = 1  # the decode attention output's copy back to token-major order
+    OUTPUT_COPY_KERNELS = 1  # per attention kind: its output's copy back to token-major order
+    CACHE_WRITE_KERNELS = 2  # per attention kind: its K and V written into the cache
     # HBM passes over each short kernel group's width per token, from the profile's `elementwise` rows at
     # 8192 tokens (time x bandwidth / width): residual add + RMSNorm 5.6-6.1 passes of the hidden size,
     # rotary 25.7-26.5 of the Q and K heads, SiLU-and-multiply 10.9-11.6 of the intermediate size.
@@ -98,21 +98,24 @@ class Shard:
             per_seq = load.decode_context_tokens / load.decode_seqs
             attention += 2 * self.kernel_s + overlap(load.decode_context_tokens * kv_token_bytes / hbm,
                                                      per_seq * self.decode_attention_s_per_token)
-            attention += self.DECODE_EXTRA_KERNELS * self.small_kernel_s
+            attention += self.OUTPUT_COPY_KERNELS * self.small_kernel_s
         if load.prefill_tokens:
             attention += (2 * self.kernel_s + 4.0 * self.heads * d * load.prefill_attention_pairs
                           / self.attention_flops_per_s + load.prefill_context_tokens * kv_token_bytes / hbm)
-            attention += self.PREFILL_EXTRA_KERNELS * self.small_kernel_s
-        return gemms + attention + self.elementwise_s(tokens, hbm)
+            attention += self.OUTPUT_COPY_KERNELS * self.small_kernel_s
+        kinds = (load.decode_seqs > 0) + (load.prefill_tokens > 0)  # decode rows and a chunk write apart
+        if kinds == 2:
+            attention += self.small_kernel_s  # the two attention outputs joined into one
+        return gemms + attention + self.elementwise_s(tokens, hbm, kinds)
 
-    def elementwise_s(self, tokens: int, hbm: float) -> float:
+    def elementwise_s(self, tokens: int, hbm: float, attention_kinds: int = 1) -> float:
         """The short kernels of a layer: each group's fixed cost overlapped with its HBM traffic."""
         d = self.head_dim
         one = self.small_kernel_s * (self.SINGLE_TOKEN_SMALL_KERNEL_SHARE if tokens == 1 else 1.0)
         per_token = tokens * self.dtype_bytes / hbm
         groups = ((2, self.ADD_NORM_PASSES * self.hidden), (2, self.ADD_NORM_PASSES * self.hidden),
                   (3, self.ROTARY_PASSES * (self.heads + self.kv_heads) * d),
-                  (2, self.CACHE_WRITE_PASSES * self.kv_heads * d),
+                  (self.CACHE_WRITE_KERNELS * attention_kinds, self.CACHE_WRITE_PASSES * self.kv_heads * d),
                   (2, self.SILU_MUL_PASSES * self.intermediate))
         return sum(overlap(kernels * one, width * per_token) for kernels, width in groups)
 

@@ -6,7 +6,7 @@ Reads the CSV that benchmarks/gpu_profile.py writes (its `decode`, `prefill` and
 rank's shard, no all-reduce, no host time) and prints, per cell, the measured time, the model's
 `PerfModel.shard_gpu_seconds` for the spec's hardware, and the error. The spec gives the hardware and
 the 70B shape; the 8B rows use Llama-3.1-8B's shape on the same hardware. `--docs` prints the
-tables of docs/simulator.md instead.
+tables of docs/simulator.md instead; `--merge NEW.csv` first writes a later run's rows into CSV.
 """
 
 from __future__ import annotations
@@ -59,6 +59,39 @@ def read_header(path: Path) -> dict[str, str]:
     with path.open() as handle:
         pairs = (line[2:].split(": ", 1) for line in handle if line.startswith("# ") and ": " in line)
         return {key: value.strip() for key, value in pairs}
+
+
+ROW_KEY = ("kind", "model", "tp", "batch", "context", "prefill_tokens", "prefill_start", "op", "tokens")
+
+
+def merge_profile(base: Path, new: Path) -> tuple[int, int]:
+    """Write into `base` the rows of `new` (a later run, e.g. `gpu_profile.py --parts late`): a row of the
+    same cell or ceiling replaces the old one in place, others are added; the new run's date and command
+    join the header under a numbered key. Returns (replaced, added)."""
+    old_rows, new_rows = read_rows(base), read_rows(new)
+    if not new_rows or set(ROW_KEY) - set(new_rows[0]):
+        raise UserError(f"{new}: not a gpu_profile.py CSV (no rows with {', '.join(ROW_KEY)})")
+    fields = list(old_rows[0]) if old_rows else list(new_rows[0])
+    incoming = {tuple(r[k] for k in ROW_KEY): r for r in new_rows}
+    merged, replaced = [], 0
+    for row in old_rows:
+        key = tuple(row[k] for k in ROW_KEY)
+        if key in incoming:
+            row, replaced = incoming.pop(key), replaced + 1
+        merged.append(row)
+    merged += incoming.values()
+    header, added = read_header(base), read_header(new)
+    runs = 1 + sum(key.startswith("command") for key in header)
+    counts = f"({replaced} rows replaced, {len(incoming)} added)"
+    lines = [line for line in base.read_text().splitlines() if line.startswith("#")]
+    lines += [f"# date_{runs}: {added.get('date', '?')}",
+              f"# command_{runs}: {added.get('command', '?')} {counts}"]
+    with base.open("w", newline="") as handle:
+        handle.write("\n".join(lines) + "\n")
+        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(merged)
+    return replaced, len(incoming)
 
 
 def load_of(batch: int, context: int, chunk: int, start: int) -> StepLoad:
@@ -156,17 +189,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("spec")
     parser.add_argument("--worst", type=int, default=0, help="print only the N worst cells")
     parser.add_argument("--docs", action="store_true", help="print the tables of docs/simulator.md instead")
+    parser.add_argument("--merge", type=Path, metavar="NEW_CSV",
+                        help="first write a later run's rows into CSV (same cells replaced, others added)")
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
         if spec.hardware.kernel_us is None:
             raise UserError(f"{args.spec}: hardware.kernel_us: the per-kernel model needs the kernel costs")
+        if args.merge is not None:
+            replaced, added = merge_profile(args.csv, args.merge)
+            print(f"{args.csv}: {replaced} rows replaced and {added} added from {args.merge}",
+                  file=sys.stderr)
         rows = read_rows(args.csv)
     except UserError as exc:
         print(f"profile: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"profile: {args.csv}: {exc.strerror}", file=sys.stderr)
+        print(f"profile: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     cells = compare(rows, spec)
     if not cells:
