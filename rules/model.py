@@ -459,8 +459,9 @@ def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str 
     long_s = float(max(fast_s, round(60 * config.window_scale)))
     builder = _Builder(spec, config, buckets, tiers, period_s, kv_window)
     groups = (
-        RuleGroup("crossover-topology", builder.topology_rules(raw_windows, dashboard_windows), fast_s),
-        RuleGroup("crossover-goodput", builder.goodput_rules(raw_windows, dashboard_windows), fast_s),
+        # One group from raw rates to attainment: every recording it reads is of the same evaluation.
+        RuleGroup("crossover-topology", (*builder.topology_rules(raw_windows, dashboard_windows),
+                                         *builder.goodput_rules(raw_windows, dashboard_windows)), fast_s),
         RuleGroup("crossover-slo-windows", builder.long_window_rules(
             raw_windows, tuple(w for w in sli_windows if w not in raw_windows)), long_s),
         *((RuleGroup("crossover-roles", builder.role_rules(dashboard_windows), fast_s),)
