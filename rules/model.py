@@ -295,7 +295,7 @@ def joint_attainment_name(bound: str, window: str) -> str:
     return f"topology:vllm_{slo.ATTAINMENT}:ratio_{bound}_rate{window}"
 
 
-REQUEST_OUTCOMES = ("all", "served", "failed_finished")
+REQUEST_OUTCOMES = ("all", "served", "failed_finished", "unfinished")
 
 
 def requests_name(outcome: str, window: str, level: str = "topology") -> str:
@@ -601,21 +601,36 @@ class _Builder:
             RecordingRule(api_requests_name(window, level), self.fleet_requests(window, by)),
         ]
 
-    def outcome_rules(self, window: str, level: str = "topology",
+    def counted(self, window: str, level: str, by: tuple[str, ...]) -> str:
+        """Requests the engine finished plus those rejected at admission (none without the family)."""
+        finished = rate_name(catalog.REQUEST_SUCCESS, window, level)
+        rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
+        return f"({finished} + on ({_by(by)}) ({rejected} or 0 * {finished}))"
+
+    def unfinished_rule(self, window: str, level: str = "topology",
+                        by: tuple[str, ...] = TOPOLOGY_BY) -> RecordingRule:
+        """The API server's requests the engine never finished nor rejected (slo.UNFINISHED_REASON),
+        over the longest raw window: the HTTP counter moves at the end of a response, a little after
+        the engine's, and over a short window that gap alone would show healthy requests as unfinished.
+        Absent without the HTTP family (none counted then)."""
+        return RecordingRule(requests_name("unfinished", window, level),
+                             f"clamp_min({api_requests_name(window, level)} - on ({_by(by)}) "
+                             f"{self.counted(window, level, by)}, 0)")
+
+    def outcome_rules(self, window: str, unfinished_window: str, level: str = "topology",
                       by: tuple[str, ...] = TOPOLOGY_BY) -> list[RecordingRule]:
-        """slo.outcomes on the recorded rates: all requests are the API server's (4xx left out), at
-        least the finished and rejected ones. A target without finished_reason counts every request
-        as served (the fallback); one without the HTTP or admission family counts none there."""
+        """slo.outcomes on the recorded rates: all requests are the finished, the rejected and the
+        unfinished ones. A target without finished_reason counts every request as served (the
+        fallback); one without the HTTP or admission family counts none there."""
         on = f"on ({_by(by)})"
         failed = f"finished_reason=~{promql_string('|'.join(slo.FAILED_REASONS))}"
         by_reason = finished_by_reason_name(window, level)
         finished = rate_name(catalog.REQUEST_SUCCESS, window, level)
-        rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
-        counted = f"({finished} + {on} ({rejected} or 0 * {finished}))"
-        api = api_requests_name(window, level)
+        counted = self.counted(window, level, by)
+        unfinished = requests_name("unfinished", unfinished_window, level)
         return [
             RecordingRule(requests_name("all", window, level),
-                          f"{api} >= {on} {counted}\nor {on}\n{counted}"),
+                          f"{counted}\n+ {on} ({unfinished} or 0 * {finished})"),
             RecordingRule(requests_name("served", window, level),
                           f"sum without (finished_reason) ({by_reason}{{{failed.replace('=~', '!~')}}})"
                           f"\nor {on} 0 * {finished}"),
@@ -636,10 +651,11 @@ class _Builder:
         return (f"{within}\n/ {on} ({count} > 0)\n* {on} {requests_name('served', window, level)}"
                 f"\nor {on} 0 * {requests_name('all', window, level)}")
 
-    def slo_rules(self, window: str, level: str = "topology", by: tuple[str, ...] = TOPOLOGY_BY,
+    def slo_rules(self, window: str, unfinished_window: str, level: str = "topology",
+                  by: tuple[str, ...] = TOPOLOGY_BY,
                   kinds: tuple[str, ...] | None = None) -> list[RecordingRule]:
         """Outcomes, good requests and attainment per SLO over one window read from raw rates."""
-        rules = self.outcome_rules(window, level, by)
+        rules = self.outcome_rules(window, unfinished_window, level, by)
         every = requests_name("all", window, level)
         for bucket in self.buckets:
             if kinds is not None and bucket.slo not in kinds:
@@ -656,6 +672,10 @@ class _Builder:
         level = "topology_role"
         rules: list[RecordingRule] = []
         for window in windows:
+            rules.extend(self.outcome_rates(window, level, ROLE_BY))
+        longest = max(windows, key=parse_duration)
+        rules.append(self.unfinished_rule(longest, level, ROLE_BY))
+        for window in windows:
             for metric in ROLE_COUNTERS:
                 rules.append(RecordingRule(rate_name(metric, window, level),
                                            self.summed_rate(self.sel(metric.promql_name), window, ROLE_BY)))
@@ -668,19 +688,20 @@ class _Builder:
                 for quantile in slo.QUANTILES:
                     rules.append(RecordingRule(quantile_name(metric, quantile, window, level),
                                                f"histogram_quantile({quantile}, {bucket})"))
-            rules.extend(self.outcome_rates(window, level, ROLE_BY))
-            rules.extend(self.slo_rules(window, level, ROLE_BY, slo.PER_REQUEST_SLOS))
+            rules.extend(self.slo_rules(window, longest, level, ROLE_BY, slo.PER_REQUEST_SLOS))
         return tuple(rules)
 
     def goodput_rules(self, raw_windows: tuple[str, ...],
                       dashboard_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []
         request_slos = [b for b in self.buckets if b.slo in slo.PER_REQUEST_SLOS]
+        rules.append(self.unfinished_rule(raw_windows[-1]))
         for window in raw_windows:
-            rules.extend(self.slo_rules(window))
+            rules.extend(self.slo_rules(window, raw_windows[-1]))
             rules.extend(self.sli_errors(window))
         for window in dashboard_windows:
-            rules.append(RecordingRule(failed_requests_name(window), self.failed_requests(window)))
+            rules.append(RecordingRule(failed_requests_name(window),
+                                       self.failed_requests(window, raw_windows[-1])))
             if request_slos:
                 names = [attainment_name(b.slo, window) for b in request_slos]
                 # Frechet bounds on "every SLO met" from the per-SLO shares.
@@ -736,17 +757,13 @@ class _Builder:
             f"1 - {sli_error_name(period)} / {error_budget(self.spec)!r}"))
         return tuple(rules)
 
-    def failed_requests(self, window: str) -> str:
+    def failed_requests(self, window: str, unfinished_window: str) -> str:
         """Failed requests/s by reason (slo.FAILURE_REASONS): abort and error (finished_reason),
-        rejected (admission), unfinished (the rest of all requests), from the recordings."""
+        rejected (admission), unfinished (over the longest raw window), from the recordings."""
         failed = promql_string("|".join(slo.FAILED_REASONS))
         by_reason = f"{finished_by_reason_name(window)}{{finished_reason=~{failed}}}"
         rejected = rate_name(catalog.ADMISSION_REJECTIONS, window)
-        on = f"on ({_by(TOPOLOGY_BY)})"
-        every = requests_name("all", window)
-        unfinished = (f"clamp_min(\n  {every}\n  - {on} {requests_name('served', window)}"
-                      f"\n  - {on} {requests_name('failed_finished', window)}"
-                      f"\n  - {on} ({rejected} or 0 * {every}),\n0)")
+        unfinished = requests_name("unfinished", unfinished_window)
         relabelled = f'label_replace({by_reason}, "reason", "$1", "finished_reason", "(.*)")'
         return (f"sum without (finished_reason) ({relabelled})\n"
                 f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")\n'

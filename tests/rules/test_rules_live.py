@@ -39,12 +39,7 @@ def stack() -> LiveStack:
     stack.prometheus.wait_until(
         lambda: {s.labels["topology"] for s in stack.prometheus.query(f"{rate} > 0")} == topologies,
         60, f"{rate} > 0 for every topology")
-    # Each group evaluates at its own offset within its interval (a minute for the long windows): the
-    # last rule of each group has data once the group has run after the rates above.
-    slowest = max(g.interval_s or 0.0 for g in stack.rules.groups)
-    last = [g.rules[-1].record for g in stack.rules.groups if isinstance(g.rules[-1], m.RecordingRule)]
-    stack.prometheus.wait_until(lambda: all(stack.prometheus.query(name) for name in last), 2 * slowest + 30,
-                                f"data in {last}")
+    stack.wait_for_every_group()
     return stack
 
 
@@ -214,17 +209,25 @@ def test_rates_and_goodput_match_the_python_derivation(stack: LiveStack) -> None
 
 
 def _outcomes(stack: LiveStack, topology: str, at: float, window: str) -> slo.Outcomes:
-    """crossover.slo.outcomes of one topology from the raw counters' rates, each from the roles
-    the rules read it from."""
+    """crossover.slo.outcomes of one topology from the raw counters' rates, each from the roles the
+    rules read it from; unfinished requests over the longest raw window, as the rules count them."""
     sel = f'{stack.rules.config.selector},topology="{topology}"'
-    by_reason = {k[1]: v for k, v in _user_rates(stack, f"{catalog.REQUEST_SUCCESS.promql_name}{{{sel}}}",
-                                                 at, window, ("topology", "finished_reason")).items()}
-    rejected = _user_rates(stack, f"{catalog.ADMISSION_REJECTIONS.promql_name}{{{sel}}}", at, window)
-    http = _user_rates(stack, f"{catalog.HTTP_REQUESTS.promql_name}{{{sel}}}", at, window,
-                       ("topology", "handler", "status"))
-    requests = sum(v for (_, handler, status), v in http.items() if slo.is_fleet_request(handler, status))
-    return slo.outcomes(by_reason, rejected.get((topology,)), requests if http else None)
 
+    def counted(over: str) -> tuple[dict[str, float], float | None]:
+        by_reason = {k[1]: v for k, v in _user_rates(stack, f"{catalog.REQUEST_SUCCESS.promql_name}{{{sel}}}",
+                                                     at, over, ("topology", "finished_reason")).items()}
+        rejected = _user_rates(stack, f"{catalog.ADMISSION_REJECTIONS.promql_name}{{{sel}}}", at, over)
+        return by_reason, rejected.get((topology,))
+
+    longest = max(stack.rules.dashboard_windows, key=parse_duration)
+    by_reason, rejected = counted(longest)
+    http = _user_rates(stack, f"{catalog.HTTP_REQUESTS.promql_name}{{{sel}}}", at, longest,
+                       ("topology", "handler", "status"))
+    fleet = sum(v for (_, handler, status), v in http.items() if slo.is_fleet_request(handler, status))
+    unfinished = slo.outcomes(by_reason, rejected, fleet if http else None).failed.get(slo.UNFINISHED_REASON)
+    by_reason, rejected = counted(window)
+    found = slo.outcomes(by_reason, rejected, None)
+    return found if unfinished is None else slo.outcomes(by_reason, rejected, found.total + unfinished)
 
 def test_joint_bounds_follow_from_the_per_slo_shares(stack: LiveStack) -> None:
     window = "1m"

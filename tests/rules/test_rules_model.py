@@ -171,8 +171,11 @@ def test_outcome_rules_fall_back_when_failure_families_are_absent() -> None:
     exprs = {r.record: r.expr for r in rules.records}
     finished = m.rate_name(catalog.REQUEST_SUCCESS, "5m")
     every = exprs[m.requests_name("all", "5m")]
-    assert every.startswith(f"{m.api_requests_name('5m')} >= on (topology, model_name) (")
-    assert f"or 0 * {finished}" in every and "\nor on (topology, model_name)\n(" in every
+    assert f"({m.rate_name(catalog.ADMISSION_REJECTIONS, '5m')} or 0 * {finished})" in every
+    assert f"({m.requests_name('unfinished', '5m')} or 0 * {finished})" in every
+    # unfinished requests over the longest raw window only: the HTTP counter lags the engine's
+    assert m.requests_name("unfinished", "1m") not in exprs
+    assert f"({m.requests_name('unfinished', '5m')} or" in exprs[m.requests_name("all", "1m")]
     failed = exprs[m.requests_name("failed_finished", "5m")]
     assert failed.endswith(f"or on (topology, model_name) 0 * {finished}")
 
