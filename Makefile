@@ -47,8 +47,8 @@ generate: install
 
 # The compose stack's images, built locally from Debian packages and a host-built wheelhouse
 # (no registry needed; docs/compose.md). Needs root and a running Docker engine.
-images: system-deps
-	PYTHON=$(PYTHON) scripts/with-dockerd scripts/build-images
+images: install
+	PYTHON=$(BIN)/python scripts/with-dockerd scripts/build-images
 
 clean:
 	rm -rf $(VENV) .typecheck .mypy_cache .ruff_cache .pytest_cache build sim/_emitter.*.so

@@ -96,7 +96,7 @@ class Derived:
     goodput_tokens_per_second_lower: float | None = None
     goodput_tokens_per_second_upper: float | None = None
     kv_transfer: KvTransfer | None = None
-    # Topologies only: where the request figures come from (names.REQUEST_SOURCES).
+    # Topologies only: where the request figures come from (crossover.spec.REQUEST_SOURCES).
     requests_source: str | None = None
 
     def per_gpu(self, value: float | None) -> float | None:
@@ -295,7 +295,7 @@ def _total(values: list[float], columns: list[int]) -> float:
     return math.fsum([values[c] for c in columns])
 
 
-def summarize(window: SeriesWindow) -> WindowSums:
+def window_sums(window: SeriesWindow) -> WindowSums:
     """Reduce one target's window (all its engines and label sets summed). Plain lists, not numpy:
     a target has about a hundred series, where a numpy call costs more than the arithmetic."""
     layout = _layout(window.keys)
@@ -379,32 +379,38 @@ def exposes_requests(sums: WindowSums) -> bool:
     return any(m.name in sums.histograms or m.name in sums.rates for m in catalog.ENTRYPOINT_FAMILIES)
 
 
-def user_facing(instances: WindowSums, requests: WindowSums, generation: WindowSums,
+def user_facing(instances: WindowSums, sources: Sequence[WindowSums], generation: WindowSums,
                 prompt: WindowSums) -> WindowSums:
-    """A topology as its users see it: request-level families (latencies, finished requests) from
-    `requests` (its entrypoint, or its decode role), generated tokens from `generation` (decode),
-    prompt tokens from `prompt` (prefill), and everything else (KV cache, queues, KV transfer)
-    from its instances. No request is counted on two roles: the request outcome families
-    (slo.OUTCOME_FAMILIES) come from `requests` too."""
+    """A topology as its users see it: each request-level family (latencies, finished requests and
+    the other outcome families of slo.OUTCOME_FAMILIES) from the first of `sources` that has it (its
+    entrypoint, then its decode role), generated tokens from `generation` (decode), prompt tokens
+    from `prompt` (prefill), and everything else (KV cache, queues, KV transfer) from its
+    instances. No request is counted on two roles."""
+
+    def first(family: str) -> WindowSums:
+        return next((s for s in sources if family in s.histograms or family in s.rates), sources[-1])
+
+    finished = first(catalog.REQUEST_SUCCESS.name)
     out = WindowSums(targets=instances.targets, histograms=dict(instances.histograms),
-                     rates=dict(instances.rates), reason_rates=dict(requests.reason_rates),
+                     rates=dict(instances.rates), reason_rates=dict(finished.reason_rates),
                      hist_rates=dict(instances.hist_rates), gauge_mean_sum=instances.gauge_mean_sum,
                      gauge_max=instances.gauge_max, gauge_target_means=instances.gauge_target_means)
     for metric in dict.fromkeys((*catalog.ENTRYPOINT_FAMILIES, *slo.OUTCOME_FAMILIES)):
         out.histograms.pop(metric.name, None)
         out.rates.pop(metric.name, None)
-        if metric.name in requests.histograms:
-            out.histograms[metric.name] = requests.histograms[metric.name]
-        if metric.name in requests.rates:
-            out.rates[metric.name] = requests.rates[metric.name]
-        for part in ("_sum", "_count"):
-            out.hist_rates.pop(metric.name + part, None)
-            if metric.name + part in requests.hist_rates:
-                out.hist_rates[metric.name + part] = requests.hist_rates[metric.name + part]
-    for metric, source in ((catalog.GENERATION_TOKENS, generation), (catalog.PROMPT_TOKENS, prompt)):
-        out.rates.pop(metric.name, None)
+        source = first(metric.name)
+        if metric.name in source.histograms:
+            out.histograms[metric.name] = source.histograms[metric.name]
         if metric.name in source.rates:
             out.rates[metric.name] = source.rates[metric.name]
+        for part in ("_sum", "_count"):
+            out.hist_rates.pop(metric.name + part, None)
+            if metric.name + part in source.hist_rates:
+                out.hist_rates[metric.name + part] = source.hist_rates[metric.name + part]
+    for metric, tokens in ((catalog.GENERATION_TOKENS, generation), (catalog.PROMPT_TOKENS, prompt)):
+        out.rates.pop(metric.name, None)
+        if metric.name in tokens.rates:
+            out.rates[metric.name] = tokens.rates[metric.name]
     return out
 
 
@@ -421,7 +427,7 @@ def _latency(histogram: _Histogram | None) -> Latency | None:
 def derive(windows: Sequence[SeriesWindow | None], *, gpus: int, slos_seconds: Mapping[str, float],
            window_seconds: float) -> Derived:
     """Derive one group's figures over one window from its targets' windows (None: no window)."""
-    return derive_sums(merge(summarize(w) for w in windows if w is not None), gpus=gpus,
+    return derive_sums(merge(window_sums(w) for w in windows if w is not None), gpus=gpus,
                        slos_seconds=slos_seconds, window_seconds=window_seconds)
 
 
@@ -611,7 +617,7 @@ def _fraction_rows(threshold: float, bounds: tuple[float, ...], monotonic: np.nd
 
 class WindowBatch:
     """The windows of several targets that share one layout (a homogeneous fleet), each reduced
-    as `summarize` reduces one, as arrays with one row per target. Instances are derived from the
+    as `window_sums` reduces one, as arrays with one row per target. Instances are derived from the
     rows at once (`derive_rows`), and groups from rows added in member order (`sums`): the same
     numbers as the per-target path, in the same order of operations."""
 
@@ -678,7 +684,7 @@ class WindowBatch:
                             (out.gauge_mean_sum, self.gauge_mean_sum)):
             for name, values in rates.items():
                 into[name] = _sequential(values, rows)
-        timed = [row for row in rows if self.positive[row]]  # summarize() has no rate without a duration
+        timed = [row for row in rows if self.positive[row]]  # window_sums() has no rate without a duration
         if timed:
             for name, values in self.hist_rates.items():
                 out.hist_rates[name] = _sequential(values, timed)
@@ -691,7 +697,40 @@ class WindowBatch:
     def derive_rows(self, gpus: Sequence[int], *, slos_seconds: Mapping[str, float],
                     window_seconds: float) -> list[Derived]:
         """derive_sums of each row's own WindowSums (one instance per row)."""
-        rows = self.rows
+        latency, prepared = self._latency_rows()
+        shares = self._slo_share_rows(slos_seconds, prepared)
+        columns = self._per_second_rows()
+        reasons = sorted(self.reason_rates)
+        reason_lists = [self.reason_rates[r].tolist() for r in reasons]
+        out: list[Derived] = []
+        for row in range(self.rows):
+            row_latency = {short: Latency(dict(zip(_LABELS, quantiles[row], strict=True)), means[row],
+                                          obs[row])
+                           for short, (quantiles, means, obs) in latency.items()}
+            row_reasons = {r: values[row] for r, values in zip(reasons, reason_lists, strict=True)}
+            at = {name: None if values is None else values[row] for name, values in columns.items()}
+            outcomes = slo.outcomes(row_reasons, at["rejections"], at["http"])
+            row_attainment = {kind: _attainment(kind, threshold, values[row], exact or empty[row],
+                                                observed[row], outcomes)
+                              for kind, (threshold, values, exact, empty, observed) in shares.items()}
+            counted = at["requests"] is not None
+            out.append(Derived(
+                window_seconds=window_seconds, targets=1, gpus=gpus[row], latency=row_latency,
+                prompt_tokens_per_second=at["prompt"], generation_tokens_per_second=at["generation"],
+                requests_per_second=at["requests"], requests_per_second_by_reason=row_reasons,
+                failed_requests_per_second=outcomes.failed if counted else {},
+                failures_counted=outcomes.counted if counted else None,
+                kv_cache_usage_max=at["kv_max"], kv_cache_usage_mean=at["kv_mean"],
+                running=at["running"], waiting=at["waiting"], preemptions_per_second=at["preemptions"],
+                attainment=row_attainment, kv_transfer=None,
+                **_joint(row_attainment, slos_seconds, outcomes, at["requests"], at["generation"]),
+            ))
+        return out
+
+    def _latency_rows(self) -> tuple[dict[str, tuple[list[list[float]], list[float], list[float]]],
+                                     dict[str, np.ndarray | None]]:
+        """Per SLO histogram: (quantiles, mean, observations) per row, and its cumulative counts made
+        monotonic (None without a +Inf bucket), which the SLO shares reuse."""
         latency: dict[str, tuple[list[list[float]], list[float], list[float]]] = {}
         prepared: dict[str, np.ndarray | None] = {}
         for short, metric in SLO_HISTOGRAMS.items():
@@ -703,16 +742,20 @@ class WindowBatch:
                          if len(bounds) >= 2 and bounds[-1] == math.inf else None)
             prepared[metric.name] = monotonic
             if monotonic is None:
-                quantiles = [[math.nan] * rows for _ in QUANTILES]
+                quantiles = [[math.nan] * self.rows for _ in QUANTILES]
             else:
                 quantiles = [_quantile_rows(q, bounds, monotonic).tolist() for q in QUANTILES]
             observations = count if has_count else counts.max(axis=1)
-            mean = np.full(rows, math.nan)
+            mean = np.full(self.rows, math.nan)
             np.divide(total, observations, out=mean, where=observations > 0)
             latency[short] = ([list(row) for row in zip(*quantiles, strict=True)], mean.tolist(),
                               observations.tolist())
-        # SLO -> (threshold, share within per row, exact, no observations per row, observed/s per row)
-        goodput: dict[str, tuple[float, list[float], bool, list[bool], list[float]]] = {}
+        return latency, prepared
+
+    def _slo_share_rows(self, slos_seconds: Mapping[str, float], prepared: Mapping[str, np.ndarray | None]
+                        ) -> dict[str, tuple[float, list[float], bool, list[bool], list[float]]]:
+        """SLO -> (threshold, share within per row, exact, no observations per row, observed/s per row)."""
+        shares: dict[str, tuple[float, list[float], bool, list[bool], list[float]]] = {}
         for kind, threshold in slos_seconds.items():
             slo_metric = SLO_HISTOGRAMS.get(kind)
             found = self.histograms.get(slo_metric.name) if slo_metric is not None else None
@@ -726,65 +769,32 @@ class WindowBatch:
             else:
                 monotonic = None
             if monotonic is None:
-                goodput[kind] = (threshold, [math.nan] * rows, False, [False] * rows, [math.nan] * rows)
+                shares[kind] = (threshold, [math.nan] * self.rows, False, [False] * self.rows,
+                                [math.nan] * self.rows)
                 continue
             denominator = count if has_count else monotonic[:, -1]
             values, exact, empty = _fraction_rows(threshold, bounds, monotonic, denominator)
-            observed = (count * self.per_second if has_count else np.full(rows, math.nan)).tolist()
-            goodput[kind] = (threshold, np.where(empty, math.nan, values).tolist(), exact, empty.tolist(),
-                             observed)
-        generation = self.rates.get(catalog.GENERATION_TOKENS.name)
-        generation_list = generation.tolist() if generation is not None else None
-        requests = self.rates.get(catalog.REQUEST_SUCCESS.name)
-        requests_list = requests.tolist() if requests is not None else None
-        prompt = self.rates.get(catalog.PROMPT_TOKENS.name)
-        prompt_list = prompt.tolist() if prompt is not None else None
-        preemptions = self.rates.get(catalog.NUM_PREEMPTIONS.name)
-        preemptions_list = preemptions.tolist() if preemptions is not None else None
-        reasons = sorted(self.reason_rates)
-        reason_lists = [self.reason_rates[r].tolist() for r in reasons]
-        rejections = self.rates.get(catalog.ADMISSION_REJECTIONS.name)
-        rejections_list = rejections.tolist() if rejections is not None else None
-        http = self.rates.get(catalog.HTTP_REQUESTS.name)
-        http_list = http.tolist() if http is not None else None
+            observed = (count * self.per_second if has_count else np.full(self.rows, math.nan)).tolist()
+            shares[kind] = (threshold, np.where(empty, math.nan, values).tolist(), exact, empty.tolist(),
+                            observed)
+        return shares
+
+    def _per_second_rows(self) -> dict[str, list[float] | None]:
+        """The rates and gauges a Derived carries, one value per row (None: the family is absent)."""
         kv = catalog.KV_CACHE_USAGE.name
-        kv_max = self.gauge_max[kv].tolist() if kv in self.gauge_max else None
-        kv_mean = self.gauge_target_mean[kv].tolist() if kv in self.gauge_target_mean else None
-        running = self.gauge_mean_sum.get(catalog.NUM_REQUESTS_RUNNING.name)
-        running_list = running.tolist() if running is not None else None
-        waiting = self.gauge_mean_sum.get(catalog.NUM_REQUESTS_WAITING.name)
-        waiting_list = waiting.tolist() if waiting is not None else None
-        out: list[Derived] = []
-        for row in range(rows):
-            row_latency = {short: Latency(dict(zip(_LABELS, quantiles[row], strict=True)), means[row],
-                                          obs[row])
-                           for short, (quantiles, means, obs) in latency.items()}
-            row_reasons = {r: values[row] for r, values in zip(reasons, reason_lists, strict=True)}
-            row_rejections = rejections_list[row] if rejections_list is not None else None
-            row_requests = requests_list[row] if requests_list is not None else None
-            outcomes = slo.outcomes(row_reasons, row_rejections,
-                                    http_list[row] if http_list is not None else None)
-            row_attainment = {kind: _attainment(kind, threshold, values[row], exact or empty[row],
-                                                observed[row], outcomes)
-                              for kind, (threshold, values, exact, empty, observed) in goodput.items()}
-            tokens = generation_list[row] if generation_list is not None else None
-            out.append(Derived(
-                window_seconds=window_seconds, targets=1, gpus=gpus[row], latency=row_latency,
-                prompt_tokens_per_second=prompt_list[row] if prompt_list is not None else None,
-                generation_tokens_per_second=tokens,
-                requests_per_second=row_requests,
-                requests_per_second_by_reason=row_reasons,
-                failed_requests_per_second=outcomes.failed if row_requests is not None else {},
-                failures_counted=outcomes.counted if row_requests is not None else None,
-                kv_cache_usage_max=kv_max[row] if kv_max is not None else None,
-                kv_cache_usage_mean=kv_mean[row] if kv_mean is not None else None,
-                running=running_list[row] if running_list is not None else None,
-                waiting=waiting_list[row] if waiting_list is not None else None,
-                preemptions_per_second=preemptions_list[row] if preemptions_list is not None else None,
-                attainment=row_attainment, kv_transfer=None,
-                **_joint(row_attainment, slos_seconds, outcomes, row_requests, tokens),
-            ))
-        return out
+        columns = {
+            "generation": self.rates.get(catalog.GENERATION_TOKENS.name),
+            "requests": self.rates.get(catalog.REQUEST_SUCCESS.name),
+            "prompt": self.rates.get(catalog.PROMPT_TOKENS.name),
+            "preemptions": self.rates.get(catalog.NUM_PREEMPTIONS.name),
+            "rejections": self.rates.get(catalog.ADMISSION_REJECTIONS.name),
+            "http": self.rates.get(catalog.HTTP_REQUESTS.name),
+            "kv_max": self.gauge_max.get(kv),
+            "kv_mean": self.gauge_target_mean.get(kv),
+            "running": self.gauge_mean_sum.get(catalog.NUM_REQUESTS_RUNNING.name),
+            "waiting": self.gauge_mean_sum.get(catalog.NUM_REQUESTS_WAITING.name),
+        }
+        return {name: None if values is None else values.tolist() for name, values in columns.items()}
 
 
 _LABELS = tuple(label for _, label in _QUANTILE_LABELS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,8 +22,8 @@ from crossover.exporter.derive import (
     exposes_requests,
     layout_of,
     merge,
-    summarize,
     user_facing,
+    window_sums,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
 from crossover.exporter.targets import Target
@@ -44,7 +44,6 @@ class TargetHealth:
     last_duration: float | None = None
     last_success: float | None = None
     last_error: str | None = None
-    last_reason: str | None = None
     body_bytes: int = 0
 
     def record(self, result: ScrapeResult, timestamp: float) -> None:
@@ -59,7 +58,6 @@ class TargetHealth:
             self.up = False
             self.errors[result.reason or "read"] += 1
             self.last_error = result.error
-            self.last_reason = result.reason
             self.history.prune(timestamp)
 
 
@@ -118,7 +116,7 @@ class _WindowDerivation:
     """Every group's figures over one window. Targets whose windows share one layout (a
     homogeneous fleet) are reduced and derived together, as a WindowBatch; a group whose targets
     with a window all sit in one batch is summed from the batch's rows. Other targets take the
-    per-target path (summarize, merge). Both give the same numbers."""
+    per-target path (window_sums, merge). Both give the same numbers."""
 
     def __init__(self, health: Sequence[TargetHealth], now: float, seconds: float,
                  slos: Mapping[str, float]) -> None:
@@ -153,7 +151,7 @@ class _WindowDerivation:
         sums = self._sums.get(key)
         if sums is None:
             window = self.windows[key]
-            sums = self._sums[key] = summarize(window) if window is not None else WindowSums()
+            sums = self._sums[key] = window_sums(window) if window is not None else WindowSums()
         return sums
 
     def instance(self, target: Target) -> Derived:
@@ -177,28 +175,36 @@ class _WindowDerivation:
         return derive_sums(self.sums(members), gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
 
     def topology(self, members: Sequence[Target], gpus: int) -> tuple[Derived, bool]:
-        """The topology as its users see it (derive.user_facing); True when an entrypoint target
-        has a window but none of the request families (it fell back to the decode side)."""
-        by_role: dict[str, list[Target]] = {}
-        for target in members:
-            by_role.setdefault(target.role, []).append(target)
-        entry = self.sums(by_role.get(ENTRYPOINT_ROLE, []))
-        instances = self.sums([t for t in members if t.role != ENTRYPOINT_ROLE])
-        silent = entry.targets > 0 and not exposes_requests(entry)
-        if exposes_requests(entry):
-            source = "entrypoint"
-        elif Role.DECODE.value in by_role:
-            source = "decode"
-        else:
-            source = "instances"
-        sums = instances
-        if source != "instances" or ENTRYPOINT_ROLE in by_role:
-            decode = self.sums(by_role[Role.DECODE.value]) if Role.DECODE.value in by_role else instances
-            prefill = self.sums(by_role[Role.PREFILL.value]) if Role.PREFILL.value in by_role else instances
-            requests = {"entrypoint": entry, "decode": decode, "instances": instances}[source]
-            sums = user_facing(instances, requests, decode, prefill)
-        derived = derive_sums(sums, gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
-        return dataclasses.replace(derived, requests_source=source), silent
+        return topology_figures(members, self.sums, gpus=gpus, slos_seconds=self.slos,
+                                window_seconds=self.seconds)
+
+
+def topology_figures(members: Sequence[Target], sums_of: Callable[[Sequence[Target]], WindowSums], *,
+                     gpus: int, slos_seconds: Mapping[str, float],
+                     window_seconds: float) -> tuple[Derived, bool]:
+    """A topology as its users see it (derive.user_facing) from `sums_of` its members' groups; True
+    when an entrypoint target has a window but none of the request families (the decode side is
+    used instead)."""
+    by_role: dict[str, list[Target]] = {}
+    for target in members:
+        by_role.setdefault(target.role, []).append(target)
+    entry = sums_of(by_role.get(ENTRYPOINT_ROLE, []))
+    instances = sums_of([t for t in members if t.role != ENTRYPOINT_ROLE])
+    silent = entry.targets > 0 and not exposes_requests(entry)
+    if exposes_requests(entry):
+        source = "entrypoint"
+    elif Role.DECODE.value in by_role:
+        source = "decode"
+    else:
+        source = "instances"
+    sums = instances
+    if source != "instances" or ENTRYPOINT_ROLE in by_role:
+        decode = sums_of(by_role[Role.DECODE.value]) if Role.DECODE.value in by_role else instances
+        prefill = sums_of(by_role[Role.PREFILL.value]) if Role.PREFILL.value in by_role else instances
+        sources = {"entrypoint": [entry, decode], "decode": [decode], "instances": [instances]}[source]
+        sums = user_facing(instances, sources, decode, prefill)
+    derived = derive_sums(sums, gpus=gpus, slos_seconds=slos_seconds, window_seconds=window_seconds)
+    return dataclasses.replace(derived, requests_source=source), silent
 
 
 def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, *,

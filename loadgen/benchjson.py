@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from crossover.errors import UserError
+from crossover.loadgen.summary import mark_requests
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # as vllm bench serve, for generative models
@@ -71,8 +72,9 @@ def _stats(values: np.ndarray, name: str, percentiles: Sequence[float]) -> dict[
 def bench_result(requests: pd.DataFrame, *, topology: str, level: float, axis: str, model: str,
                  endpoint: str, tokenizer: str, burstiness: float, slos_ms: dict[str, float],
                  options: BenchOptions) -> dict[str, Any]:
-    """One (topology, level) as `vllm bench serve` writes it (its calculate_metrics, transcribed:
-    TPOT and goodput over successful requests, TPOT 0 for one output token)."""
+    """One (topology, level) as `vllm bench serve` writes it (its calculate_metrics: over the whole
+    level, percentiles over successful requests, TPOT 0 for one output token; goodput counts the
+    requests the SLO module's definition calls good, which for ttft, tpot and e2el is vllm's)."""
     ordered = requests.sort_values("send_time", kind="stable")
     ok = ordered[ordered["ok"].astype(bool)]
     duration = float(ordered["end_time"].max() - ordered["send_time"].min()) if len(ordered) else 0.0
@@ -83,11 +85,7 @@ def bench_result(requests: pd.DataFrame, *, topology: str, level: float, axis: s
     itls = np.concatenate([np.asarray(v, float) for v in ok["itl"]]) if len(ok) else np.array([])
     values = {"ttft": ok["ttft"].to_numpy(float), "tpot": tpots, "itl": itls,
               "e2el": ok["e2e"].to_numpy(float)}
-    good = ok
-    sources = {"ttft": ok["ttft"], "tpot": ok["tpot"].where(ok["output_tokens"] > 1, 0.0), "e2el": ok["e2e"]}
-    for name, threshold in slos_ms.items():
-        if name in sources:
-            good = good[sources[name].loc[good.index] <= threshold / 1000.0]
+    good = int(mark_requests(ordered, slos_ms)["good"].sum()) if len(ordered) else 0
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": BACKENDS[endpoint],
         "backend": BACKENDS[endpoint], "label": "crossover", "model_id": model, "tokenizer_id": tokenizer,
@@ -97,7 +95,7 @@ def bench_result(requests: pd.DataFrame, *, topology: str, level: float, axis: s
         "duration": duration, "completed": len(ok), "failed": len(ordered) - len(ok),
         "total_input_tokens": total_input, "total_output_tokens": total_output,
         "request_throughput": len(ok) * rate,
-        "request_goodput": len(good) * rate if slos_ms else None,
+        "request_goodput": good * rate if slos_ms else None,
         "output_throughput": total_output * rate,
         "total_token_throughput": (total_input + total_output) * rate,
         "max_concurrent_requests": _max_in_flight(ordered),

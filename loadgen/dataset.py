@@ -111,11 +111,14 @@ def prepare_workload(plan: SweepPlan, tokenizer: Tokenizer, max_model_len: int) 
         if plan.turns > 1:
             workload.turn_tokens = _turn_overhead(tokenizer) - workload.template_tokens
     if plan.dataset is DatasetKind.RANDOM:
-        high = plan.input_len.high + workload.template_tokens + plan.output_len.high
+        # the last turn of a conversation holds every earlier message and answer
+        high = (plan.turns * (plan.input_len.high + plan.output_len.high) + workload.template_tokens
+                + (plan.turns - 1) * workload.turn_tokens)
         if high > limit:
+            turns = f" over {plan.turns} turns" if plan.turns > 1 else ""
             raise UserError(f"--input-len {plan.input_len.describe()} plus --output-len "
-                            f"{plan.output_len.describe()} reaches {high} tokens, more than the model's "
-                            f"context of {limit}")
+                            f"{plan.output_len.describe()}{turns} reaches {high} tokens, more than the "
+                            f"model's context of {limit}")
     else:
         assert plan.dataset_path is not None
         workload.entries = read_dataset(plan.dataset, plan.dataset_path, plan.endpoint)

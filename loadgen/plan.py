@@ -14,8 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from crossover.errors import UserError
-
-SLO_NAMES = ("ttft", "tpot", "itl", "e2el")
+from crossover.slo import SLO_KINDS
 
 
 class Mode(StrEnum):
@@ -170,8 +169,8 @@ class SweepPlan:
             raise UserError(f"plan.shared_prefix: must be zero or positive, got {self.shared_prefix}")
         if self.slos_ms is not None:
             for name, value in self.slos_ms.items():
-                if name not in SLO_NAMES:
-                    raise UserError(f"plan.slos_ms: unknown SLO {name!r} (use {', '.join(SLO_NAMES)})")
+                if name not in SLO_KINDS:
+                    raise UserError(f"plan.slos_ms: unknown SLO {name!r} (use {', '.join(SLO_KINDS)})")
                 if not (value > 0 and math.isfinite(value)):
                     raise UserError(f"plan.slos_ms: {name} must be a positive number of ms, got {value}")
         if (self.dataset is DatasetKind.RANDOM) != (self.dataset_path is None):
@@ -262,8 +261,8 @@ def parse_slo_overrides(items: list[str]) -> dict[str, float]:
             number = float(value)
         except ValueError:
             number = math.nan
-        if not sep or name not in SLO_NAMES or not (number > 0 and math.isfinite(number)):
-            raise UserError(f"--slo {item!r}: want NAME:MS with NAME one of {', '.join(SLO_NAMES)} "
+        if not sep or name not in SLO_KINDS or not (number > 0 and math.isfinite(number)):
+            raise UserError(f"--slo {item!r}: want NAME:MS with NAME one of {', '.join(SLO_KINDS)} "
                             "and a positive number of milliseconds")
         out[name] = number
     return out

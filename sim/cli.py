@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import resource
 import signal
 import sys
 
 from crossover.errors import UserError
 from crossover.eventloop import LOOPS, loop_factory
-from crossover.sim import emitter as emitters
-from crossover.sim import gcpause
+from crossover.sim import fastpath
 from crossover.sim.fleet import SimFleet, with_overrides
 from crossover.spec import load_spec
 
@@ -30,41 +28,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "URLs name services); default: each URL's own host, which must be loopback")
     parser.add_argument("--loop", choices=LOOPS, default="auto",
                         help="event loop: uvloop (auto: when installed, the faster one) or asyncio's own")
-    parser.add_argument("--emitter", choices=emitters.MODES, default="auto",
+    parser.add_argument("--emitter", choices=fastpath.MODES, default="auto",
                         help="who writes streamed tokens: the emitter thread at each step's scheduled end "
                         "(auto: when built) or the event loop")
-    parser.add_argument("--emitter-priority", choices=emitters.PRIORITIES, default="realtime",
+    parser.add_argument("--emitter-priority", choices=fastpath.PRIORITIES, default="realtime",
                         help="the emitter thread's scheduling: realtime (SCHED_FIFO at the lowest "
                         "priority, where the process may: root or CAP_SYS_NICE; else normal) or normal")
-    parser.add_argument("--gc", default=gcpause.AUTO, metavar="N|freeze|auto",
+    parser.add_argument("--gc", default=fastpath.AUTO, metavar="N|freeze|auto",
                         help="garbage collector: a young collection every N allocations, or freeze: the "
                         "survivors of a young collection every 0.25 s are frozen out of every later one "
-                        f"(sim/gcpause.py); auto (default): freeze with the emitter thread, else "
-                        f"{gcpause.DEFAULT_YOUNG}")
+                        f"(sim/fastpath.py); auto (default): freeze with the emitter thread, else "
+                        f"{fastpath.DEFAULT_YOUNG}")
 
 
-async def serve(fleet: SimFleet, gc_policy: str = gcpause.AUTO) -> None:
+async def serve(fleet: SimFleet) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await fleet.start()
-    # Everything built so far lives as long as the process: keep it out of the collector's way, and
-    # collect the young generation less often (the token path allocates few cycles; per-step work
-    # lists die by reference counting), so collector pauses stay off the emission path. Measured in
-    # docs/performance.md (simulator section).
-    gc.freeze()
-    gc_policy = gcpause.resolve(gc_policy, fleet.threaded_emitter)
-    gcpause.apply(gc_policy)
-    gcpause.install()
-    freezer = gcpause.Freezer(loop) if gc_policy == gcpause.FREEZE else None
     try:
         for line in fleet.lines():
             print(line, flush=True)
         await stop.wait()
     finally:
-        if freezer is not None:
-            freezer.stop()
         await fleet.stop()
 
 
@@ -80,16 +67,17 @@ def raise_descriptor_limit() -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        gcpause.parse(args.gc)
+        fastpath.parse(args.gc)
     except ValueError:
-        raise UserError(f"--gc must be a positive integer, {gcpause.FREEZE} or {gcpause.AUTO}, "
+        raise UserError(f"--gc must be a positive integer, {fastpath.FREEZE} or {fastpath.AUTO}, "
                         f"not {args.gc!r}") from None
     spec = with_overrides(load_spec(args.spec), seed=args.seed, vllm_version=args.vllm_version,
                           time_scale=args.time_scale)
-    fleet = SimFleet(spec, bind_host=args.bind, emitter=args.emitter, emitter_priority=args.emitter_priority)
+    fleet = SimFleet(spec, bind_host=args.bind, emitter=args.emitter, emitter_priority=args.emitter_priority,
+                     gc_policy=args.gc)
     raise_descriptor_limit()
     with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
-        runner.run(serve(fleet, args.gc))
+        runner.run(serve(fleet))
     print("crossover sim: stopped", file=sys.stderr)
     return 0
 

@@ -1,12 +1,13 @@
 """The live engine: one instance's scheduler driven on the monotonic clock (the event loop's own
 under asyncio; uvloop's loop.time() is the same clock in whole milliseconds, so it is not read here).
 
-Each step is planned, its chunks formatted, and handed to the emitter thread (sim/emitter.py), which
-writes them at the step's modelled end whatever the loop is doing; a timer at that end then applies
-the step (no per-token task wake-ups, no task at all: that is what lets one process stream tens of
-thousands of tokens a second). Without the thread the timer's callback writes the step's tokens itself,
-in one synchronous pass. Steps are chained on their scheduled end times, so the served cadence follows
-the model even when the loop wakes a little late.
+Each step is planned and its chunks formatted by the requests' token sinks while it runs; at the
+step's modelled end a timer applies the step and the sinks write their tokens, in one synchronous pass
+(no per-token task wake-ups, no task at all: that is what lets one process stream tens of thousands
+of tokens a second). Who writes when is the write path's (sim/writer.py): by default the timer's
+callback, placed by the loop's write book; a plug-in (sim/fastpath.py) may take chunks over when the
+step is planned. Steps are chained on their scheduled end times, so the served cadence follows the
+model even when the loop wakes a little late.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import asyncio
 import math
 import time
 from array import array
-from typing import Protocol
+from typing import Any, Protocol
 
-from crossover.sim import emitter as emitters
 from crossover.sim.metrics import InstanceMetrics, QueueState
 from crossover.sim.model import PerfModel
 from crossover.sim.scheduler import Scheduler, SimRequest, StepOutcome, StepPlan
+from crossover.sim.writer import StepWriter, WritePath
 
 # Steps are chained on scheduled ends, so a late wake-up (a burst of arrivals, a collector pause) is
 # caught up and the instance keeps its own cadence and phase. Only after a stall longer than this (s)
@@ -29,67 +30,18 @@ from crossover.sim.scheduler import Scheduler, SimRequest, StepOutcome, StepPlan
 # from then on (seen after a 0.6 s stall of the machine: p50 from 1 ms to 12 ms for the rest of a run).
 _MAX_CATCH_UP_S = 0.25
 GAP_RING = 65536  # a power of two: the hot path masks instead of dividing
-# epoll waits in whole milliseconds, rounded up, so a timer fires 0-1 ms late; aiming half a
-# millisecond early centres the emission error on zero instead of on +0.5 ms.
-_TIMER_LEAD_S = 0.0005
-# A step's tokens are written one socket write after another (one per stream, ~5 us each, mostly the
-# kernel's loopback send), so a step of 250 streams takes over a millisecond to emit. The pass starts
-# half its expected length before the step's end, centring the writes on the scheduled emission
-# instead of trailing it; the expected length is a running mean of the measured cost per write.
-_WRITE_COST_S = 5e-6  # the first estimate of one token's write, seconds
-_WRITE_COST_WEIGHT = 0.05  # weight of each step's measurement in the running mean
-_MAX_LEAD_S = 0.005
-# Bursts further than this from their step's end are not worth keeping apart (a stall is under way).
-_MAX_SHIFT_S = 0.010
-# The emitter thread's bursts are booked this much longer than their running-mean length: on a busy
-# machine a burst's sends slow down, and the next burst would start behind it.
-_THREAD_BURST_MARGIN = 1.25
-
-
-class WriteBook:
-    """The write bursts planned on one event loop (every instance of a fleet shares it): a step's burst
-    is placed where it overlaps no other, as close to its step's end as that allows. Two instances
-    whose steps end together would otherwise write one after the other, the second's tokens all late
-    by the first's burst; placed side by side around the shared end, each is off by half as much."""
-
-    __slots__ = ("bursts",)
-
-    def __init__(self) -> None:
-        self.bursts: list[tuple[float, float]] = []  # (first write, last write), expected
-
-    def place(self, end: float, length: float, now: float) -> float:
-        """Book a burst of `length` seconds of writes for tokens due at `end`; returns its start."""
-        bursts = [b for b in self.bursts if b[1] > now]
-        ideal = end - length / 2
-        best, worst = ideal, length / 2
-        if any(a < ideal + length and ideal < b for a, b in bursts):
-            best, worst = ideal, _MAX_SHIFT_S
-            for a, b in bursts:
-                for start in (a - length, b):
-                    off = max(end - start, start + length - end)
-                    if off < worst and start >= now and \
-                            not any(x < start + length and start < y for x, y in bursts):
-                        best, worst = start, off
-        bursts.append((best, best + length))
-        self.bursts = bursts
-        return best
-
-
-_BOOKS: dict[int, WriteBook] = {}  # by id(event loop)
-
-
 class TokenSink(Protocol):
-    """Whoever waits for a request's tokens (an HTTP handler); called on the engine's step pass."""
+    """Whoever waits for a request's tokens (an HTTP handler); called on the engine's step pass.
+    `output` is where its chunks go (sim/writer.py's StreamOutput), None when it writes none."""
 
-    def prepare(self, request: SimRequest, index: int, finishing: bool) -> int:
+    output: Any
+
+    def prepare(self, request: SimRequest, index: int, finishing: bool) -> None:
         """Format token `index` (1-based) into request.pending while the step that produces it is
-        still running; returns the descriptor the emitter thread is to write it to, or -1 when
-        on_token writes it from the loop."""
+        still running (the write path may take it over from there)."""
 
-    def on_emitted(self, chunk: bytes, written_at: float, sent: int, step_end: float) -> None:
-        """How the emitter thread's write of `chunk` went: bytes sent (or -errno) and when."""
-
-    def on_token(self, request: SimRequest, step_end: float) -> None: ...
+    def on_token(self, request: SimRequest, step_end: float) -> None:
+        """The step's end, on the loop: the token is out (write request.pending, if still there)."""
 
     def on_finish(self, request: SimRequest) -> None: ...
 
@@ -97,14 +49,7 @@ class TokenSink(Protocol):
 class LiveEngine:
     """One simulated vLLM engine core: scheduler + metrics + the step loop task."""
 
-    def __init__(self, model: PerfModel, metrics: InstanceMetrics, time_scale: float = 1.0,
-                 threaded_emitter: bool | None = None, realtime_emitter: bool = True) -> None:
-        """threaded_emitter: streamed tokens are written by the emitter thread (default: when it is
-        built), else from this event loop; realtime_emitter: the thread asks for SCHED_FIFO
-        (sim/emitter.py)."""
-        self.use_emitter = emitters.available() if threaded_emitter is None else threaded_emitter
-        self.realtime_emitter = realtime_emitter
-        self.emitter: emitters.LoopEmitter | None = None
+    def __init__(self, model: PerfModel, metrics: InstanceMetrics, time_scale: float = 1.0) -> None:
         self.model = model
         self.metrics = metrics
         self.time_scale = time_scale
@@ -118,11 +63,9 @@ class LiveEngine:
         self._period = 0.0  # the last step's length (s)
         self._idle = False
         self._stopped = True
-        self.write_cost = _WRITE_COST_S  # running mean of one token's write (seconds), see _due
-        self.thread_write_cost = _WRITE_COST_S  # the same for the emitter thread's writes
+        self.writer: StepWriter | None = None  # the write path's, from start
         self._loop_writes = 0  # tokens of the step in flight that on_token writes from the loop
-        self._last_burst = 0.0  # when the emitter thread's last burst of this instance starts
-        self._book = WriteBook()
+        self.cut_requests = 0  # requests dropped before their last token (aborted, or a restart)
         # Emission gaps |actual write time - scheduled step end|, a ring the benchmark reads.
         self.emission_gaps = array("d", bytes(8 * GAP_RING))
         self.emission_count = 0
@@ -131,11 +74,10 @@ class LiveEngine:
         s = self.scheduler
         return QueueState(s.num_running, len(s.waiting), len(s.transferring), s.kv_usage, s.preemptions)
 
-    def start(self) -> None:
+    def start(self, path: WritePath) -> None:
         self._loop = asyncio.get_running_loop()
-        self._book = _BOOKS.setdefault(id(self._loop), WriteBook())
-        if self.use_emitter and self.emitter is None:
-            self.emitter = emitters.acquire(self._loop, self.realtime_emitter)
+        if self.writer is None:
+            self.writer = path.writer(self)
         self._stopped = False
         self._next_start = time.monotonic()
         self._handle = self._loop.call_soon(self._arm)
@@ -146,9 +88,9 @@ class LiveEngine:
             self._handle.cancel()
             self._handle = None
         self._plan = None
-        if self.emitter is not None:
-            emitter, self.emitter = self.emitter, None
-            emitters.release(emitter)
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            writer.close()
 
     def submit(self, request: SimRequest) -> None:
         self.scheduler.add(request)
@@ -166,6 +108,8 @@ class LiveEngine:
         self._handle = self._loop.call_soon(self._arm)
 
     def abort(self, request: SimRequest) -> None:
+        if not request.finished:
+            self.cut_requests += 1
         self.scheduler.abort(request)
 
     def reset(self) -> list[SimRequest]:
@@ -174,6 +118,7 @@ class LiveEngine:
         dropped = [*s.running, *s.transferring, *s.waiting]
         for request in dropped:
             request.finished = True
+        self.cut_requests += len(dropped)
         self.scheduler = Scheduler(self.model)
         return dropped
 
@@ -182,8 +127,8 @@ class LiveEngine:
         timer for its end; with nothing to run, go idle until a request (or in-flight KV) arrives.
         from_due: called by _due itself, so a step already due is queued, not recursed into."""
         self._handle = None
-        loop = self._loop
-        if self._stopped or loop is None:
+        loop, writer = self._loop, self.writer
+        if self._stopped or loop is None or writer is None:
             return
         now = time.monotonic()
         next_start = self._next_start
@@ -200,18 +145,12 @@ class LiveEngine:
             return
         end = start + plan.seconds * self.slowdown / self.time_scale
         self._period = end - start
-        emitting, sinks, fds, chunks = self._prepare(plan)
+        emitting = self._prepare(plan)
         self._plan = plan
         self._end = end
-        self._loop_writes = emitting
         now = time.monotonic()
-        if fds and self.emitter is not None:
-            length = min(self.thread_write_cost * len(fds) * _THREAD_BURST_MARGIN, 2 * _MAX_LEAD_S)
-            self.emitter.submit(self._thread_burst_start(end, length, now), self, end, sinks, fds, chunks)
-        fire = end  # the step's bookkeeping; its tokens are the thread's unless some are the loop's
-        if emitting:
-            length = min(self.write_cost * emitting, 2 * _MAX_LEAD_S)
-            fire = self._book.place(end, length, now) - _TIMER_LEAD_S
+        self._loop_writes = len(emitting) - writer.hand_over(end, now, emitting)
+        fire = writer.fire_time(end, self._loop_writes, now)
         if fire > now:
             self._handle = loop.call_at(fire, self._due)
         elif from_due:
@@ -223,18 +162,18 @@ class LiveEngine:
         """The step's end. When the loop writes tokens they are written in this callback, and
         planning the next step waits for a fresh callback, so that the writes of other instances'
         steps that fell due at the same time go first (each step's writes are what its clients time).
-        When the emitter thread writes them, the next step is planned and handed over right here, in
-        the timer's callback: a fresh callback would queue behind the I/O of that loop iteration (a
+        When the write path took them all over, the next step is planned and handed over right here,
+        in the timer's callback: a fresh callback would queue behind the I/O of that loop iteration (a
         wave of new requests held hand-overs 40-60 ms, past their bursts)."""
         self._handle = None
-        plan, end, loop = self._plan, self._end, self._loop
+        plan, end, loop, writer = self._plan, self._end, self._loop, self.writer
         self._plan = None
-        if plan is None or loop is None or self._stopped:
+        if plan is None or loop is None or writer is None or self._stopped:
             return
         outcome = self.scheduler.complete(plan, end)
         self._next_start = end
-        threaded = not self._loop_writes  # nothing for the loop to write at this step's end
-        if not threaded:
+        handed_over = not self._loop_writes  # nothing for the loop to write at this step's end
+        if not handed_over:
             self._handle = loop.call_soon(self._arm)
         emitted = outcome.emitted
         if emitted:
@@ -242,50 +181,24 @@ class LiveEngine:
             for request in emitted:
                 if request.sink is not None:
                     request.sink.on_token(request, end)
-            if self._loop_writes:
-                cost = (time.monotonic() - began) / self._loop_writes
-                self.write_cost += _WRITE_COST_WEIGHT * (cost - self.write_cost)
+            writer.wrote(self._loop_writes, time.monotonic() - began)
         self._account(outcome, end)
-        if threaded:
+        if handed_over:
             self._arm(from_due=True)
 
-    def _thread_burst_start(self, end: float, length: float, now: float) -> float:
-        """Where the emitter thread's burst for a step ending at `end` starts: the booked place, but
-        never before this instance's previous burst. The thread writes batches by start time and a
-        stream's tokens must leave in order; the book alone only keeps bursts from overlapping. A
-        start already past (the loop planned the step late) is written at once, and counted late."""
-        begin = max(self._book.place(end, length, now), self._last_burst)
-        self._last_burst = begin
-        return begin
-
-    def note_burst(self, writes: int, seconds: float) -> None:
-        """The emitter thread wrote `writes` chunks of one step in `seconds` (first to last)."""
-        cost = seconds / (writes - 1)
-        self.thread_write_cost += _WRITE_COST_WEIGHT * (cost - self.thread_write_cost)
-
     @staticmethod
-    def _prepare(plan: StepPlan) -> tuple[int, list[TokenSink], list[int], list[bytes]]:
+    def _prepare(plan: StepPlan) -> list[SimRequest]:
         """Format every chunk this step will emit before it ends, so that at the step's end only the
-        socket writes remain between the scheduled and the actual emission. Returns how many the loop
-        writes, and the (sink, descriptor, chunk) lists of those the emitter thread writes."""
-        emitting = 0
-        sinks: list[TokenSink] = []
-        fds: list[int] = []
-        chunks: list[bytes] = []
+        socket writes remain between the scheduled and the actual emission; returns their requests."""
+        emitting = []
         for request, tokens in plan.work:
             sink = request.sink
             if sink is None or request.computed + tokens < request.prefill_target:
                 continue  # a prefill chunk that does not finish the prompt emits nothing
             index = request.generated + 1
-            fd = sink.prepare(request, index, index >= request.output_tokens)
-            if fd < 0:
-                emitting += 1
-            else:
-                sinks.append(sink)
-                fds.append(fd)
-                chunks.append(request.pending)
-                request.pending = b""
-        return emitting, sinks, fds, chunks
+            sink.prepare(request, index, index >= request.output_tokens)
+            emitting.append(request)
+        return emitting
 
     def _account(self, outcome: StepOutcome, end: float) -> None:
         """A step's bookkeeping, after its writes (they are what clients time): metrics, finished

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from crossover.errors import UserError
 from crossover.eventloop import new_event_loop
 from crossover.pdproxy.proxy import EntrypointProxy
-from crossover.sim import emitter as emitters
+from crossover.sim import fastpath
 from crossover.sim.metrics import legacy_mode
 from crossover.sim.server import SimInstance, record_view
 from crossover.spec import Fault, FleetSpec
@@ -56,29 +56,30 @@ class SimFleet:
     """Simulated vLLM instances (and P/D proxies) for every topology of a spec, on one event loop."""
 
     def __init__(self, spec: FleetSpec, bind_host: str | None = None, emitter: str = "auto",
-                 emitter_priority: str = "realtime") -> None:
+                 emitter_priority: str = "realtime", gc_policy: str | None = None) -> None:
         """bind_host: listen there (e.g. 0.0.0.0 in a container whose URLs name services) instead of
         on each URL's own host, which must then be loopback. emitter: who writes streamed tokens,
         "thread", "loop" or "auto"; emitter_priority: "realtime" (SCHED_FIFO where the process may)
-        or "normal" (sim/emitter.py)."""
+        or "normal"; gc_policy: the collector's (`--gc`), None to leave it alone (sim/fastpath.py)."""
         try:
             legacy_mode(spec.simulator.vllm_version)
         except ValueError as exc:
             raise UserError(f"simulator.vllm_version: {exc}") from None
         try:
-            threaded = emitters.threaded(emitter)
+            threaded = fastpath.threaded(emitter)
         except ValueError as exc:
             raise UserError(f"--emitter {exc}") from None
-        if emitter_priority not in emitters.PRIORITIES:
-            raise UserError(f"--emitter-priority must be one of {', '.join(emitters.PRIORITIES)}, "
+        if emitter_priority not in fastpath.PRIORITIES:
+            raise UserError(f"--emitter-priority must be one of {', '.join(fastpath.PRIORITIES)}, "
                             f"not {emitter_priority!r}")
         self.spec = spec
         self.threaded_emitter = threaded
+        self.path = fastpath.FastPath(threaded, emitter_priority == "realtime", gc_policy)
         self.instances: dict[str, SimInstance] = {}
         self.proxies: list[EntrypointProxy] = []
         for topology in spec.topologies:
             for instance in topology.instances:
-                sim = SimInstance(spec, topology, instance, threaded, emitter_priority == "realtime")
+                sim = SimInstance(spec, topology, instance)
                 if bind_host is None:
                     _check_loopback(f"instance {instance.name} ({instance.url})", sim.host)
                 else:
@@ -99,14 +100,16 @@ class SimFleet:
         servers: list[SimInstance | EntrypointProxy] = [*self.instances.values(), *self.proxies]
         for server in servers:
             try:
-                await server.start()
+                await (server.start(self.path) if isinstance(server, SimInstance) else server.start())
             except OSError as exc:
                 await self.stop()
                 raise UserError(f"{server.name}: cannot listen on {server.host}:{server.port}: "
                                 f"{exc.strerror or exc}") from None
             self._started.append(server)
+        self.path.start_collector()
 
     async def stop(self) -> None:
+        self.path.stop_collector()
         for server in reversed(self._started):
             await server.stop()
         self._started.clear()

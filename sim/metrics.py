@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog
-from crossover.exposition import Hist, family
+from crossover.exposition import Hist, family, http_key
 
 LABEL_NAMES = catalog.ENGINE_LABELS
 
@@ -120,7 +120,7 @@ class InstanceMetrics:
 
     def on_http(self, handler: str, method: str, status: int) -> None:
         """One answered API request, as prometheus-fastapi-instrumentator counts it (status class)."""
-        key = (handler, method, f"{status // 100}xx")
+        key = http_key(handler, method, status)
         self.http[key] = self.http.get(key, 0) + 1
 
     def on_kv_transfer(self, seconds: float, nbytes: float, descriptors: int) -> None:
@@ -136,7 +136,8 @@ class InstanceMetrics:
             (catalog.NUM_REQUESTS_RUNNING, float(state.running)),
             (catalog.NUM_REQUESTS_WAITING, float(state.waiting_capacity + state.waiting_deferred)),
             (catalog.NUM_REQUESTS_WAITING_BY_REASON,
-             {"capacity": float(state.waiting_capacity), "deferred": float(state.waiting_deferred)}),
+             dict(zip(catalog.WAITING_REASONS, (float(state.waiting_capacity), float(state.waiting_deferred)),
+                      strict=True))),
             (catalog.KV_CACHE_USAGE, state.kv_usage),
             (catalog.PREFIX_CACHE_QUERIES, float(self.prefix_queries)),
             (catalog.PREFIX_CACHE_HITS, float(self.prefix_hits)),

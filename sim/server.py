@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import errno
 import json
-import os
 import random
-import socket
 import time
 import uuid
 import zlib
@@ -28,12 +24,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from crossover import catalog
-from crossover.sim import gcpause, tokenizer
-from crossover.sim.emitter import EmitterStats
+from crossover.sim import tokenizer
 from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
 from crossover.sim.model import PerfModel
 from crossover.sim.scheduler import SimRequest, chained_block_hashes
+from crossover.sim.writer import WritePath
 from crossover.spec import Fault, FleetSpec, Instance, Role, Topology
 
 RECORD_RING = 20_000
@@ -97,23 +93,17 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: in
 
 class StreamSink:
     """Writes one request's SSE chunks to its connection as the engine emits tokens (the hot path:
-    one bytes join per token; then one socket write, from the emitter thread or from the loop).
+    one bytes join per token, then the stream's output writes it: sim/writer.py). The stream ends
+    (`done`) only once its last chunk is out, so that what the handler writes after it through the
+    transport comes after it."""
 
-    With the emitter thread, the sink holds a duplicate of the connection's socket for the thread to
-    write to, closed only once no handed-over chunk is left (so its number is never reused under a
-    pending write); the stream ends (`done`) only when its last chunk is out, so that what the
-    handler writes after it through the transport comes after it. A short write (the client stopped
-    reading) moves the rest of the stream to the transport, which buffers it, in order."""
+    __slots__ = ("chat", "continuous_usage", "done", "drop_after", "dropped", "engine", "head", "output",
+                 "prompt", "request", "tail", "times", "unix_offset")
 
-    __slots__ = ("chat", "continuous_usage", "done", "drop_after", "dropped", "emitter", "engine",
-                 "finishing", "gaps", "head", "held", "inflight", "prompt", "request", "sock", "tail",
-                 "threaded", "times", "transport", "unix_offset")
-
-    def __init__(self, engine: LiveEngine, transport: asyncio.Transport, request: SimRequest, *, chat: bool,
-                 head: bytes, prompt: int, continuous_usage: bool, drop_after: int | None,
+    def __init__(self, engine: LiveEngine, path: WritePath, transport: asyncio.Transport, request: SimRequest,
+                 *, chat: bool, head: bytes, prompt: int, continuous_usage: bool, drop_after: int | None,
                  record: dict[str, Any]) -> None:
         self.engine = engine
-        self.transport = transport
         self.request = request
         self.chat = chat
         self.head = b"data: " + head
@@ -125,24 +115,11 @@ class StreamSink:
         self.dropped = False
         self.times: array[float] = record["token_times"]
         self.unix_offset = time.time() - time.monotonic()
-        self.gaps = engine.emission_gaps
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.inflight = 0  # chunks handed to the emitter thread and not reported yet
-        self.finishing = False  # the engine is done with the request; `done` waits for inflight
-        # Loop-written chunks (and their steps' ends) waiting for earlier handed-over ones.
-        self.held: list[tuple[bytes, float]] = []
-        # The drop fault cuts the stream from the loop, so its streams stay there; so do those whose
-        # headers are still buffered in the transport (the thread's writes would overtake them).
-        self.emitter = engine.emitter
-        self.sock: socket.socket | None = None
-        if self.emitter is not None and drop_after is None and transport.get_write_buffer_size() == 0:
-            raw = transport.get_extra_info("socket")
-            if raw is not None:
-                with contextlib.suppress(OSError):  # out of descriptors: this stream stays on the loop
-                    self.sock = socket.socket(fileno=os.dup(raw.fileno()))
-        self.threaded = self.sock is not None  # until a write of the thread's falls short
+        # the drop fault cuts the stream from the loop after its token, so it is written there
+        self.output = path.output(transport, self, on_loop=drop_after is not None)
 
-    def prepare(self, request: SimRequest, index: int, finishing: bool) -> int:
+    def prepare(self, request: SimRequest, index: int, finishing: bool) -> None:
         finish = b'"' + request.finish_reason.encode() + b'"' if finishing else b"null"
         if self.continuous_usage:
             usage = (b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n'
@@ -155,121 +132,67 @@ class StreamSink:
             body = (self.head[: -len(b'"content":"')]
                     + b'"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n' + body)
         request.pending = b"%x\r\n%s\r\n" % (len(body), body)
-        sock = self.sock
-        if sock is None or not self.threaded or self.engine.emitter is not self.emitter:
-            return -1
-        self.inflight += 1
-        return sock.fileno()
 
     def on_token(self, request: SimRequest, step_end: float) -> None:
-        """The step's end, on the loop: write the token unless the emitter thread has it."""
+        """The step's end, on the loop: write the token unless the write path took it over."""
         chunk = request.pending
         if not chunk:
-            return  # the emitter thread's (on_emitted reports it)
+            return  # taken over: the output reports it (written)
         request.pending = b""
-        transport = self.transport
-        if transport.is_closing():
+        output = self.output
+        if output.closing():
             self.engine.abort(request)
             self._finish()
             return
-        if self.inflight:  # earlier chunks are still the thread's: they go first
-            if self.emitter is not None:
-                self.emitter.drain()
-            if self.inflight:
-                self.held.append((chunk, step_end))
-                return
-        transport.write(chunk)
-        self._stamp(time.monotonic(), step_end)
+        output.write(chunk, step_end)
         if self.drop_after is not None and request.generated >= self.drop_after and not request.finished:
-            gcpause.note_cut()
             self.dropped = True
             self.engine.abort(request)
-            transport.abort()
+            output.cut()
             self._finish()
 
-    def on_emitted(self, chunk: bytes, written_at: float, sent: int, step_end: float) -> None:
-        self.inflight -= 1
-        if sent == len(chunk):
-            self._stamp(written_at, step_end)
-        elif sent >= 0 or sent == -errno.EAGAIN:
-            # The client is not keeping up: the transport buffers the rest, and later chunks follow it.
-            self.threaded = False
-            if not self.transport.is_closing():
-                self.transport.write(chunk[max(sent, 0):])
-            self._stamp(time.monotonic(), step_end)
-        else:  # the connection is gone (or the emitter stopped before writing)
-            gcpause.note_cut()
-            self.engine.abort(self.request)
-            self.dropped = self.finishing = True
-        if self.inflight == 0:
-            held, self.held = self.held, []
-            for later, its_end in held:
-                if not self.transport.is_closing():
-                    self.transport.write(later)
-                self._stamp(time.monotonic(), its_end)
-            if self.finishing:
-                self._finish()
-            if self.done.done():
-                self._close_socket()
-
-    def _stamp(self, written_at: float, step_end: float) -> None:
-        self.times.append(written_at + self.unix_offset)
-        gap = written_at - step_end
+    def written(self, at: float, step_end: float) -> None:
+        self.times.append(at + self.unix_offset)
+        gap = at - step_end
         engine = self.engine
-        self.gaps[engine.emission_count & _GAP_MASK] = gap if gap >= 0 else -gap
+        engine.emission_gaps[engine.emission_count & _GAP_MASK] = gap if gap >= 0 else -gap
         engine.emission_count += 1
 
+    def lost(self) -> None:
+        self.engine.abort(self.request)
+        self.dropped = True
+        self.output.when_flushed(self._finish)
+
     def on_finish(self, request: SimRequest) -> None:
-        if self.inflight or self.held:
-            self.finishing = True  # on_emitted ends the stream once the last chunk is out
-        else:
-            self._finish()
+        self.output.when_flushed(self._finish)  # the stream ends once its last chunk is out
 
     def cut(self) -> None:
         """Cut the connection now (a restart, a drop, the server stopping)."""
-        gcpause.note_cut()
         self.dropped = True
-        self.transport.abort()
-        if self.sock is not None:  # the duplicate would keep the connection open
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)
+        self.output.cut()
         self._finish()
 
     def settle(self) -> None:
-        """The handler is leaving (done, or cancelled when its client went away): release the
-        duplicate socket as soon as no chunk is left with the emitter thread."""
-        self.finishing = True
-        if self.inflight == 0:
-            self._finish()
+        """The handler is leaving (done, or cancelled when its client went away)."""
+        self.output.close()
 
     def _finish(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
-        if self.inflight == 0:
-            self._close_socket()
-
-    def _close_socket(self) -> None:
-        sock, self.sock = self.sock, None
-        if sock is not None:
-            if self.emitter is not None:
-                self.emitter.release(sock.fileno())
-            sock.close()
 
 
 class WaitSink:
     """A non-streaming request: just wait for the end."""
 
-    __slots__ = ("done", "record")
+    __slots__ = ("done", "output", "record")
 
     def __init__(self, record: dict[str, Any]) -> None:
         self.record = record
+        self.output = None  # nothing to write until the end
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def prepare(self, request: SimRequest, index: int, finishing: bool) -> int:
-        return -1
-
-    def on_emitted(self, chunk: bytes, written_at: float, sent: int, step_end: float) -> None:
-        raise AssertionError("a non-streaming request hands nothing to the emitter thread")
+    def prepare(self, request: SimRequest, index: int, finishing: bool) -> None:
+        pass
 
     def on_token(self, request: SimRequest, step_end: float) -> None:
         self.record["token_times"].append(time.time())
@@ -282,8 +205,7 @@ class WaitSink:
 class SimInstance:
     """A simulated vLLM server for one instance of the spec, listening on its URL's loopback port."""
 
-    def __init__(self, spec: FleetSpec, topology: Topology, instance: Instance,
-                 threaded_emitter: bool | None = None, realtime_emitter: bool = True) -> None:
+    def __init__(self, spec: FleetSpec, topology: Topology, instance: Instance) -> None:
         self.spec = spec
         self.topology = topology
         self.instance = instance
@@ -296,8 +218,8 @@ class SimInstance:
         self.metrics = InstanceMetrics(spec.model.name, spec.model.max_model_len, self._queue_state,
                                        kv_connector=None if instance.role is Role.COLOCATED
                                        else catalog.KV_CONNECTORS[spec.simulator.kv_connector])
-        self.engine = LiveEngine(self.perf, self.metrics, spec.simulator.time_scale, threaded_emitter,
-                                 realtime_emitter)
+        self.engine = LiveEngine(self.perf, self.metrics, spec.simulator.time_scale)
+        self.path = WritePath()  # the write path, from start
         self.current_names, self.legacy_names = legacy_mode(spec.simulator.vllm_version)
         self.rng = random.Random(spec.simulator.seed * 1_000_003 + zlib.crc32(self.name.encode()))
         self.records: deque[dict[str, Any]] = deque(maxlen=RECORD_RING)
@@ -347,8 +269,11 @@ class SimInstance:
         finally:
             self.metrics.on_http(request.path, request.method, status)
 
-    async def start(self) -> None:
-        self.engine.start()
+    async def start(self, path: WritePath | None = None) -> None:
+        """Serve, streamed tokens written the way `path` says (the default: from the loop)."""
+        if path is not None:
+            self.path = path
+        self.engine.start(self.path)
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
                                      shutdown_timeout=0.5)
         await self._runner.setup()
@@ -434,7 +359,6 @@ class SimInstance:
             self.engine.submit(sim)
             await sink.done
         except asyncio.CancelledError:  # the client went away
-            gcpause.note_cut()
             self.engine.abort(sim)
             raise
         finally:
@@ -482,7 +406,7 @@ class SimInstance:
             head = (b'{"id":"%s","object":"text_completion","created":%d,"model":%s,'
                     b'"choices":[{"index":0,"text":"'
                     % (sim.request_id.encode(), created, json.dumps(self.model_name).encode()))
-        sink = StreamSink(self.engine, transport, sim, chat=chat, head=head,
+        sink = StreamSink(self.engine, self.path, transport, sim, chat=chat, head=head,
                           prompt=sim.prompt_tokens, continuous_usage=continuous, drop_after=drop_after,
                           record=record)
         sim.sink = sink
@@ -491,7 +415,6 @@ class SimInstance:
             self.engine.submit(sim)
             await sink.done
         except asyncio.CancelledError:  # the client went away
-            gcpause.note_cut()
             self.engine.abort(sim)
             raise
         finally:
@@ -690,12 +613,7 @@ class SimInstance:
         reset = request.query.get("reset") in ("1", "true")
         stats = {"instance": self.name, "emission_gaps": self.emission_stats(),
                  "running": self.engine.scheduler.num_running, "waiting": self.engine.scheduler.num_waiting,
-                 "gc": gcpause.stats(reset)}  # process-wide: every instance of the process shares it
-        emitter = self.engine.emitter
-        if emitter is not None:  # shared by every instance of the loop, like the collector
-            stats["emitter"] = {"priority": emitter.priority, **dataclasses.asdict(emitter.stats)}
-            if reset:
-                emitter.stats = EmitterStats()
+                 **self.path.stats(reset)}
         if reset:
             self.engine.emission_count = 0
         return web.json_response(stats)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
 import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -42,3 +48,38 @@ def word_tokenizer(folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))
     return str(folder)
+
+
+def bucket_width(value: float, buckets: tuple[float, ...]) -> float:
+    """The width of the histogram bucket holding `value` (infinite above the last boundary)."""
+    index = bisect.bisect_left(buckets, value)
+    if index == len(buckets):
+        return math.inf
+    return buckets[index] - (buckets[index - 1] if index else 0.0)
+
+
+def client_quantile(values: list[float], q: float) -> float:
+    """The client's q quantile: the smallest value with at least q of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def agree_within_bucket(server: float, client: float, buckets: tuple[float, ...]) -> bool:
+    """A server figure from a histogram agrees with the client's exact one when it is off by less
+    than the width of the bucket the client's value falls in (the histogram's resolution there)."""
+    return abs(server - client) < bucket_width(client, buckets)
+
+
+@contextmanager
+def serving_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A threaded HTTP server of `handler` on a free loopback port, as host:port; shut down on exit."""
+    from crossover.netutil import free_port
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

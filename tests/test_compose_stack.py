@@ -37,6 +37,7 @@ TEST_OVERRIDE = REPO / "tests" / "compose" / "docker-compose.test.yml"
 ENV_EXAMPLE = REPO / "compose" / ".env.example"
 SIM_SPEC = REPO / "compose" / "specs" / "compose-sim.yaml"
 SIM_SERVICES = {"sim", "exporter", "app", "prometheus", "alertmanager", "alert-webhook"}
+PROJECT_PREFIX = "crossover-test-"
 HEALTHY_TIMEOUT_S = 240.0
 ALERT_TIMEOUT_S = 420.0  # the fast-burn alert holds for 2m after its 5m and 1h windows both burn
 
@@ -125,6 +126,16 @@ def wait_for(what: str, check: Any, timeout: float, interval: float = 3.0) -> An
     pytest.fail(f"{what}: not within {timeout:.0f} s (last: {last!r})")
 
 
+def remove_stale_stacks(env: dict[str, str], ports: dict[str, int]) -> None:
+    """A run killed before its teardown leaves its project behind (the engine restarts its
+    containers): take down every earlier test project before starting a new one."""
+    label = '{{ .Label "com.docker.compose.project" }}'
+    result = subprocess.run(["docker", "ps", "-a", "--format", label], capture_output=True, text=True,
+                            timeout=60, check=True)
+    for project in {p for p in result.stdout.split() if p.startswith(PROJECT_PREFIX)}:
+        Stack(project=project, env=env, ports=ports).down()
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     require_binary("docker-compose")
@@ -136,7 +147,8 @@ def stack() -> Iterator[Stack]:
     ports = {name: free_port()
              for name in ("APP_PORT", "PROMETHEUS_PORT", "ALERTMANAGER_PORT", "GRAFANA_PORT")}
     env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
-    stack = Stack(project=f"crossover-test-{os.getpid()}", env=env, ports=ports)
+    remove_stale_stacks(env, ports)
+    stack = Stack(project=f"{PROJECT_PREFIX}{os.getpid()}", env=env, ports=ports)
     try:
         stack.compose("up", "-d", "--no-build", timeout=HEALTHY_TIMEOUT_S + 60)
         yield stack

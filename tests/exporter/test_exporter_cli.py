@@ -11,11 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from crossover.exporter.service import Exporter, make_app
 from crossover.exporter.state import snapshot_json
 from crossover.netutil import free_port, spec_on_free_ports
 from crossover.spec import FleetSpec, load_spec
-from tests.helpers import FIXTURES, REPO, SPECS
+from tests.helpers import FIXTURES, REPO, SPECS, serving_http
 
 PAYLOAD = (FIXTURES / "vllm-0.32.0-after-requests.prom").read_bytes()
 TOKEN = "s3cret-token-value"
@@ -134,14 +133,8 @@ class _AuthHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def auth_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _AuthHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_http(_AuthHandler) as address:
+        yield f"http://{address}"
 
 
 def _one_instance_spec(url: str, **scrape: Any) -> FleetSpec:

@@ -13,12 +13,11 @@ import asyncio
 import json
 import math
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from crossover.netutil import free_port, spec_on_free_ports
 from crossover.slo import QUANTILES, SLO_HISTOGRAMS, quantile_label
 from crossover.spec import load_spec
 from tests.exporter.exporter_traffic import send
-from tests.helpers import FIXTURES, SPECS, require_binary
+from tests.helpers import FIXTURES, SPECS, require_binary, serving_http
 
 sim_fleet = pytest.importorskip("crossover.sim.fleet")
 
@@ -63,14 +62,8 @@ class _FixtureHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fixture_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _FixtureHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_http(_FixtureHandler) as address:
+        yield address
 
 
 class Prometheus:

@@ -94,3 +94,27 @@ def test_multi_turn_conversations_on_real_vllm(real_vllm_fleet, tmp_path: Path) 
         assert ordered["instance"].nunique() == 1
         assert (ordered["input_tokens"].diff().dropna() > 30).all()
     assert list(result.turns["turn"]) == [1, 2, 3]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_local_tokenizer_folder_counts_as_the_server_does(real_vllm_fleet, tiny_model_dir: Path,
+                                                            tmp_path: Path) -> None:
+    """--tokenizer DIR (offline: tokenizer.json and the chat template rendered locally) plans what
+    the real server counts, on chat too."""
+    from crossover.loadgen.tokens import LocalTokenizer, ServerTokenizer
+
+    local = LocalTokenizer(tiny_model_dir)
+    server = ServerTokenizer(real_vllm_fleet.single_url, real_vllm_fleet.spec.model.name)
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": "platform engineer w12"}]
+    assert local.encode_chat(messages) == server.encode_chat(messages)
+    assert local.encode("plans capacity", special=True) == server.encode("plans capacity", special=True)
+    server.close()
+    plan = SweepPlan(levels=(2,), requests_per_level=4, input_len=LengthDist.fixed(50),
+                     output_len=LengthDist.fixed(4), timeout_s=60, endpoint=Endpoint.CHAT,
+                     tokenizer=str(tiny_model_dir))
+    result = run_sweep(real_vllm_fleet.spec, plan, tmp_path, ["big1x2c"], n_boot=0)
+    requests = result.requests
+    assert requests["ok"].all() and (requests["input_tokens"] == requests["planned_input"]).all()
+    assert result.workload["tokenizer"] == str(tiny_model_dir)

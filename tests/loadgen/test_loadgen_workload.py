@@ -130,7 +130,8 @@ def test_bad_jsonl_is_one_line_naming_file_and_line(lines: list[str], endpoint: 
     assert "\n" not in str(info.value)
 
 
-def test_bad_sharegpt_missing_files_and_too_long_prompts(words: LocalTokenizer, tmp_path: Path) -> None:
+def test_bad_sharegpt_missing_files_and_too_long_prompts(words: LocalTokenizer, bpe: LocalTokenizer,
+                                                         tmp_path: Path) -> None:
     def fails(plan: SweepPlan, message: str, level: float = 1) -> None:
         with pytest.raises(UserError, match=message):
             workload = prepare_workload(plan, words, 64)
@@ -146,6 +147,10 @@ def test_bad_sharegpt_missing_files_and_too_long_prompts(words: LocalTokenizer, 
           "none.jsonl: cannot read it")
     fails(SweepPlan(levels=(1,), input_len=LengthDist.fixed(60), output_len=LengthDist.fixed(8)),
           "more than the model's context of 64")
+    with pytest.raises(UserError, match="over 3 turns reaches"):
+        three_turns = SweepPlan(levels=(1,), input_len=LengthDist.fixed(400),
+                                output_len=LengthDist.fixed(400), turns=3, endpoint=Endpoint.CHAT)
+        prepare_workload(three_turns, bpe, 4096)  # the tokenizer's own config says 2,048
     long = _write(tmp_path / "long.jsonl", [json.dumps({"prompt": "the " * 70})])
     fails(SweepPlan(levels=(1,), dataset=DatasetKind.JSONL, dataset_path=long),
           "long.jsonl:1: a prompt of 70")
@@ -212,7 +217,11 @@ def test_cli_bad_workload_inputs_exit_2_in_one_line_before_any_traffic(
         sent = len(server.bodies)
         capsys.readouterr()
         bad = _write(tmp_path / "bad.jsonl", ['{"prompt": "x"}', "{oops"])
-        cases = [
+        lines = ['{"prompt": "x"}'] * 20 + [json.dumps({"prompt": "w " * 5000})]
+        long = _write(tmp_path / "long.jsonl", lines)
+        cases = [  # the long prompt is sampled only at the second level: still before any traffic
+            (["--dataset-name", "jsonl", "--dataset-path", long, "--concurrency", "1,2", "--requests", "21"],
+             "long.jsonl:21: a prompt of 5000 tokens"),
             (["--dataset-name", "jsonl", "--dataset-path", bad], "bad.jsonl:2: not JSON"),
             (["--dataset-path", str(tmp_path / "missing.jsonl")], "missing.jsonl: cannot read it"),
             (["--tokenizer", str(tmp_path)], "no tokenizer.json there"),
@@ -301,6 +310,14 @@ def test_multi_turn_conversations_on_the_simulator(tmp_path: Path,
     assert (tmp_path / "run" / "turns.csv").exists()
     with pytest.raises(UserError, match="--endpoint chat"):
         SweepPlan(levels=(1,), turns=2)
+    # open loop: conversations arrive at the rate divided by their turns; 5 requests make 3 of 2 turns
+    from crossover.loadgen.sweep import run_sweep
+
+    plan = SweepPlan(mode=Mode.OPEN, levels=(20.0,), requests_per_level=5, endpoint=Endpoint.CHAT, turns=2,
+                     input_len=LengthDist.fixed(10), output_len=LengthDist.fixed(3))
+    with running_fleet(spec):
+        result = run_sweep(spec, plan, tmp_path / "open", ["tp4x1"], n_boot=0)
+    assert sorted(result.requests["turn"]) == [1, 1, 1, 2, 2, 2] and result.requests["ok"].all()
 
 
 def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path) -> None:
@@ -324,3 +341,26 @@ def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path) -> None:
     server = load_run(tmp_path).server
     assert list(server["level"]) == [1.0, 4.0] and (server["server_ttft_p99_ms"] > 0).all()
     assert server_table(past_view(load_run(tmp_path)))["server_output_tps"].gt(0).all()
+
+
+def test_sharegpt_conversations_play_their_own_later_turns(tmp_path: Path) -> None:
+    from crossover.loadgen.sweep import run_sweep
+    from crossover.netutil import spec_on_free_ports
+    from crossover.sim.fleet import running_fleet
+    from crossover.spec import load_spec
+
+    path = tmp_path / "conversations.json"
+    path.write_text(json.dumps([{"id": str(n), "conversations": [
+        {"from": "human", "value": f"first question {n}"},
+        {"from": "gpt", "value": "an answer of six words here"},
+        {"from": "human", "value": f"second question number {n}"}, {"from": "gpt", "value": "short one"},
+        {"from": "human", "value": "third"}, {"from": "gpt", "value": "a b c"}]} for n in range(3)]))
+    spec = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
+    plan = SweepPlan(levels=(1,), requests_per_level=6, endpoint=Endpoint.CHAT, dataset=DatasetKind.SHAREGPT,
+                     dataset_path=str(path), turns=3)
+    with running_fleet(spec):
+        result = run_sweep(spec, plan, tmp_path / "run", ["tp4x1"], n_boot=0)
+    requests = result.requests.sort_values("index")
+    assert requests["ok"].all() and list(requests["turn"]) == [1, 2, 3, 1, 2, 3]
+    assert list(requests["planned_output"]) == [6, 2, 3, 6, 2, 3]  # each recorded answer's length
+    assert (requests["input_tokens"] == requests["planned_input"]).all()

@@ -1,5 +1,5 @@
 """The emitter thread that writes streamed tokens at their steps' scheduled ends (sim/_emitter.c,
-sim/emitter.py): its own contract on real sockets, and the streams it serves against the loop's."""
+sim/fastpath.py): its own contract on real sockets, and the streams it serves against the loop's."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 
 from crossover.netutil import spec_on_free_ports
-from crossover.sim import emitter as emitters
+from crossover.sim import fastpath
 from crossover.sim.fleet import running_fleet, with_overrides
-from crossover.sim.server import SimInstance
 from crossover.spec import load_spec
 from tests.helpers import SPECS
 from tests.sim.sim_client import get_json, stream
@@ -124,9 +123,9 @@ def test_bad_arguments_are_refused(emitter: tuple[Any, int]) -> None:
 
 
 def test_the_emitter_mode_is_checked() -> None:
-    assert emitters.threaded("auto") and emitters.threaded("thread") and not emitters.threaded("loop")
+    assert fastpath.threaded("auto") and fastpath.threaded("thread") and not fastpath.threaded("loop")
     with pytest.raises(ValueError, match="thread, loop"):
-        emitters.threaded("threads")
+        fastpath.threaded("threads")
 
 
 def raw_response(url: str, path: str, body: dict[str, Any]) -> bytes:
@@ -203,7 +202,7 @@ def test_many_streams_and_cut_clients_leak_no_descriptors(mode: str) -> None:
         assert stats["running"] == 0, "cut streams still running"
         assert len(os.listdir("/proc/self/fd")) <= before, "descriptors left open"
         engine = fleet.instance(spec.topology("tp2x2").instances[0].name).engine
-        assert engine.use_emitter == (mode == "thread")
+        assert isinstance(engine.writer, fastpath.ThreadWriter) == (mode == "thread")
 
 
 
@@ -224,7 +223,6 @@ def test_short_steps_keep_every_stream_in_order() -> None:
 def test_an_instance_bursts_never_go_back_in_time() -> None:
     """Whatever the book proposes (it only keeps bursts apart), an instance's next burst never starts
     before its previous one: the thread writes by start time, a stream's tokens must stay in order."""
-    engine = SimInstance(SPEC, SPEC.topologies[0], SPEC.topologies[0].instances[0]).engine
 
     class Book:
         proposals = iter([1.0050, 1.0020, 1.0100])
@@ -232,6 +230,6 @@ def test_an_instance_bursts_never_go_back_in_time() -> None:
         def place(self, end: float, length: float, now: float) -> float:
             return next(self.proposals)
 
-    engine._book = Book()  # type: ignore[assignment]
-    starts = [engine._thread_burst_start(1.0 + k * 0.001, 0.001, 1.001) for k in range(3)]
+    writer = fastpath.ThreadWriter(Book(), emitter=None)  # type: ignore[arg-type]
+    starts = [writer.burst_start(1.0 + k * 0.001, 0.001, 1.001) for k in range(3)]
     assert starts == [1.0050, 1.0050, 1.0100]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from crossover.sim import gcpause
+from crossover.sim import fastpath
 
 
 @pytest.fixture
@@ -16,36 +16,36 @@ def restore_gc() -> Iterator[None]:
     try:
         yield
     finally:
-        gcpause.apply(str(gcpause.DEFAULT_YOUNG))
+        fastpath.apply(str(fastpath.DEFAULT_YOUNG))
         gc.set_threshold(*threshold)
         (gc.enable if enabled else gc.disable)()
 
 
 def test_parse() -> None:
-    assert gcpause.parse("20000") == 20000
+    assert fastpath.parse("20000") == 20000
     for bad in ("often", "0", "-5", "idle", "frozen"):
         with pytest.raises(ValueError):
-            gcpause.parse(bad)
+            fastpath.parse(bad)
 
 
 def test_auto_policy_freezes_only_behind_the_emitter_thread() -> None:
-    assert gcpause.resolve("auto", threaded_emitter=True) == "freeze"
-    assert gcpause.resolve("auto", threaded_emitter=False) == str(gcpause.DEFAULT_YOUNG)
-    assert gcpause.resolve("5000", threaded_emitter=True) == "5000"
-    assert gcpause.parse("auto") == gcpause.DEFAULT_YOUNG
+    assert fastpath.resolve("auto", threaded_emitter=True) == "freeze"
+    assert fastpath.resolve("auto", threaded_emitter=False) == str(fastpath.DEFAULT_YOUNG)
+    assert fastpath.resolve("5000", threaded_emitter=True) == "5000"
+    assert fastpath.parse("auto") == fastpath.DEFAULT_YOUNG
 
 
 def test_threshold_is_set_and_collections_are_recorded(restore_gc: None) -> None:
-    gcpause.install()
-    gcpause.apply("5000")
+    fastpath.install()
+    fastpath.apply("5000")
     assert gc.isenabled() and gc.get_threshold()[0] == 5000
-    gcpause.stats(reset=True)
+    fastpath.stats(reset=True)
     gc.collect(0)
     gc.collect()
-    stats = gcpause.stats(reset=True)
+    stats = fastpath.stats(reset=True)
     assert stats["collections"] == [1, 0, 1] and stats["policy"] == "5000"
     assert stats["seconds"][0] > 0 and stats["max_s"][2] > 0
-    assert gcpause.stats()["collections"] == [0, 0, 0]
+    assert fastpath.stats()["collections"] == [0, 0, 0]
 
 
 def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc: None) -> None:
@@ -57,8 +57,8 @@ def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc:
     class Node:
         pass
 
-    assert gcpause.parse("freeze") == gcpause.DEFAULT_YOUNG
-    gcpause.apply("freeze")
+    assert fastpath.parse("freeze") == fastpath.DEFAULT_YOUNG
+    fastpath.apply("freeze")
     survivors = [Node() for _ in range(1000)]  # in-flight streams' objects
     orphan = Node()
     orphan.self = orphan  # type: ignore[attr-defined]
@@ -66,8 +66,12 @@ def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc:
     del orphan
     frozen_before = gc.get_freeze_count()
 
-    async def ticks(freezer_args: dict[str, int], seconds: float) -> gcpause.Freezer:
-        freezer = gcpause.Freezer(asyncio.get_running_loop(), every_s=0.01, **freezer_args)
+    cuts = [0]  # streams cut mid-way, as the engines count them
+
+    async def ticks(freezer_args: dict[str, int], seconds: float, cut: int = 0) -> fastpath.Freezer:
+        freezer = fastpath.Freezer(asyncio.get_running_loop(), lambda: cuts[0], every_s=0.01,
+                                   **freezer_args)
+        cuts[0] += cut  # streams cut while it runs
         await asyncio.sleep(seconds)
         freezer.stop()
         return freezer
@@ -84,12 +88,10 @@ def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc:
         late_gone = weakref.ref(late)
         gc.freeze()
         del late
-        gcpause._cuts[0] = 0  # earlier tests' cut streams
-        gcpause.note_cut()
-        freezer = asyncio.run(ticks({"full_after_cuts": 2}, 0.035))
+        cuts[0] = 5  # cut before the next freezer starts: not its business
+        freezer = asyncio.run(ticks({"full_after_cuts": 2}, 0.035, cut=1))
         assert late_gone() is not None and freezer.full_collections == 0
-        gcpause.note_cut()
-        freezer = asyncio.run(ticks({"full_after_cuts": 2}, 0.035))
+        freezer = asyncio.run(ticks({"full_after_cuts": 2}, 0.035, cut=2))
         assert freezer.full_collections == 1 and late_gone() is None
     finally:
         gc.unfreeze()
@@ -105,6 +107,7 @@ def test_engine_keeps_its_phase_after_a_long_stall() -> None:
 
     from crossover.sim.scheduler import SimRequest
     from crossover.sim.server import SimInstance
+    from crossover.sim.writer import WritePath
     from crossover.spec import FleetSpec
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -115,7 +118,7 @@ def test_engine_keeps_its_phase_after_a_long_stall() -> None:
     engine = SimInstance(spec, topology, topology.instances[0]).engine
 
     async def run() -> tuple[float, float, float]:
-        engine.start()
+        engine.start(WritePath())
         engine.submit(SimRequest("r", 4, 1000, time.monotonic(), "length"))
         await asyncio.sleep(0.1)
         grid, period = engine._end, engine._period

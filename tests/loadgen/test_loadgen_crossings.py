@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from crossover.loadgen.crossover import find_crossovers, max_load_meeting_objective
+from crossover.loadgen.crossings import find_crossovers, max_load_meeting_objective
 from crossover.loadgen.summary import summarize
 
 LEVELS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
@@ -131,7 +131,7 @@ def test_capacity_interval_from_requests() -> None:
 
 
 def test_pooled_itl_bootstrap_matches_concatenating_each_resample() -> None:
-    from crossover.loadgen.crossover import METRICS, _metric_replicates
+    from crossover.loadgen.crossings import METRICS, _metric_replicates
 
     rng = np.random.default_rng(2)
     itls = [list(rng.gamma(2.0, 0.01, int(rng.integers(1, 80)))) for _ in range(60)]

@@ -26,20 +26,23 @@ from crossover.loadgen.summary import mark_requests
 
 
 @dataclass(frozen=True)
-class Metric:
+class ComparedMetric:
+    """A summary column compared between topologies along the load axis (not a vLLM metric: those
+    are the catalog's)."""
+
     name: str
     column: str  # summary column
     higher_is_better: bool
     label: str
 
 
-METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("output_tps", "output_tps_per_gpu", True, "output tokens/s per GPU"),
-    Metric("goodput", "goodput_per_gpu", True, "goodput"),
-    Metric("token_goodput", "token_goodput_per_gpu", True, "token goodput"),
-    Metric("ttft_p99", "ttft_p99_ms", False, "p99 TTFT"),
-    Metric("tpot_p99", "tpot_p99_ms", False, "p99 TPOT"),
-    Metric("itl_p99", "itl_p99_ms", False, "p99 ITL"),
+METRICS: dict[str, ComparedMetric] = {m.name: m for m in (
+    ComparedMetric("output_tps", "output_tps_per_gpu", True, "output tokens/s per GPU"),
+    ComparedMetric("goodput", "goodput_per_gpu", True, "goodput"),
+    ComparedMetric("token_goodput", "token_goodput_per_gpu", True, "token goodput"),
+    ComparedMetric("ttft_p99", "ttft_p99_ms", False, "p99 TTFT"),
+    ComparedMetric("tpot_p99", "tpot_p99_ms", False, "p99 TPOT"),
+    ComparedMetric("itl_p99", "itl_p99_ms", False, "p99 ITL"),
 )}
 DEFAULT_METRICS = ("output_tps", "goodput", "ttft_p99", "tpot_p99", "itl_p99")
 
@@ -134,7 +137,7 @@ def _lead_sign(ya: np.ndarray, yb: np.ndarray) -> int:
     return int(np.sign(np.nanmean(ya - yb)))
 
 
-def _curve_sentence(metric: Metric, axis: str, a: str, b: str, roots: list[tuple[float, int]],
+def _curve_sentence(metric: ComparedMetric, axis: str, a: str, b: str, roots: list[tuple[float, int]],
                     ci: list[tuple[float | None, float | None]], lead: int,
                     span: tuple[float, float]) -> list[str]:
     better_when = 1 if metric.higher_is_better else -1
@@ -160,15 +163,7 @@ def _curve_sentence(metric: Metric, axis: str, a: str, b: str, roots: list[tuple
     return sentences
 
 
-@dataclass
-class _Samples:
-    """Bootstrap replicates of one topology's metric at each level: shape (levels, B)."""
-
-    levels: np.ndarray
-    values: np.ndarray
-
-
-def _metric_replicates(group: pd.DataFrame, metric: Metric, duration: float, gpus: int, level: float,
+def _metric_replicates(group: pd.DataFrame, metric: ComparedMetric, duration: float, gpus: int, level: float,
                        closed_loop: bool, indices: np.ndarray) -> np.ndarray:
     """The metric recomputed for each row of `indices` (B x n resamples of the counted requests)."""
     if len(group) == 0:
@@ -224,7 +219,7 @@ def _metric_replicates(group: pd.DataFrame, metric: Metric, duration: float, gpu
     raise KeyError(metric.name)
 
 
-def _bootstrap(marked: pd.DataFrame, summary: pd.DataFrame, topology: str, metric: Metric,
+def _bootstrap(marked: pd.DataFrame, summary: pd.DataFrame, topology: str, metric: ComparedMetric,
                levels: np.ndarray, n_boot: int, rng: np.random.Generator, closed_loop: bool) -> np.ndarray:
     out = np.full((len(levels), n_boot), np.nan)
     mine = marked[(marked["topology"] == topology) & marked["counted"]]
@@ -240,7 +235,7 @@ def _bootstrap(marked: pd.DataFrame, summary: pd.DataFrame, topology: str, metri
     return out
 
 
-_ATTAINMENT = Metric("attainment", "attainment", True, "SLO attainment")
+_ATTAINMENT = ComparedMetric("attainment", "attainment", True, "SLO attainment")
 
 
 def _curves(summary: pd.DataFrame, a: str, b: str, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
