@@ -7,6 +7,7 @@ Rendering to Grafana JSON (grafanalib) lives in render.py; the lint in lint.py.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from crossover import catalog, slo
@@ -114,6 +115,46 @@ def _latency_panel(rules: RuleSet, metric: catalog.Metric, kind: str, title: str
         lines=lines, min=0)
 
 
+def _failed_per_topology() -> Panel:
+    return Panel(
+        title="Failed requests/s by reason",
+        description="Requests the topology should have served and did not, per second: error (engine "
+                    "error), abort (engine-side cancel), rejected (admission queue limit, 503), unfinished "
+                    "(answered but never finished by the engine: a client that cut its stream, a 5xx "
+                    "before the engine). Bad input (4xx) is not counted.",
+        unit="reqps", queries=(_per_topology(m.failed_requests_name(WINDOW), "{{topology}} {{reason}}"),),
+        min=0, scope="any")
+
+
+def _failed_per_instance(rules: RuleSet) -> Panel:
+    """The same reasons per instance, from the raw counters over $__rate_interval."""
+    sel = f"{rules.config.selector},{FILTERS}"
+    by = "topology, replica"
+
+    def rate(series: str, extra: str = "", labels: str = by, matchers: str = sel) -> str:
+        return f"sum by ({labels}) (rate({series}{{{matchers}{extra}}}[{RATE_INTERVAL}]))"
+
+    failed = "|".join(slo.FAILED_REASONS)
+    handlers = "|".join(re.escape(h) for h in slo.SERVING_HANDLERS)
+    success = catalog.REQUEST_SUCCESS.promql_name
+    rejected = rate(catalog.ADMISSION_REJECTIONS.promql_name)
+    served = rate(success)
+    fleet = f',handler=~"{handlers}",status!="{slo.CLIENT_ERROR_STATUS}"'
+    # The API server's counter has no model label.
+    without_model = f"{rules.config.selector},{TOPOLOGY_FILTER}"
+    http = rate(catalog.HTTP_REQUESTS.promql_name, fleet, matchers=without_model)
+    unfinished = f"clamp_min({http} - on ({by}) {served} - on ({by}) ({rejected} or 0 * {served}), 0)"
+    return Panel(
+        title="Failed requests/s per instance",
+        description="Failed requests per second of each instance by reason (as the panel per topology).",
+        unit="reqps",
+        queries=(Query(rate(success, f',finished_reason=~"{failed}"', f"{by}, finished_reason"),
+                       "{{topology}} {{replica}} {{finished_reason}}"),
+                 Query(rejected, f"{{{{topology}}}} {{{{replica}}}} {slo.REJECTED_REASON}"),
+                 Query(unfinished, f"{{{{topology}}}} {{{{replica}}}} {slo.UNFINISHED_REASON}")),
+        min=0, scope="any")
+
+
 def _uid(stem: str, kind: str) -> str:
     return f"xo-{stem}-{kind}"[:40]
 
@@ -125,22 +166,29 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                         for b in rules.slo_buckets)
     request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     goodput_rows: list[Panel] = [Panel(
-        title="Goodput ratio per SLO",
-        description="Share of requests (ITL: of engine iterations) within each SLO, per topology: "
-                    "rate of the SLO bucket over the rate of the count, both summed per topology before "
-                    f"dividing. The red line is the objective ({objective:g}).",
-        unit="percentunit", queries=slo_queries, lines=(Line(objective),), min=0, max=1)]
+        title="Attainment per SLO",
+        description="Share of all requests the topology should have served that were served within each "
+                    "SLO (crossover.slo): the histogram's share within the threshold times the share "
+                    "served, so failed requests (errors, rejections, cut streams) count as missed. "
+                    f"The red line is the objective ({objective:g}).",
+        unit="percentunit", queries=slo_queries, lines=(Line(objective),), min=0, max=1),
+        _failed_per_topology(), _failed_per_instance(rules)]
     if request_slos:
         goodput_rows.insert(0, Panel(
-            title="Goodput ratio (every SLO met)",
-            description="Share of requests meeting every per-request SLO at once. Server-side histograms "
-                        "only bound it: lower = max(0, sum of shares - (n-1)), upper = min of shares. "
+            title="Attainment (every SLO met)",
+            description="Share of requests served meeting every per-request SLO at once, failed requests "
+                        "counted as missed. Server-side histograms only bound it: lower = max(0, sum of "
+                        "shares - (n-1)), upper = min of shares. "
                         f"The red line is the objective ({objective:g}).",
             unit="percentunit",
             queries=(_requests(m.joint_attainment_name("lower", WINDOW), f"{SOURCE_LEGEND} lower bound"),
                      _requests(m.joint_attainment_name("upper", WINDOW), f"{SOURCE_LEGEND} upper bound")),
             lines=(Line(objective),), min=0, max=1))
         goodput_rows += [
+            Panel(title="Goodput requests/s",
+                  description="Requests per second served within every SLO (lower bound): every request "
+                              "the topology should have served per second times the joint lower bound.",
+                  unit="reqps", queries=(_per_topology(m.goodput_requests_name(WINDOW)),), min=0),
             Panel(title="Goodput tokens/s",
                   description="Output tokens/s of the topology times its lower-bound goodput ratio: tokens "
                               "certainly served within every SLO (a conservative figure).",
@@ -360,7 +408,7 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
     ]
     if request_slos:
         per_role.append(Panel(
-            title="Goodput ratio per role and SLO", scope="pd",
+            title="Attainment per role and SLO", scope="pd",
             description="Share of requests within each per-request SLO on each role (rate of the SLO "
                         f"bucket over the rate of the count, summed per role first). {twice}",
             unit="percentunit",
