@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from crossover.errors import UserError
+from crossover.loadgen.adaptive import DEFAULT_TARGET_CI, AdaptivePlan, coarse_levels
 from crossover.loadgen.plan import Endpoint, LengthDist, Mode, SweepPlan, parse_levels
 from crossover.slo import SLO_KINDS
 from crossover.spec import FleetSpec
@@ -39,6 +40,8 @@ class SweepForm:
     slos_ms: dict[str, float | None] = field(default_factory=dict)  # None or 0: that SLO is off
     objective: float = 0.99
     bootstrap: int = DEFAULT_BOOTSTRAP  # resamples for the crossover's interval; 0: none
+    adaptive: bool = False  # the levels are the range; the sweep adds levels where intervals need them
+    target_ci: float = DEFAULT_TARGET_CI
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,12 @@ class SweepRequest:
     plan: SweepPlan
     topologies: list[str]
     n_boot: int = DEFAULT_BOOTSTRAP
+    adaptive: AdaptivePlan | None = None
+
+    @property
+    def first_levels(self) -> tuple[float, ...]:
+        """The levels known before the sweep starts (an adaptive sweep adds more as it goes)."""
+        return coarse_levels(self.plan) if self.adaptive is not None else self.plan.levels
 
 
 def default_form(spec: FleetSpec) -> SweepForm:
@@ -121,6 +130,16 @@ def build_request(form: SweepForm, spec: FleetSpec) -> SweepRequest:
                          slos_ms=slos, objective=float(form.objective))
     except UserError as exc:
         raise UserError(str(exc).replace("plan.levels", what)) from None
+    adaptive = None
+    if form.adaptive:
+        try:
+            adaptive = AdaptivePlan(target_ci=float(form.target_ci))
+            coarse_levels(plan)
+        except UserError as exc:
+            raise UserError(str(exc).replace("--target-ci", "Target interval width")
+                            .replace("--adaptive", "Adaptive levels")) from None
+        if form.bootstrap < 1:
+            raise UserError("Bootstrap resamples: adaptive levels need intervals, give at least 1")
     # keep the spec's order, whatever order the user picked them in
     return SweepRequest(plan=plan, topologies=[name for name in known if name in form.topologies],
-                        n_boot=int(form.bootstrap))
+                        n_boot=int(form.bootstrap), adaptive=adaptive)

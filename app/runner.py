@@ -30,6 +30,7 @@ from typing import Any
 import pandas as pd
 
 from crossover.errors import UserError
+from crossover.loadgen.adaptive import AdaptivePlan
 from crossover.loadgen.plan import SweepPlan
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec
@@ -223,9 +224,11 @@ def in_child_process(sweep: SweepFunction, poll_s: float = 0.1) -> SweepFunction
 
 
 def sweep_spec_plan(spec: FleetSpec, plan: SweepPlan, topologies: Sequence[str], n_boot: int,
-                    out_dir: Path, on_level: Callable[[LevelDone], None], stop: threading.Event) -> Any:
+                    out_dir: Path, on_level: Callable[[LevelDone], None], stop: threading.Event,
+                    adaptive: AdaptivePlan | None = None) -> Any:
     """run_sweep in the SweepFunction shape; module-level so that a partial of it pickles."""
-    return run_sweep(spec, plan, out_dir, topologies, on_level=on_level, stop=stop, n_boot=n_boot)
+    return run_sweep(spec, plan, out_dir, topologies, on_level=on_level, stop=stop, n_boot=n_boot,
+                     adaptive=adaptive)
 
 
 def jobs_in(plan_levels: Sequence[float], topologies: Sequence[str]) -> int:

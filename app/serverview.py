@@ -51,6 +51,19 @@ class ServerHistory:
     key: int = 0  # grows with every poll that brought rows: the charts' cache key
 
 
+# Where each topology's request figures come from (crossover.spec.REQUEST_SOURCES), per row.
+SOURCE = "requests_source"
+
+
+def decode_side(frame: pd.DataFrame) -> list[str]:
+    """Topologies whose latest request figures are decode-side (a P/D topology without entrypoint
+    metrics: its TTFT excludes the prefill)."""
+    if SOURCE not in frame.columns or frame.empty:
+        return []
+    latest = frame.dropna(subset=[SOURCE]).groupby("topology")[SOURCE].last()
+    return sorted(str(t) for t, source in latest.items() if source == "decode")
+
+
 def configured_source(config: AppConfig) -> tuple[str, str] | None:
     """("exporter", url) or ("prometheus", url); the exporter wins when both are given."""
     if config.exporter_url:
@@ -103,6 +116,8 @@ def exporter_rows(snapshot: Any, now: float) -> list[dict[str, Any]]:
             value = _number(item.get(series.key))
             if value is not None:
                 row[series.key] = value
+        if isinstance(item.get(SOURCE), str):
+            row[SOURCE] = item[SOURCE]
         rows.append(row)
     return rows
 
@@ -121,6 +136,7 @@ def prometheus_queries(spec: FleetSpec) -> dict[str, str]:
         "ttft_p99_ms": f"1000 * {rules.quantile_name(catalog.TTFT, 0.99, window)}",
         "tpot_p99_ms": f"1000 * {rules.quantile_name(catalog.TPOT, 0.99, window)}",
         "itl_p99_ms": f"1000 * {rules.quantile_name(catalog.ITL, 0.99, window)}",
+        SOURCE: rules.requests_source_name(),
     }
 
 
@@ -135,7 +151,9 @@ def prometheus_rows(url: str, queries: dict[str, str], now: float,
             raise ValueError(f"Prometheus query {query!r} failed: {error}")
         for sample in answer.get("data", {}).get("result", []):
             topology = sample.get("metric", {}).get("topology")
-            value = _number((sample.get("value") or [None, None])[1])
+            value: Any = _number((sample.get("value") or [None, None])[1])
+            if key == SOURCE:  # the source is the series' label, its value is 1
+                value = sample.get("metric", {}).get("source")
             if topology is None or value is None:
                 continue
             row = by_topology.setdefault(topology, {"time": now, "topology": topology})

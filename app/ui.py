@@ -24,12 +24,13 @@ from crossover.app.config import AppConfig, parse_page_args
 from crossover.app.preflight import unreachable_targets
 from crossover.app.runner import RunState, RunStatus, SweepRunner, in_child_process, jobs_in, sweep_spec_plan
 from crossover.errors import UserError
+from crossover.loadgen.adaptive import adaptive_line
 from crossover.loadgen.analyze import import_bench_run
 from crossover.loadgen.plan import Endpoint, Mode
 from crossover.loadgen.results import RUN_FILE, load_run
 from crossover.loadgen.summary import input_len_warnings
 from crossover.slo import SLO_KINDS
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import REQUEST_SOURCES, FleetSpec, load_spec
 
 REFRESH_S = 1.0
 LIVE = "live"
@@ -73,7 +74,9 @@ def form_from_state(state: Any, spec: FleetSpec) -> form.SweepForm:
         turns=int(state.get("turns", defaults.turns)),
         slos_ms={name: state.get(f"slo_{name}", defaults.slos_ms.get(name)) for name in SLO_KINDS},
         objective=float(state.get("objective", defaults.objective)),
-        bootstrap=int(state.get("bootstrap", defaults.bootstrap)))
+        bootstrap=int(state.get("bootstrap", defaults.bootstrap)),
+        adaptive=bool(state.get("adaptive", defaults.adaptive)),
+        target_ci=float(state.get("target_ci", defaults.target_ci)))
 
 
 def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> None:
@@ -89,6 +92,12 @@ def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> Non
                     else "open loop (req/s)")
     sb.text_input("Concurrency levels" if mode == Mode.CLOSED.value else "Request rates (req/s)",
                   value=defaults.levels, key="levels", help="comma-separated, e.g. 1,2,4,8,16")
+    sb.checkbox("Adaptive levels", value=defaults.adaptive, key="adaptive",
+                help="the levels are the range: start at its low end and middle, then add levels where the "
+                     "crossing or a capacity is least sure, until its interval is narrower than the target")
+    if st.session_state.get("adaptive", defaults.adaptive):
+        sb.number_input("Target interval width (share of the estimate)", min_value=0.01, max_value=0.99,
+                        value=defaults.target_ci, step=0.01, format="%.2f", key="target_ci")
     sb.number_input("Requests per level", min_value=1, max_value=form.MAX_REQUESTS_PER_LEVEL,
                     value=defaults.requests_per_level, step=1, key="requests_per_level")
     left, right = sb.columns(2)
@@ -152,8 +161,9 @@ def start_sweep(runner: SweepRunner, spec: FleetSpec, config: AppConfig, values:
     out_dir = runs.new_run_dir(config.results_dir)
 
     sweep = in_child_process(functools.partial(sweep_spec_plan, spec, request.plan,
-                                               list(request.topologies), request.n_boot))
-    runner.start(sweep, out_dir, jobs_in(request.plan.levels, request.topologies), axis=request.plan.axis)
+                                               list(request.topologies), request.n_boot,
+                                               adaptive=request.adaptive))
+    runner.start(sweep, out_dir, jobs_in(request.first_levels, request.topologies), axis=request.plan.axis)
     st.session_state["view"] = LIVE
 
 
@@ -170,6 +180,9 @@ def show_status(status: RunStatus) -> None:
         RunState.FAILED: f"Sweep failed after {done}",
     }[status.state]
     st.progress(status.progress, text=text)
+    adaptive = status.crossover.get("adaptive")
+    if adaptive:
+        st.caption(adaptive_line(adaptive, status.axis))
     if status.state is RunState.FAILED and status.error:
         st.error(status.error)
 
@@ -269,6 +282,10 @@ def show_server_view(config: AppConfig, spec: FleetSpec, status: RunStatus) -> N
     if history.frame.empty:
         st.caption("No server-side data yet.")
         return
+    decode_side = serverview.decode_side(history.frame)
+    if decode_side:
+        st.caption(f"{', '.join(decode_side)}: {REQUEST_SOURCES['decode']} (no entrypoint metrics, so "
+                   "request figures come from the decode instances; see docs/routers.md).")
     marks = serverview.level_marks(status.marks)
     data_key = f"{source}:{history.key}:{status.out_dir}:{len(status.marks)}"
     columns = st.columns(2)

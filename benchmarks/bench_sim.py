@@ -143,11 +143,10 @@ def gap_figures(stats: list[dict[str, object]]) -> dict[str, float]:
     return out
 
 
-async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float, duration: float,
-                server_pid: int, step_s: float = 0.04, report_every: float = 0.0,
-                label: str = "") -> dict[str, float]:
+async def open_streams(urls: list[str], streams: int, output_tokens: int,
+                       counts: list[int]) -> list[list[Stream]]:
+    """One keep-alive connection per stream, its request ready; grouped by instance."""
     loop = asyncio.get_running_loop()
-    counts = [0, 0, 0]
     rng = random.Random(0)
     groups: list[list[Stream]] = [[] for _ in urls]
     for index in range(streams):
@@ -161,18 +160,22 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
         transport, stream = await loop.create_connection(partial(Stream, request, counts), host, int(port))
         stream.transport = cast(asyncio.Transport, transport)  # uvloop calls connection_made a turn later
         groups[index % len(urls)].append(stream)
-    # Each instance's step clock starts with its first request and keeps its cadence while busy:
-    # start one stream per instance a fraction of a step apart, as independent replicas would be,
-    # then the rest, so the instances' steps are not phase-locked (which would pile every step's
-    # writes onto the same moment). The rest start over RAMP_S: 2,000 requests at once hold the
-    # server's loop for ~0.3 s, past the engine's catch-up limit, and every instance would restart
-    # its step chain at the same moment (phase-locked) after it.
+    return groups
+
+
+async def start_streams(groups: list[list[Stream]], step_s: float) -> None:
+    """Each instance's step clock starts with its first request and keeps its cadence while busy:
+    start one stream per instance a fraction of a step apart, as independent replicas would be,
+    then the rest, so the instances' steps are not phase-locked (which would pile every step's
+    writes onto the same moment). The rest start over RAMP_S: 2,000 requests at once hold the
+    server's loop for ~0.3 s, past the engine's catch-up limit, and every instance would restart
+    its step chain at the same moment (phase-locked) after it."""
     await asyncio.sleep(SETTLE_S)  # the server accepts the connections first, so that the first
     first = time.monotonic()        # requests below reach it when they are sent, not in a bunch
     for index, group in enumerate(groups):  # on an absolute grid: one late wake-up does not shift the rest
-        await asyncio.sleep(max(0.0, first + index * step_s / len(urls) - time.monotonic()))
+        await asyncio.sleep(max(0.0, first + index * step_s / len(groups) - time.monotonic()))
         group[0].start()
-    await asyncio.sleep(step_s / len(urls))
+    await asyncio.sleep(step_s / len(groups))
     rest = [stream for index in range(1, max(map(len, groups))) for group in groups if index < len(group)
             for stream in (group[index],)]
     batches = max(1, int(RAMP_S / 0.01))
@@ -180,53 +183,69 @@ async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float
         for stream in rest[batch * len(rest) // batches:(batch + 1) * len(rest) // batches]:
             stream.start()
         await asyncio.sleep(RAMP_S / batches)
+
+
+def print_interval(label: str, elapsed: float, figures: dict[str, float]) -> None:
+    print(f"{label}: {elapsed:6.0f} {figures['gap_p50_ms']:6.2f} "
+          f"{figures['gap_p99_ms']:6.2f} {figures['gap_max_ms']:7.1f}   "
+          + "  ".join(f"{figures.get(f'gc{g}_n', 0):.0f} ({figures.get(f'gc{g}_max_ms', 0):.1f})"
+                      for g in range(3))
+          + f"   {figures['rss_mib']:.0f}   {os.getloadavg()[0]:.2f}"
+          + (f"   late submissions {figures['late_submissions']:.0f} (max "
+             f"{figures['late_submission_max_ms']:.1f} ms), thread's first write late by <= "
+             f"{figures['first_write_late_max_ms']:.2f} ms (> 1 ms: "
+             f"{figures['late_behind']:.0f} behind the previous burst, "
+             f"{figures['late_alone']:.0f} woken late, {figures['late_send']:.0f} in a slow "
+             "first send)"
+             if "late_submissions" in figures else ""),
+          flush=True)
+
+
+async def report_intervals(urls: list[str], server_pid: int, duration: float, report_every: float,
+                           label: str, wall0: float) -> dict[str, float]:
+    """Read (and reset) the server's figures every report_every seconds, printing each interval; the
+    window's figures are the worst interval's, its counts the sum."""
+    intervals: list[dict[str, float]] = []
+    rss0 = rss_mib(server_pid)
+    print(f"{label}: interval end (s), gap p50 / p99 / max (ms, worst instance), collections gen0 gen1 "
+          f"gen2 (longest, ms), server RSS (MiB; {rss0:.0f} at the start), load average", flush=True)
+    while time.monotonic() - wall0 < duration - 1e-3:
+        await asyncio.sleep(max(0.0, min(report_every * (len(intervals) + 1), duration)
+                                - (time.monotonic() - wall0)))
+        figures = gap_figures(await read_stats(urls, reset=True))
+        figures["rss_mib"] = rss_mib(server_pid)
+        intervals.append(figures)
+        print_interval(label, time.monotonic() - wall0, figures)
+    window = {key: max(i[key] for i in intervals) for key in intervals[0]}
+    for key in (*(f"gc{g}_{what}" for g in range(3) for what in ("n", "ms")), *EMITTER_COUNTS):
+        if key in window:
+            window[key] = sum(i[key] for i in intervals)
+    window["rss_growth_mib"] = intervals[-1]["rss_mib"] - rss0
+    window["gap_p99_median_ms"] = sorted(i["gap_p99_ms"] for i in intervals)[len(intervals) // 2]
+    return window
+
+
+async def drive(urls: list[str], streams: int, output_tokens: int, warmup: float, duration: float,
+                server_pid: int, step_s: float = 0.04, report_every: float = 0.0,
+                label: str = "") -> dict[str, float]:
+    loop = asyncio.get_running_loop()
+    counts = [0, 0, 0]
+    groups = await open_streams(urls, streams, output_tokens, counts)
+    await start_streams(groups, step_s)
     await asyncio.sleep(warmup)
     for url in urls:  # the measurement window starts now for the server's emission-gap ring too
         await loop.run_in_executor(None, fetch, url + "/admin/stats?reset=1")
     tokens0, requests0, cpu0, wall0 = counts[0], counts[1], cpu_seconds(server_pid), time.monotonic()
     client_cpu0 = time.process_time()
-    intervals: list[dict[str, float]] = []
     if report_every > 0:
-        rss0 = rss_mib(server_pid)
-        print(f"{label}: interval end (s), gap p50 / p99 / max (ms, worst instance), collections gen0 gen1 "
-              f"gen2 (longest, ms), server RSS (MiB; {rss0:.0f} at the start), load average", flush=True)
-        while time.monotonic() - wall0 < duration - 1e-3:
-            await asyncio.sleep(max(0.0, min(report_every * (len(intervals) + 1), duration)
-                                    - (time.monotonic() - wall0)))
-            figures = gap_figures(await read_stats(urls, reset=True))
-            figures["rss_mib"] = rss_mib(server_pid)
-            intervals.append(figures)
-            print(f"{label}: {time.monotonic() - wall0:6.0f} {figures['gap_p50_ms']:6.2f} "
-                  f"{figures['gap_p99_ms']:6.2f} {figures['gap_max_ms']:7.1f}   "
-                  + "  ".join(f"{figures.get(f'gc{g}_n', 0):.0f} ({figures.get(f'gc{g}_max_ms', 0):.1f})"
-                              for g in range(3))
-                  + f"   {figures['rss_mib']:.0f}   {os.getloadavg()[0]:.2f}"
-                  + (f"   late submissions {figures['late_submissions']:.0f} (max "
-                     f"{figures['late_submission_max_ms']:.1f} ms), thread's first write late by <= "
-                     f"{figures['first_write_late_max_ms']:.2f} ms (> 1 ms: "
-                     f"{figures['late_behind']:.0f} behind the previous burst, "
-                     f"{figures['late_alone']:.0f} woken late, {figures['late_send']:.0f} in a slow "
-                     "first send)"
-                     if "late_submissions" in figures else ""),
-                  flush=True)
+        window = await report_intervals(urls, server_pid, duration, report_every, label, wall0)
     else:
         await asyncio.sleep(duration)
     tokens1, requests1, cpu1, wall1 = counts[0], counts[1], cpu_seconds(server_pid), time.monotonic()
     client_cpu = time.process_time() - client_cpu0
     # The window's gaps, read while the streams still run: closing 2,000 connections at once stalls
     # the server's loop, and the tokens it emits meanwhile must not count.
-    if intervals:
-        window = {key: max(i[key] for i in intervals) for key in intervals[0]}
-        for generation in range(3):
-            for key in (f"gc{generation}_n", f"gc{generation}_ms"):
-                if key in window:
-                    window[key] = sum(i[key] for i in intervals)
-        for key in EMITTER_COUNTS:
-            if key in window:
-                window[key] = sum(i[key] for i in intervals)
-        window["rss_growth_mib"] = intervals[-1]["rss_mib"] - rss0
-        window["gap_p99_median_ms"] = sorted(i["gap_p99_ms"] for i in intervals)[len(intervals) // 2]
-    else:
+    if report_every <= 0:
         window = gap_figures(await read_stats(urls, reset=False))
     for group in groups:
         for stream in group:
@@ -316,7 +335,7 @@ def run_level(args: argparse.Namespace, streams: int, loop: str, gc_policy: str,
     return result
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streams", default=f"500,1000,{TARGET_STREAMS}",
                         help="comma-separated stream counts, one fresh server each (columns)")
@@ -350,10 +369,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run each stream count's columns N times, interleaved (A B A B ...), so that "
                         "what the machine's other work does falls on every column alike")
-    args = parser.parse_args()
-    columns = [(int(n), loop, policy, int(k), emitter) for n in args.streams.split(",")
-               for k in args.instances.split(",") for emitter in args.emitters.split(",")
-               for loop in args.loops.split(",") for policy in args.gc.split(",")]
+    return parser.parse_args()
+
+
+Column = tuple[int, str, str, int, str]  # streams, server loop, collector policy, instances, emitter
+
+
+def plan_columns(args: argparse.Namespace) -> tuple[list[Column], list[int]]:
+    """Every combination of the comma-separated options, a column each, and each column's round."""
+    columns: list[Column] = [(int(n), loop, policy, int(k), emitter) for n in args.streams.split(",")
+                             for k in args.instances.split(",") for emitter in args.emitters.split(",")
+                             for loop in args.loops.split(",") for policy in args.gc.split(",")]
     if args.base is not None:
         columns += [(n, "base", "-", k, "-") for n, k in dict.fromkeys((n, k) for n, _, _, k, _ in columns)]
         columns.sort(key=lambda column: column[0])
@@ -367,11 +393,10 @@ def main() -> int:
             raise SystemExit(f"bench: --emitters: unknown writer {emitter!r} (thread, thread-normal, loop)")
         if loop != "base":
             loop_factory(loop)  # an unknown name or a missing uvloop fails here, before any server starts
-    if args.client_cpu is not None:
-        os.sched_setaffinity(0, {args.client_cpu})
-    if args.nice is not None:
-        raise_priority(args.nice)
-    results = [run_level(args, *column) for column in columns]
+    return columns, rounds
+
+
+def print_machine(args: argparse.Namespace) -> None:
     pinned = "" if args.server_cpu is None else f" pinned to CPU {args.server_cpu}"
     if args.nice is not None:
         pinned += f", nice {args.nice:+d} (the client too)"
@@ -382,34 +407,42 @@ def main() -> int:
           "closed loop")
     print(f"targets: >= {TARGET_STREAMS} streams, >= {TARGET_TOKENS_PER_CORE:,} tokens/s per server core, "
           f"emission gap p99 <= {TARGET_GAP_P99_S * 1000:g} ms")
-    rows: list[tuple[str, str, str]] = [
-        ("concurrent streams", "streams", "{:,.0f}"),
-        ("offered tokens/s (streams / step)", "offered", "{:,.0f}"),
-        ("streamed tokens/s (client count)", "tokens_per_s", "{:,.0f}"),
-        ("server CPU (cores busy)", "server_cores", "{:.2f}"),
-        ("  of which in the kernel (socket writes)", "server_kernel_share", "{:.0%}"),
-        ("client CPU (cores busy)", "client_cores", "{:.2f}"),
-        ("tokens/s per server core", "per_core", "{:,.0f}"),
-        ("  ratio to the 50,000 target", "per_core_ratio", "{:.2f}x"),
-        ("emission gap p50 (ms)", "gap_p50_ms", "{:.2f}"),
-        ("emission gap p99 (ms, worst instance)", "gap_p99_ms", "{:.2f}"),
-        ("  ratio to the 2 ms target", "gap_ratio", "{:.2f}x"),
-        ("  median interval's p99 (--report-every)", "gap_p99_median_ms", "{:.2f}"),
-        ("emission gap max (ms)", "gap_max_ms", "{:.1f}"),
-        ("emitter thread's priority (granted)", "priority", "{}"),
-        ("  steps handed over after their burst's start", "late_submissions", "{:.0f}"),
-        ("  latest hand-over (ms after its burst)", "late_submission_max_ms", "{:.1f}"),
-        ("  thread's first write late by, max (ms)", "first_write_late_max_ms", "{:.2f}"),
-        ("  > 1 ms late: behind the previous burst", "late_behind", "{:.0f}"),
-        ("  > 1 ms late: thread woken late (no core)", "late_alone", "{:.0f}"),
-        ("  > 1 ms late: in its first send (kernel)", "late_send", "{:.0f}"),
-        ("collections gen0 / gen1 / gen2", "gc_n", "{}"),
-        ("  longest pause gen0 / gen1 / gen2 (ms)", "gc_max", "{}"),
-        ("  collector time, share of the window", "gc_share", "{:.1%}"),
-        ("server RSS growth over the window (MiB)", "rss_growth_mib", "{:+.0f}"),
-        ("dropped connections", "dropped_connections", "{:.0f}"),
-        ("load average (1 min, column's end)", "loadavg", "{:.2f}"),
-    ]
+
+
+# The table's rows: (label, result key, format).
+ROWS: tuple[tuple[str, str, str], ...] = (
+    ("concurrent streams", "streams", "{:,.0f}"),
+    ("offered tokens/s (streams / step)", "offered", "{:,.0f}"),
+    ("streamed tokens/s (client count)", "tokens_per_s", "{:,.0f}"),
+    ("server CPU (cores busy)", "server_cores", "{:.2f}"),
+    ("  of which in the kernel (socket writes)", "server_kernel_share", "{:.0%}"),
+    ("client CPU (cores busy)", "client_cores", "{:.2f}"),
+    ("tokens/s per server core", "per_core", "{:,.0f}"),
+    ("  ratio to the 50,000 target", "per_core_ratio", "{:.2f}x"),
+    ("emission gap p50 (ms)", "gap_p50_ms", "{:.2f}"),
+    ("emission gap p99 (ms, worst instance)", "gap_p99_ms", "{:.2f}"),
+    ("  ratio to the 2 ms target", "gap_ratio", "{:.2f}x"),
+    ("  median interval's p99 (--report-every)", "gap_p99_median_ms", "{:.2f}"),
+    ("emission gap max (ms)", "gap_max_ms", "{:.1f}"),
+    ("emitter thread's priority (granted)", "priority", "{}"),
+    ("  steps handed over after their burst's start", "late_submissions", "{:.0f}"),
+    ("  latest hand-over (ms after its burst)", "late_submission_max_ms", "{:.1f}"),
+    ("  thread's first write late by, max (ms)", "first_write_late_max_ms", "{:.2f}"),
+    ("  > 1 ms late: behind the previous burst", "late_behind", "{:.0f}"),
+    ("  > 1 ms late: thread woken late (no core)", "late_alone", "{:.0f}"),
+    ("  > 1 ms late: in its first send (kernel)", "late_send", "{:.0f}"),
+    ("collections gen0 / gen1 / gen2", "gc_n", "{}"),
+    ("  longest pause gen0 / gen1 / gen2 (ms)", "gc_max", "{}"),
+    ("  collector time, share of the window", "gc_share", "{:.1%}"),
+    ("server RSS growth over the window (MiB)", "rss_growth_mib", "{:+.0f}"),
+    ("dropped connections", "dropped_connections", "{:.0f}"),
+    ("load average (1 min, column's end)", "loadavg", "{:.2f}"),
+)
+
+
+def complete_figures(args: argparse.Namespace, columns: list[Column],
+                     results: list[dict[str, float]]) -> None:
+    """The derived figures of each column, and placeholders where a server does not report one."""
     for (level, _, _, _, _), result in zip(columns, results, strict=True):
         result["streams"] = level
         recorded = "gc0_n" in result  # an older simulator (--base) does not report its collector
@@ -426,16 +459,33 @@ def main() -> int:
         result.setdefault("gap_p99_median_ms", float("nan"))
         result["per_core_ratio"] = result["per_core"] / TARGET_TOKENS_PER_CORE
         result["gap_ratio"] = result["gap_p99_ms"] / (TARGET_GAP_P99_S * 1000)
+
+
+def print_table(args: argparse.Namespace, columns: list[Column], rounds: list[int],
+                results: list[dict[str, float]]) -> None:
     varied = [len({column[i] for column in columns}) > 1 for i in range(5)]
     heads = [" ".join([f"{n}"] + [f"{k}i"] * varied[3] + [emitter] * varied[4] + [loop] * varied[1]
                       + [f"gc {policy}"] * varied[2] + [f"#{r}"] * (args.repeat > 1))
-             if any(varied[1:]) else f"{n} streams"
+             if any(varied[1:]) or args.repeat > 1 else f"{n} streams"
              for (n, loop, policy, k, emitter), r in zip(columns, rounds, strict=True)]
-    cells = [[fmt.format(r[key]) for r in results] for _, key, fmt in rows]
+    cells = [[fmt.format(r[key]) for r in results] for _, key, fmt in ROWS]
     width = max(16, *(len(cell) + 2 for cell in [*heads, *(c for row in cells for c in row)]))
     print(f"{'figure':<40}" + "".join(f"{head:>{width}}" for head in heads))
-    for (label, _, _), row in zip(rows, cells, strict=True):
+    for (label, _, _), row in zip(ROWS, cells, strict=True):
         print(f"{label:<40}" + "".join(f"{cell:>{width}}" for cell in row))
+
+
+def main() -> int:
+    args = parse_args()
+    columns, rounds = plan_columns(args)
+    if args.client_cpu is not None:
+        os.sched_setaffinity(0, {args.client_cpu})
+    if args.nice is not None:
+        raise_priority(args.nice)
+    results = [run_level(args, *column) for column in columns]
+    print_machine(args)
+    complete_figures(args, columns, results)
+    print_table(args, columns, rounds, results)
     return 0
 
 

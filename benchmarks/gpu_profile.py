@@ -51,7 +51,10 @@ PREFILL_LATE = ((2048, 6144), (512, 7680))  # (chunk, start): the later chunks o
 MIXED = ((16, 2048, 512), (64, 2048, 512), (128, 1024, 512), (32, 4096, 2048), (128, 2048, 2048),
          (256, 1024, 1024))  # (decode batch, decode context, prefill chunk), prefill at start 2048
 MIXED_PREFILL_START = 2048
-GEMM_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+GEMM_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+SHAPE_TOKENS = (1, 2, 4, 8, 16)  # the `shapes` part: where a single-token GEMV gives way to a GEMM
+SHAPE_DECODE = tuple((b, c) for c in (512, 2048, 8192) for b in (1, 2, 4, 8, 16))
+ELEMENTWISE_TOKENS = (1, 8, 64, 512, 8192)
 ATTN_DECODE = ((1, 512), (1, 8192), (8, 2048), (32, 1024), (32, 8192), (64, 4096), (128, 2048), (256, 512),
                (256, 2048))
 GIB = 1024**3
@@ -174,6 +177,7 @@ class ShardModel:
         self.gqa_native = True
         self.decode_backend: object = None
         self.decode_choice: dict[tuple[int, int], object] = {}
+        self.late_kernel = "LOWER_RIGHT_MASK"
 
     def decode_kernel(self) -> contextlib.AbstractContextManager[None]:
         if self.decode_backend is None:
@@ -223,9 +227,83 @@ class ShardModel:
         self.decode_choice[(batch, context)] = self.decode_backend
         return str(self.decode_backend).split(".")[-1]
 
+    def probe_late_attention(self, timer: Timer) -> str:
+        """Pick the kernel for a chunk that starts after earlier context, as vLLM's would run it.
+
+        vLLM runs one kernel with the causal mask aligned bottom-right (FlashAttention 3 on Hopper), at the
+        rate of a chunk that starts at zero. torch's SDPA sends a bottom-right mask to its memory-efficient
+        kernel, and FlashAttention 2's own bottom-right path is an Ampere kernel: both run at about 320
+        TFLOP/s on an H200, where a chunk at zero runs near 550. So the candidates are those two and the same
+        math in two calls of one fused kernel (the chunk over the earlier context, unmasked; the chunk over
+        itself, causal) merged by their log-sum-exps, through cuDNN (with K/V repeated per query head if
+        it takes no grouped heads, the copy timed too) or FlashAttention. Each is checked
+        against the masked reference; the fastest exact one at a 2048-token chunk after 6144 is used.
+        """
+        s, dev = self.s, self.device
+        gen = torch.Generator(device=dev).manual_seed(0)
+        q = torch.randn(1, s.heads, 96, s.head_dim, device=dev, dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(1, s.kv_heads, 256, s.head_dim, device=dev, dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(1, s.kv_heads, 256, s.head_dim, device=dev, dtype=torch.bfloat16, generator=gen)
+        self.late_kernel = "LOWER_RIGHT_MASK"
+        reference = self._prefill_attention(q, k, v, 160).float()
+        chunk, start = PREFILL_LATE[0]
+        if self.device.type != "cuda":
+            chunk, start = chunk // 16, start // 16
+        qt = torch.randn(1, s.heads, chunk, s.head_dim, device=dev, dtype=torch.bfloat16)
+        kt = self.k_pool[0][:start + chunk].unsqueeze(0).transpose(1, 2)
+        vt = self.v_pool[0][:start + chunk].unsqueeze(0).transpose(1, 2)
+        times: dict[str, float] = {}
+        for kernel in ("LOWER_RIGHT_MASK", "FLASH_BOTTOM_RIGHT", "CUDNN_SPLIT", "CUDNN_SPLIT_REPEAT",
+                       "FLASH_SPLIT"):
+            self.late_kernel = kernel
+            try:
+                error = float((self._prefill_attention(q, k, v, 160).float() - reference).abs().max())
+                if error < 0.03:
+                    times[kernel], _ = timer(lambda: self._prefill_attention(qt, kt, vt, start))
+            except (RuntimeError, TypeError, AttributeError, NotImplementedError) as exc:
+                print(f"late attention {kernel}: {exc}".splitlines()[0], flush=True)
+                continue
+            print(f"late attention {kernel}: max |error| {error:.4f}, "
+                  f"{times.get(kernel, float('nan')) * 1e3:.3f} ms at {chunk} after {start}", flush=True)
+        self.late_kernel = min(times, key=lambda name: times[name]) if times else "LOWER_RIGHT_MASK"
+        return self.late_kernel
+
+    def _flash_bottom_right(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # FlashAttention 2 aligns a causal mask bottom-right when the chunk is shorter than its keys.
+        qf, kf, vf = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, S, H, D]
+        out = torch.ops.aten._flash_attention_forward(qf, kf, vf, None, None, qf.shape[1], kf.shape[1], 0.0,
+                                                       True, False)[0]
+        return out.transpose(1, 2)
+
+    def _with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention and its log-sum-exp per query row, [1, H, P], through the late kernel's fused op."""
+        if self.device.type != "cuda" or self.late_kernel == "CUDNN_SPLIT_REPEAT":
+            group = q.shape[1] // k.shape[1]  # K/V repeated per query head: the copy is in the time
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        if self.device.type != "cuda":
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)[:2]
+        elif self.late_kernel.startswith("CUDNN_SPLIT"):
+            cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+            out, lse = cudnn(q, k, v, None, True, 0.0, causal)[:2]
+        else:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[:2]
+        return out, lse.reshape(q.shape[:3])
+
+    def _split_merge(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+        early, early_lse = self._with_lse(q, k[:, :, :start], v[:, :, :start], False)
+        own, own_lse = self._with_lse(q, k[:, :, start:], v[:, :, start:], True)
+        # softmax over both parts: weight of the earlier part = sigmoid(lse_early - lse_own)
+        weight = torch.sigmoid(early_lse - own_lse).unsqueeze(-1).to(q.dtype)
+        return torch.lerp(own, early, weight)
+
     def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            start: int) -> torch.Tensor:
         # q [1, H, P, D]; k, v [1, Hkv, start+P, D]; causal, aligned bottom-right when start > 0.
+        if start and self.late_kernel == "FLASH_BOTTOM_RIGHT":
+            return self._flash_bottom_right(q, k, v)
+        if start and self.late_kernel.endswith(("_SPLIT", "_SPLIT_REPEAT")):
+            return self._split_merge(q, k, v, start)
         causal: dict[str, object]
         if start == 0:
             causal = dict(is_causal=True)
@@ -359,16 +437,18 @@ def ceilings(profile: Profile, device: torch.device, small: bool) -> None:
     profile.record(row("kernel_floor", note=f"kernels={kernels}"), many, divide=kernels)
 
 
-def profile_steps(profile: Profile, model: ShardModel, small: bool) -> None:
+def profile_steps(profile: Profile, model: ShardModel, small: bool, late_only: bool = False) -> None:
+    """The step cells; `late_only`: just those with a prefill chunk after earlier context."""
     s = model.s
     cap = model.kv_tokens
     probe = Timer(model.device, 0.02, 20)
 
     def cell(kind: str, batch: int, context: int, chunk: int, start: int) -> None:
-        if batch * context + start + chunk > cap:
+        if batch * context + start + chunk > cap or (late_only and not start):
             return
         tokens, positions = inputs(model, batch, context, chunk, start)
-        kernel = model.choose_decode_backend(probe, batch, context)
+        kernel = "+".join(k for k in (model.choose_decode_backend(probe, batch, context),
+                                      model.late_kernel if start else "") if k)
         profile.record(row(kind, s, batch=batch, context=context, prefill_tokens=chunk, prefill_start=start,
                            tokens=batch + chunk, note=kernel),
                        lambda: model.step(tokens, positions, batch, context, chunk, start))
@@ -385,13 +465,13 @@ def profile_steps(profile: Profile, model: ShardModel, small: bool) -> None:
         cell("mixed", batch, context // scale, chunk // scale, MIXED_PREFILL_START // scale)
 
 
-def profile_ops(profile: Profile, model: ShardModel, small: bool) -> None:
-    """The pieces, over every layer's own weights (so no layer's weights are found in L2)."""
+def profile_gemms(profile: Profile, model: ShardModel, small: bool, token_counts: tuple[int, ...]) -> None:
+    """Each projection alone, over every layer's own weights (so no layer's weights are found in L2)."""
     s = model.s
     scale = 16 if small else 1
     for name in ("qkv", "o", "gate_up", "down", "lm_head"):
         weights = [model.lm_head] if name == "lm_head" else [layer[name] for layer in model.layers]
-        for tokens in GEMM_TOKENS:
+        for tokens in token_counts:
             tokens = max(1, tokens // scale)
             xs = torch.randn(tokens, weights[0].shape[1], device=model.device, dtype=torch.bfloat16)
 
@@ -404,7 +484,13 @@ def profile_ops(profile: Profile, model: ShardModel, small: bool) -> None:
             profile.record(row("gemm", s, op=name, tokens=tokens,
                                note=f"n={weights[0].shape[0]} k={weights[0].shape[1]}"), gemms,
                            divide=len(weights))
-    for batch, context in ATTN_DECODE:
+
+
+def profile_decode_attention(profile: Profile, model: ShardModel, small: bool,
+                             shapes: tuple[tuple[int, int], ...]) -> None:
+    s = model.s
+    scale = 16 if small else 1
+    for batch, context in shapes:
         context //= scale
         if batch * context > model.kv_tokens:
             continue
@@ -423,19 +509,72 @@ def profile_ops(profile: Profile, model: ShardModel, small: bool) -> None:
         kernel = model.choose_decode_backend(Timer(model.device, 0.02, 20), batch, context)
         profile.record(row("attn_decode", s, batch=batch, context=context, note=kernel), attn,
                        divide=s.layers)
-    for chunk in PREFILL_CHUNKS:
+
+
+def profile_prefill_attention(profile: Profile, model: ShardModel, small: bool,
+                              chunks: tuple[tuple[int, int], ...]) -> None:
+    s = model.s
+    scale = 16 if small else 1
+    for chunk, start in chunks:
         chunk //= scale
+        start //= scale
         q = torch.randn(1, s.heads, chunk, s.head_dim, device=model.device, dtype=torch.bfloat16)
 
-        def attn_p(c: int = chunk, q_: torch.Tensor = q) -> torch.Tensor:
+        def attn_p(c: int = chunk, b: int = start, q_: torch.Tensor = q) -> torch.Tensor:
             out = q_
             for layer in range(s.layers):
-                k = model.k_pool[layer][:c].unsqueeze(0).transpose(1, 2)
-                v = model.v_pool[layer][:c].unsqueeze(0).transpose(1, 2)
-                out = model._prefill_attention(q_, k, v, 0)
+                k = model.k_pool[layer][:b + c].unsqueeze(0).transpose(1, 2)
+                v = model.v_pool[layer][:b + c].unsqueeze(0).transpose(1, 2)
+                out = model._prefill_attention(q_, k, v, b)
             return out
 
-        profile.record(row("attn_prefill", s, prefill_tokens=chunk), attn_p, divide=s.layers)
+        profile.record(row("attn_prefill", s, prefill_tokens=chunk, prefill_start=start,
+                           note=model.late_kernel if start else ""), attn_p, divide=s.layers)
+
+
+def profile_elementwise(profile: Profile, model: ShardModel, small: bool) -> None:
+    """The short kernels of a layer as the step runs them, every layer's worth, per token count."""
+    s = model.s
+    dev, dt, eps = model.device, torch.bfloat16, 1e-5
+    k_end = (s.heads + s.kv_heads) * s.head_dim
+    for tokens in ELEMENTWISE_TOKENS:
+        tokens = max(1, tokens // (16 if small else 1))
+        residual = torch.randn(tokens, s.hidden, device=dev, dtype=dt)
+        h = torch.randn(tokens, s.hidden, device=dev, dtype=dt)
+        qkv = torch.randn(tokens, s.qkv_out, device=dev, dtype=dt)
+        gate_up = torch.randn(tokens, 2 * s.intermediate, device=dev, dtype=dt)
+        positions = torch.arange(tokens, device=dev)
+        cos = model.cos[positions].unsqueeze(1)
+        sin = model.sin_signed[positions].unsqueeze(1)
+        def add_norm(r: torch.Tensor = residual, x: torch.Tensor = h,
+                     weight: torch.Tensor = model.layers[0]["norm1"]) -> torch.Tensor:
+            out = x
+            for _ in range(s.layers):
+                out = F.rms_norm(r + x, (s.hidden,), weight, eps)
+            return out
+
+        def rotary(x: torch.Tensor = qkv, c: torch.Tensor = cos, si: torch.Tensor = sin) -> torch.Tensor:
+            out = x
+            for _ in range(s.layers):
+                out = model.rotary(x[:, :k_end].view(-1, s.heads + s.kv_heads, s.head_dim), c, si)
+            return out
+
+        def silu_mul(x: torch.Tensor = gate_up) -> torch.Tensor:
+            out = x
+            for _ in range(s.layers):
+                out = F.silu(x[:, :s.intermediate]) * x[:, s.intermediate:]
+            return out
+
+        for name, fn in (("add_norm", add_norm), ("rotary", rotary), ("silu_mul", silu_mul)):
+            profile.record(row("elementwise", s, op=name, tokens=tokens), fn, divide=s.layers)
+
+
+def profile_ops(profile: Profile, model: ShardModel, small: bool) -> None:
+    """The pieces the performance model stands on."""
+    profile_gemms(profile, model, small, GEMM_TOKENS)
+    profile_decode_attention(profile, model, small, ATTN_DECODE)
+    profile_prefill_attention(profile, model, small, tuple((c, 0) for c in PREFILL_CHUNKS) + PREFILL_LATE)
+    profile_elementwise(profile, model, small)
 
 
 @contextlib.contextmanager
@@ -472,7 +611,10 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--models", default="llama-3.1-8b,llama-3.1-70b")
     parser.add_argument("--tp", default=",".join(map(str, TP_SIZES)))
-    parser.add_argument("--parts", default="ceilings,steps,ops", help="which of ceilings, steps, ops")
+    parser.add_argument("--parts", default="ceilings,steps,ops",
+                        help="which of ceilings, steps, ops; or late (the steps whose chunk starts after "
+                             "earlier context, and their attention), shapes (GEMMs at 1-16 tokens, "
+                             "small-batch decode attention), elementwise (the short kernels)")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting cells after this")
     parser.add_argument("--target-s", type=float, default=0.2, help="timed replays per cell, in seconds")
     args = parser.parse_args()
@@ -506,8 +648,17 @@ def main() -> int:
                       f"KV pool {kv_tokens} tokens", flush=True)
                 model = ShardModel(shard, device, kv_tokens)
                 model.probe_gqa()
+                model.probe_late_attention(Timer(device, 0.02, 20))
                 if "steps" in parts:
                     profile_steps(profile, model, small)
+                if "late" in parts:
+                    profile_steps(profile, model, small, late_only=True)
+                    profile_prefill_attention(profile, model, small, PREFILL_LATE)
+                if "shapes" in parts:
+                    profile_gemms(profile, model, small, SHAPE_TOKENS)
+                    profile_decode_attention(profile, model, small, SHAPE_DECODE)
+                if "elementwise" in parts:
+                    profile_elementwise(profile, model, small)
                 if "ops" in parts:
                     profile_ops(profile, model, small)
                 handle.flush()

@@ -35,6 +35,12 @@ class Hist:
         return sum(self.counts)
 
 
+def http_key(handler: str, method: str, status: int) -> tuple[str, str, str]:
+    """The label values of catalog.HTTP_REQUESTS for one answered request, as vLLM's API server
+    (prometheus-fastapi-instrumentator) counts it: the status as its class ("2xx", "5xx")."""
+    return handler, method, f"{status // 100}xx"
+
+
 def family(metric: catalog.Metric, name: str, labels: dict[str, str], created: float,
            value: object) -> PromFamily:
     """One family as vLLM's prometheus_client writes it: a Hist for a histogram; for a counter or

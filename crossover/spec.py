@@ -96,6 +96,16 @@ class Role(StrEnum):
 ENTRYPOINT_ROLE = "entrypoint"
 
 
+# Where a topology's request figures (latencies, requests, goodput) come from, most faithful first,
+# and how a dashboard or page says so (docs/routers.md): its entrypoint (what users waited for), its
+# decode role (a P/D topology without entrypoint metrics), or its instances (colocated).
+REQUEST_SOURCES: dict[str, str] = {
+    "entrypoint": "entrypoint",
+    "decode": "decode-side: excludes the prefill",
+    "instances": "instances",
+}
+
+
 def entrypoint_replica(topology: str) -> str:
     """The instance (exporter) and replica (Prometheus) label of a topology's entrypoint target."""
     return f"{topology}-entrypoint"
@@ -167,6 +177,9 @@ class Hardware(_Strict):
         default=None, description="GPU time of one short elementwise kernel (norm, rotary, cache write)")
     attention_mfu: Annotated[float, Field(gt=0, le=1)] = Field(
         default=0.7, description="share of bf16_tflops a prefill attention kernel achieves")
+    decode_attention_ns_per_token: PositiveFloat | None = Field(
+        default=None, description="decode attention's time per context token of one sequence when the batch "
+                                  "is too small to fill the GPU (split-KV's serial walk)")
     kv_link_gbps: PositiveFloat = Field(default=25.0, description="P/D KV-transfer link, GB/s")
     kv_link_latency_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
 

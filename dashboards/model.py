@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from crossover import catalog, slo
 from crossover.rules import model as m
 from crossover.rules.model import RuleSet
+from crossover.spec import REQUEST_SOURCES
 
 DATASOURCE_UID = "crossover-prometheus"  # the provisioned datasource's fixed uid
 WINDOW = "${window}"
@@ -80,6 +81,18 @@ def _per_topology(name: str, legend: str = "{{topology}}") -> Query:
     return Query(_sel(name), legend)
 
 
+# A topology's request figures name their source in the legend: "decode-side: excludes the prefill"
+# for a P/D topology without entrypoint metrics (docs/routers.md).
+SOURCE_LEGEND = "{{topology}} ({{source}})"
+
+
+def _requests(name: str, legend: str = SOURCE_LEGEND) -> Query:
+    """A per-topology request figure joined with where it comes from (rules' requests source)."""
+    decode = REQUEST_SOURCES["decode"]
+    joined = f"{_sel(name)}\n* on (topology) group_left (source)\n{m.requests_source_name()}"
+    return Query(f'label_replace(\n{joined},\n"source", "{decode}", "source", "decode")', legend)
+
+
 def _latency_panel(rules: RuleSet, metric: catalog.Metric, kind: str, title: str, what: str) -> Panel:
     threshold = next((b for b in rules.slo_buckets if b.slo == kind), None)
     lines = (Line(threshold.le),) if threshold else ()
@@ -91,11 +104,13 @@ def _latency_panel(rules: RuleSet, metric: catalog.Metric, kind: str, title: str
                 f"({threshold.le * 1000:g} ms bucket{how}).")
     return Panel(
         title=title,
-        description=f"{what} per topology, p50 and p99 from the topology-summed histogram buckets "
-                    f"(histogram_quantile over sum by (le) of the rate over $window).{note}",
+        description=f"{what} per topology as its users see it, p50 and p99 from the topology's histogram "
+                    f"buckets (histogram_quantile over sum by (le) of the rate over $window): a P/D "
+                    f"topology's from its entrypoint, or decode-side (excludes the prefill) without "
+                    f"one, as the legend says.{note}",
         unit="s",
-        queries=(_per_topology(m.quantile_name(metric, 0.5, WINDOW), "{{topology}} p50"),
-                 _per_topology(m.quantile_name(metric, 0.99, WINDOW), "{{topology}} p99")),
+        queries=(_requests(m.quantile_name(metric, 0.5, WINDOW), f"{SOURCE_LEGEND} p50"),
+                 _requests(m.quantile_name(metric, 0.99, WINDOW), f"{SOURCE_LEGEND} p99")),
         lines=lines, min=0)
 
 
@@ -106,7 +121,7 @@ def _uid(stem: str, kind: str) -> str:
 def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
     spec = rules.spec
     objective = spec.slos.objective
-    slo_queries = tuple(_per_topology(m.attainment_name(b.slo, WINDOW), f"{{{{topology}}}} {b.slo}")
+    slo_queries = tuple(_requests(m.attainment_name(b.slo, WINDOW), f"{SOURCE_LEGEND} {b.slo}")
                         for b in rules.slo_buckets)
     request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     goodput_rows: list[Panel] = [Panel(
@@ -122,30 +137,32 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                         "only bound it: lower = max(0, sum of shares - (n-1)), upper = min of shares. "
                         f"The red line is the objective ({objective:g}).",
             unit="percentunit",
-            queries=(_per_topology(m.joint_attainment_name("lower", WINDOW), "{{topology}} lower bound"),
-                     _per_topology(m.joint_attainment_name("upper", WINDOW), "{{topology}} upper bound")),
+            queries=(_requests(m.joint_attainment_name("lower", WINDOW), f"{SOURCE_LEGEND} lower bound"),
+                     _requests(m.joint_attainment_name("upper", WINDOW), f"{SOURCE_LEGEND} upper bound")),
             lines=(Line(objective),), min=0, max=1))
         goodput_rows += [
             Panel(title="Goodput tokens/s",
                   description="Output tokens/s of the topology times its lower-bound goodput ratio: tokens "
                               "certainly served within every SLO (a conservative figure).",
-                  unit="short", queries=(_per_topology(m.goodput_tokens_name(WINDOW)),), min=0),
+                  unit="short", queries=(_requests(m.goodput_tokens_name(WINDOW)),), min=0),
             Panel(title="Goodput tokens/s per GPU",
                   description="Goodput tokens/s divided by the topology's GPUs (from the spec): the figure "
                               "that decides the crossover between topologies of equal GPU count.",
-                  unit="short", queries=(_per_topology(m.goodput_tokens_name(WINDOW, per_gpu=True)),), min=0),
+                  unit="short", queries=(_requests(m.goodput_tokens_name(WINDOW, per_gpu=True)),), min=0),
         ]
     throughput = (
         Panel(title="Output tokens/s",
-              description="Generated tokens per second, summed over the topology's instances.",
+              description="Generated tokens per second, summed over the topology's instances (a P/D "
+                          "topology's decode role: its prefill role's one token per request is no output).",
               unit="short", queries=(_per_topology(m.rate_name(catalog.GENERATION_TOKENS, WINDOW)),), min=0),
         Panel(title="Output tokens/s per GPU",
               description="Generated tokens per second divided by the topology's GPU count.",
               unit="short", queries=(_per_topology(m.per_gpu_name(catalog.GENERATION_TOKENS, WINDOW)),),
               min=0),
         Panel(title="Finished requests/s",
-              description="Requests finished per second (every finished_reason), per topology.",
-              unit="reqps", queries=(_per_topology(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW)),), min=0),
+              description="Requests finished per second (every finished_reason), per topology, each request "
+                          "once: a P/D topology's from its entrypoint, else decode-side.",
+              unit="reqps", queries=(_requests(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW)),), min=0),
         Panel(title="Output tokens/s per instance",
               description="Generated tokens per second of each instance, from the raw counter over "
                           "$__rate_interval: shows an unbalanced or idle replica inside a topology.",
@@ -274,11 +291,43 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
               min=0),
     )
     itl_slo = next((b for b in rules.slo_buckets if b.slo == "itl"), None)
+    ttft_slo = next((b for b in rules.slo_buckets if b.slo == "ttft"), None)
+    role_level = "topology_role"
+
+    def on_role(name: str, role: str) -> Query:
+        return Query(f'{name}{{{FILTERS},role="{role}"}}', f"{{{{topology}}}} {role} p99")
+
+    stages = (
+        Panel(title="What users waited for: TTFT p99", scope="pd", width=6,
+              description="p99 time to first token per topology as its users see it: from the entrypoint "
+                          "(prefill + KV transfer + first decode step), or decode-side without one.",
+              unit="s",
+              queries=(_requests(m.quantile_name(catalog.TTFT, 0.99, WINDOW), f"{SOURCE_LEGEND} p99"),),
+              lines=(Line(ttft_slo.le),) if ttft_slo else (), min=0),
+        Panel(title="Prefill: TTFT p99 on the prefill role", scope="pd", width=6,
+              description="p99 time to first token on the prefill instances: the prefill itself (and its "
+                          "queue), the first stage of a P/D request.",
+              unit="s",
+              queries=(on_role(m.quantile_name(catalog.TTFT, 0.99, WINDOW, role_level), "prefill"),),
+              min=0),
+        Panel(title="KV transfer: time p99", scope="pd", width=6,
+              description="p99 KV-cache transfer time, prefill to decode (NIXL or Mooncake): the second "
+                          "stage.",
+              unit="s",
+              queries=(_per_topology(m.quantile_name(m.KV_TIME, 0.99, WINDOW), "{{topology}} p99"),),
+              lines=(Line(rules.config.kv_transfer_p99_ms / 1000.0),), min=0),
+        Panel(title="Decode: ITL p99 on the decode role", scope="pd", width=6,
+              description="p99 inter-token latency on the decode instances: the third stage, free of "
+                          "prefill chunks.",
+              unit="s", queries=(on_role(m.quantile_name(catalog.ITL, 0.99, WINDOW, role_level), "decode"),),
+              lines=(Line(itl_slo.le),) if itl_slo else (), min=0),
+    )
     decode = (
         Panel(title="Decode ITL p99: P/D next to colocated",
               description="p99 inter-token latency of every topology: with 8K-token prompts, prefill chunks "
                           "stall colocated decode steps; a P/D decode instance never runs a prefill.",
-              unit="s", queries=(_per_topology(m.quantile_name(catalog.ITL, 0.99, WINDOW)),),
+              unit="s",
+              queries=(_requests(m.quantile_name(catalog.ITL, 0.99, WINDOW), f"{SOURCE_LEGEND} p99"),),
               lines=(Line(itl_slo.le),) if itl_slo else (), min=0),
         Panel(title="Queue depth: prefill vs decode",
               description="Waiting requests per role (prefill, decode, colocated) of each topology.",
@@ -286,11 +335,10 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
               queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, "topology_role")),
                              "{{topology}} {{role}}"),), min=0),
     )
-    role_level = "topology_role"
     request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
-    twice = ("A P/D request is one request on the prefill instance (max_tokens 1) and one on the decode "
-             "instance, so the overlay's topology-level figure of a P/D topology mixes both; read it here "
-             "per role.")
+    twice = ("A P/D request is one request on the prefill instance (max_tokens 1), one on the decode "
+             "instance and one at the entrypoint; the overlay counts it once (entrypoint, else decode-side), "
+             "here each role shows its own.")
     per_role: list[Panel] = [
         Panel(title="Finished requests/s per role", scope="pd",
               description=f"Requests finished per second on each role of each topology. {twice}",
@@ -324,7 +372,8 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
         title=f"vLLM crossover: P/D disaggregation ({stem})",
         description="KV-cache transfers between prefill and decode instances and what they buy: decode "
                     "inter-token latency beside the colocated topology's.",
-        rows=(Row("KV transfer", kv), Row("Decode", decode), Row("Per role", tuple(per_role))),
+        rows=(Row("Prefill, KV transfer and decode side by side", stages), Row("KV transfer", kv),
+              Row("Decode", decode), Row("Per role", tuple(per_role))),
         windows=rules.dashboard_windows)
 
 

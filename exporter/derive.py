@@ -96,7 +96,7 @@ class Derived:
     goodput_tokens_per_second_lower: float | None = None
     goodput_tokens_per_second_upper: float | None = None
     kv_transfer: KvTransfer | None = None
-    # Topologies only: where the request figures come from (names.REQUEST_SOURCES).
+    # Topologies only: where the request figures come from (crossover.spec.REQUEST_SOURCES).
     requests_source: str | None = None
 
     def per_gpu(self, value: float | None) -> float | None:
@@ -379,32 +379,38 @@ def exposes_requests(sums: WindowSums) -> bool:
     return any(m.name in sums.histograms or m.name in sums.rates for m in catalog.ENTRYPOINT_FAMILIES)
 
 
-def user_facing(instances: WindowSums, requests: WindowSums, generation: WindowSums,
+def user_facing(instances: WindowSums, sources: Sequence[WindowSums], generation: WindowSums,
                 prompt: WindowSums) -> WindowSums:
-    """A topology as its users see it: request-level families (latencies, finished requests) from
-    `requests` (its entrypoint, or its decode role), generated tokens from `generation` (decode),
-    prompt tokens from `prompt` (prefill), and everything else (KV cache, queues, KV transfer)
-    from its instances. No request is counted on two roles: the request outcome families
-    (slo.OUTCOME_FAMILIES) come from `requests` too."""
+    """A topology as its users see it: each request-level family (latencies, finished requests and
+    the other outcome families of slo.OUTCOME_FAMILIES) from the first of `sources` that has it (its
+    entrypoint, then its decode role), generated tokens from `generation` (decode), prompt tokens
+    from `prompt` (prefill), and everything else (KV cache, queues, KV transfer) from its
+    instances. No request is counted on two roles."""
+
+    def first(family: str) -> WindowSums:
+        return next((s for s in sources if family in s.histograms or family in s.rates), sources[-1])
+
+    finished = first(catalog.REQUEST_SUCCESS.name)
     out = WindowSums(targets=instances.targets, histograms=dict(instances.histograms),
-                     rates=dict(instances.rates), reason_rates=dict(requests.reason_rates),
+                     rates=dict(instances.rates), reason_rates=dict(finished.reason_rates),
                      hist_rates=dict(instances.hist_rates), gauge_mean_sum=instances.gauge_mean_sum,
                      gauge_max=instances.gauge_max, gauge_target_means=instances.gauge_target_means)
     for metric in dict.fromkeys((*catalog.ENTRYPOINT_FAMILIES, *slo.OUTCOME_FAMILIES)):
         out.histograms.pop(metric.name, None)
         out.rates.pop(metric.name, None)
-        if metric.name in requests.histograms:
-            out.histograms[metric.name] = requests.histograms[metric.name]
-        if metric.name in requests.rates:
-            out.rates[metric.name] = requests.rates[metric.name]
-        for part in ("_sum", "_count"):
-            out.hist_rates.pop(metric.name + part, None)
-            if metric.name + part in requests.hist_rates:
-                out.hist_rates[metric.name + part] = requests.hist_rates[metric.name + part]
-    for metric, source in ((catalog.GENERATION_TOKENS, generation), (catalog.PROMPT_TOKENS, prompt)):
-        out.rates.pop(metric.name, None)
+        source = first(metric.name)
+        if metric.name in source.histograms:
+            out.histograms[metric.name] = source.histograms[metric.name]
         if metric.name in source.rates:
             out.rates[metric.name] = source.rates[metric.name]
+        for part in ("_sum", "_count"):
+            out.hist_rates.pop(metric.name + part, None)
+            if metric.name + part in source.hist_rates:
+                out.hist_rates[metric.name + part] = source.hist_rates[metric.name + part]
+    for metric, tokens in ((catalog.GENERATION_TOKENS, generation), (catalog.PROMPT_TOKENS, prompt)):
+        out.rates.pop(metric.name, None)
+        if metric.name in tokens.rates:
+            out.rates[metric.name] = tokens.rates[metric.name]
     return out
 
 

@@ -105,14 +105,7 @@ DERIVED_SERIES: tuple[DerivedSeries, ...] = (
 )
 
 
-# Where a topology's request figures (latencies, requests, goodput) come from, most faithful first:
-# its entrypoint (what users waited for), its decode role (a P/D topology without entrypoint metrics;
-# decode-side, so TTFT excludes the prefill), or its instances (colocated: each request on one).
-REQUEST_SOURCES: dict[str, str] = {
-    "entrypoint": "entrypoint",
-    "decode": "decode-side: excludes the prefill",
-    "instances": "instances",
-}
+# 1 for the source of a topology's request figures (crossover.spec.REQUEST_SOURCES).
 REQUESTS_SOURCE = f"{PREFIX}_topology_requests_source"
 
 

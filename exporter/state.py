@@ -44,7 +44,6 @@ class TargetHealth:
     last_duration: float | None = None
     last_success: float | None = None
     last_error: str | None = None
-    last_reason: str | None = None
     body_bytes: int = 0
 
     def record(self, result: ScrapeResult, timestamp: float) -> None:
@@ -59,7 +58,6 @@ class TargetHealth:
             self.up = False
             self.errors[result.reason or "read"] += 1
             self.last_error = result.error
-            self.last_reason = result.reason
             self.history.prune(timestamp)
 
 
@@ -195,8 +193,8 @@ class _WindowDerivation:
         if source != "instances" or ENTRYPOINT_ROLE in by_role:
             decode = self.sums(by_role[Role.DECODE.value]) if Role.DECODE.value in by_role else instances
             prefill = self.sums(by_role[Role.PREFILL.value]) if Role.PREFILL.value in by_role else instances
-            requests = {"entrypoint": entry, "decode": decode, "instances": instances}[source]
-            sums = user_facing(instances, requests, decode, prefill)
+            sources = {"entrypoint": [entry, decode], "decode": [decode], "instances": [instances]}[source]
+            sums = user_facing(instances, sources, decode, prefill)
         derived = derive_sums(sums, gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
         return dataclasses.replace(derived, requests_source=source), silent
 

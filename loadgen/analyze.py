@@ -1,7 +1,8 @@
 """`crossover analyze DIR|FILES`: the crossover, capacities, table and sentences from result files
 of `vllm bench serve --save-result --save-detailed` (one per topology and level; the topology from
 `--metadata topology=NAME` or the file's folder), or from a sweep's own `--save-result` files.
-With --out it also writes a run folder, which the app opens like any past sweep."""
+With --out it also writes a run folder, which the app opens like any past sweep. Given sweep run
+folders instead (`crossover sweep --shard M/K` on K machines), it merges them into the --out folder."""
 
 from __future__ import annotations
 
@@ -49,6 +50,22 @@ def _gpus(files: list[Any], spec: Any, overrides: dict[str, int]) -> dict[str, i
                 raise UserError(f"{f.path}: metadata gpus={value!r} is not a whole number") from None
     gpus.update(overrides)
     return {f.topology: gpus.get(f.topology, 1) for f in files}
+
+
+def _merge_shards(folders: list[Path], args: argparse.Namespace) -> int:
+    """Sweep folders of one plan's shards: one run folder of them all, its table and sentences."""
+    from rich.console import Console
+
+    from crossover.loadgen.cli import print_summary
+    from crossover.loadgen.results import merge_runs
+
+    if not args.out:
+        raise UserError("--out: merging sweep folders writes one run folder; give --out DIR")
+    merged = merge_runs(folders, Path(args.out), n_boot=args.bootstrap)
+    out = Console() if sys.stdout.isatty() else Console(width=160)
+    print_summary(merged.summary, merged.crossover, out)
+    out.print(f"{len(folders)} shard folders merged into {merged.out_dir} (crossover app SPEC opens it)")
+    return 0
 
 
 def parse_gpus(items: list[str]) -> dict[str, int]:
@@ -102,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.bootstrap < 0:
         raise UserError(f"--bootstrap: must be zero or positive, got {args.bootstrap}")
+    folders = [Path(p) for p in args.paths]
+    if all((f / results.RUN_FILE).exists() for f in folders):
+        return _merge_shards(folders, args)
     spec = load_spec(args.spec) if args.spec else None
     slos_ms = parse_slo_overrides(args.goodput) or (spec.slos.thresholds_ms if spec is not None else {})
     if not slos_ms:

@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", action="store_true", help="also write each level's requests as CSV")
     parser.add_argument("--no-progress", action="store_true", help="plain lines instead of a live display")
     add_workload_arguments(parser)
+    _add_search_and_scale_arguments(parser)
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +118,54 @@ def _workload_fields(args: argparse.Namespace) -> dict[str, Any]:
             "think_time_s": args.think_time,
             "input_len": length("--random-input-len", args.random_input_len, args.input_len),
             "output_len": length("--random-output-len", args.random_output_len, args.output_len)}
+
+
+def _add_search_and_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adaptive levels and load generation across processes and machines (docs/sweep.md)."""
+    group = parser.add_argument_group("adaptive levels and load generation across cores")
+    group.add_argument("--adaptive", action="store_true",
+                       help="the levels given are the range and coarse start; add levels where the widest "
+                            "interval (crossing of --metric, capacity at the objective) needs them")
+    group.add_argument("--target-ci", type=float, default=None, metavar="WIDTH",
+                       help="adaptive: stop when every interval is narrower than WIDTH x its estimate (0.1)")
+    group.add_argument("--metric", default=None,
+                       help="adaptive: the metric whose crossing is sought (goodput)")
+    group.add_argument("--narrow", default=None, metavar="ANSWERS",
+                       help="adaptive: the intervals to narrow, crossing and/or capacity (crossing,capacity)")
+    group.add_argument("--max-requests", type=int, default=None,
+                       help="adaptive: budget of requests over all topologies and levels")
+    group.add_argument("--max-duration", type=float, default=None, metavar="SECONDS",
+                       help="adaptive: budget of traffic seconds over all topologies and levels")
+    group.add_argument("--workers", type=int, default=1,
+                       help="processes sending each level's traffic (at most the cores; 1)")
+    group.add_argument("--shard", default=None, metavar="M/K",
+                       help="this machine is shard M of K, each running --workers processes of the same "
+                            "plan; merge the K folders with `crossover analyze`")
+
+
+def _adaptive(args: argparse.Namespace) -> Any:
+    """The adaptive plan, or None; the adaptive-only flags without --adaptive are a mistake."""
+    from crossover.loadgen.adaptive import ANSWERS, DEFAULT_METRIC, DEFAULT_TARGET_CI, AdaptivePlan
+
+    given = [flag for flag, value in (("--target-ci", args.target_ci), ("--metric", args.metric),
+                                      ("--narrow", args.narrow),
+                                      ("--max-requests", args.max_requests),
+                                      ("--max-duration", args.max_duration)) if value is not None]
+    if not args.adaptive:
+        if given:
+            raise UserError(f"{given[0]}: only for an adaptive sweep (add --adaptive)")
+        return None
+    return AdaptivePlan(target_ci=DEFAULT_TARGET_CI if args.target_ci is None else args.target_ci,
+                        metric=args.metric or DEFAULT_METRIC, max_requests=args.max_requests,
+                        max_duration_s=args.max_duration,
+                        answers=tuple(a.strip() for a in args.narrow.split(",")) if args.narrow else ANSWERS)
+
+
+def _traffic(args: argparse.Namespace) -> Any:
+    from crossover.loadgen.sweep import Traffic
+    from crossover.loadgen.workers import parse_shard
+
+    return Traffic(workers=args.workers, shard=parse_shard(args.shard))
 
 
 def _request_rate(args: argparse.Namespace) -> str:
@@ -220,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     plan = _plan(args)
+    adaptive = _adaptive(args)
+    traffic = _traffic(args)
     _bench_options(args)  # a bad --percentile-metrics is an error before any traffic
     for name in args.topology or []:
         spec.topology(name)
@@ -229,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, disable=not live)
     n_topologies = len(args.topology or spec.topologies)
-    overall = progress.add_task("levels", total=len(plan.levels) * n_topologies)
+    overall = progress.add_task("levels", total=None if adaptive else len(plan.levels) * n_topologies)
     current = progress.add_task("requests", total=None)
 
     def on_request(topology: str, level: float, done: int, total: int | None) -> None:
@@ -237,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
                         total=total)
 
     def on_level(event: LevelDone) -> None:
-        progress.update(overall, completed=event.position)
+        progress.update(overall, completed=event.position, total=event.total)
         row = event.summary[(event.summary["topology"] == event.topology)
                             & (event.summary["level"] == event.level)]
         if row.empty:
@@ -259,13 +310,17 @@ def run(args: argparse.Namespace) -> int:
         try:
             result = run_sweep(spec, plan, Path(args.out), args.topology, on_level=on_level, stop=stop,
                                on_request=on_request if live else None, csv=args.csv, n_boot=args.bootstrap,
-                               bench=_bench_options(args))
+                               bench=_bench_options(args), adaptive=adaptive, traffic=traffic)
         except KeyboardInterrupt:
             stop.set()
             raise
     out = Console() if sys.stdout.isatty() else Console(width=160)  # files and pipes: no 80-column squeeze
     if not result.summary.empty:
         print_summary(result.summary, result.crossover, out)
+    if adaptive is not None:
+        from crossover.loadgen.adaptive import adaptive_line
+
+        out.print(adaptive_line(result.crossover.get("adaptive") or {}, plan.axis))
     if not result.turns.empty:
         print_turns(result.turns, out)
     workload = result.workload

@@ -110,9 +110,12 @@ def level_done(out_dir: Path, plan: SweepPlan, topology: str, level: float) -> b
     return level_path(out_dir, plan, topology, level).exists()
 
 
-def prepare(out_dir: Path, info: RunInfo) -> None:
-    """Start or resume a run in out_dir; refuse to mix two different plans in one folder."""
+def prepare(out_dir: Path, info: RunInfo, extra: dict[str, Any] | None = None) -> None:
+    """Start or resume a run in out_dir; refuse to mix two different plans, or two shards, in one
+    folder. `extra` is kept beside the plan: "adaptive" (its target and budgets may change between
+    runs: a resumed sweep may go on further) and "traffic" (workers, and this machine's shard)."""
     path = out_dir / RUN_FILE
+    extra = extra or {}
     if path.exists():
         try:
             previous = json.loads(path.read_text())
@@ -121,14 +124,24 @@ def prepare(out_dir: Path, info: RunInfo) -> None:
         if previous.get("plan") != info.plan.to_json():
             raise UserError(f"{out_dir}: holds a run with a different plan; use another --out to start "
                             "a new one (or the same options to resume it)")
+        shard, before = shard_of(extra), shard_of(previous)
+        if shard != before:
+            raise UserError(f"--shard: {out_dir} holds shard {before[0]}/{before[1]}'s requests, not "
+                            f"{shard[0]}/{shard[1]}'s; use another --out")
         merged = {**previous.get("topologies", {}), **info.to_json()["topologies"]}
-        write_json(path, {**info.to_json(), "topologies": merged})
+        write_json(path, {**info.to_json(), **extra, "topologies": merged})
         return
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {out_dir}: cannot create the folder ({exc.strerror})") from None
-    write_json(path, info.to_json())
+    write_json(path, {**info.to_json(), **extra})
+
+
+def shard_of(run: dict[str, Any]) -> tuple[int, int]:
+    """(M, K) of a run.json's "traffic": machine M of K; (0, 1) for a run from one machine."""
+    shard = (run.get("traffic") or {}).get("shard") or (0, 1)
+    return int(shard[0]), int(shard[1])
 
 
 def write_level(out_dir: Path, plan: SweepPlan, topology: str, level: float, requests: pd.DataFrame,
@@ -155,7 +168,9 @@ def read_requests(out_dir: Path) -> pd.DataFrame:
     files = sorted((out_dir / LEVELS_DIR).glob("*/*.parquet"))
     if not files:
         return pd.DataFrame()
-    frames = [pd.read_parquet(f) for f in files]
+    frames = [frame for frame in (pd.read_parquet(f) for f in files) if len(frame)]  # a shard's empty levels
+    if not frames:
+        return pd.DataFrame()
     requests = pd.concat(frames, ignore_index=True)
     for column in LIST_COLUMNS:
         if column in requests:
@@ -195,3 +210,50 @@ def load_run(out_dir: str | os.PathLike[str]) -> Run:
     crossover_path = folder / CROSSOVER_FILE
     crossover = json.loads(crossover_path.read_text()) if crossover_path.exists() else {}
     return Run(folder, info, requests, summary, crossover, turn_summary(requests), read_server_views(folder))
+
+
+def merge_runs(folders: list[Path], out_dir: Path, n_boot: int = 200) -> Run:
+    """One run folder from the folders of one plan's shards (`crossover sweep --shard M/K` on K
+    machines): each (topology, level)'s requests concatenated in index order, the summary and the
+    crossover computed from all of them. Every shard must be there exactly once."""
+    from crossover.loadgen.crossings import analyze
+    from crossover.loadgen.summary import summarize
+
+    runs: list[tuple[Path, dict[str, Any]]] = []
+    for folder in folders:
+        try:
+            runs.append((folder, json.loads((folder / RUN_FILE).read_text())))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{folder}: not a sweep folder ({exc})") from None
+    first_folder, first = runs[0]
+    for folder, data in runs[1:]:
+        if data.get("plan") != first.get("plan"):
+            raise UserError(f"{folder}: another plan than {first_folder}'s; only shards of one plan merge")
+    shards = sorted(shard_of(data) for _, data in runs)
+    machines = shards[0][1]
+    if shards != [(m, machines) for m in range(machines)]:
+        raise UserError(f"shards: want each of 0/{machines} to {machines - 1}/{machines} once, got "
+                        f"{', '.join(f'{m}/{k}' for m, k in shards)}")
+    topologies = {name: t for _, data in runs for name, t in data.get("topologies", {}).items()}
+    info = RunInfo.from_json({**first, "topologies": topologies})
+    prepare(out_dir, info, {"traffic": {"workers": sum((d.get("traffic") or {}).get("workers", 1)
+                                                       for _, d in runs), "shard": [0, 1]}})
+    names = sorted({p.relative_to(f) for f, _ in runs for p in (f / LEVELS_DIR).glob("*/*.parquet")})
+    for name in names:
+        frames = [frame for f, _ in runs if (f / name).exists() and len(frame := pd.read_parquet(f / name))]
+        if not frames:
+            continue
+        merged = pd.concat(frames, ignore_index=True).sort_values("index", kind="stable")
+        merged = merged.reset_index(drop=True)
+        if merged["index"].duplicated().any():
+            raise UserError(f"{name}: the same request in two folders (one shard given twice?)")
+        topology, level = str(merged["topology"].iloc[0]), float(merged["level"].iloc[0])
+        write_level(out_dir, info.plan, topology, level, merged)
+    requests = read_requests(out_dir)
+    summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
+    crossover = analyze(summary, requests, axis=info.plan.axis, objective=info.objective,
+                        slos_ms=info.slos_ms, plan=info.plan, n_boot=n_boot, seed=info.plan.seed,
+                        order=list(info.topologies))
+    write_summary(out_dir, summary)
+    write_json(out_dir / CROSSOVER_FILE, crossover)
+    return load_run(out_dir)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +23,7 @@ import pandas as pd
 from crossover.errors import UserError
 from crossover.eventloop import loop_factory
 from crossover.loadgen import results
+from crossover.loadgen.adaptive import STOP_REASONS, AdaptivePlan, check_budget, coarse_levels, decide
 from crossover.loadgen.benchjson import BenchOptions, bench_result
 from crossover.loadgen.client import (
     Balancer,
@@ -40,6 +41,7 @@ from crossover.loadgen.results import RunInfo, TopologyInfo
 from crossover.loadgen.serverside import ServerView
 from crossover.loadgen.summary import summarize, turn_summary
 from crossover.loadgen.tokens import open_tokenizer
+from crossover.loadgen.workers import Share, WorkerPool, check_workers, shares
 from crossover.spec import Balance, FleetSpec, Topology
 
 
@@ -74,6 +76,7 @@ class SweepResult:
     workload: dict[str, Any] = field(default_factory=dict)  # workload.json: tokenizer, template overhead
     turns: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # per-turn latencies (--turns)
     measured_levels: list[tuple[str, float]] = field(default_factory=list)
+    stop_reason: str = ""  # adaptive: loadgen.adaptive.STOP_REASONS; fixed: "stopped" or ""
 
 
 RequestCallback = Callable[[str, float, int, "int | None"], None]
@@ -144,7 +147,7 @@ class _LevelRunner:
     def __init__(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
                  on_request: RequestCallback | None, client: ClientOptions,
                  prepared: Iterator[Prepared], turn_tokens: int = 0,
-                 server_view: ServerView | None = None) -> None:
+                 server_view: ServerView | None = None, share: Share | None = None) -> None:
         policy = Balance.ROUND_ROBIN if info.balance == "entrypoint" else Balance(info.balance)
         self.balancer = Balancer(list(info.targets), policy)
         self.info, self.model, self.plan, self.level = info, model, plan, level
@@ -152,7 +155,10 @@ class _LevelRunner:
         self.on_request = on_request
         self.total = plan.requests_for(level)
         self.client = client
-        self.prepared = prepared
+        self.prepared = prepared  # this share's requests (all of them for the one share of one)
+        self.share = share = share or Share()
+        self.mine = (None if self.total is None else
+                     sum(1 for i in range(self.total) if share.owns(plan, level, i)))
         self.turn_tokens = turn_tokens
         self.server_view = server_view
         self.server: dict[str, Any] | None = None  # the servers' figures over the level
@@ -212,6 +218,8 @@ class _LevelRunner:
 
     async def _closed(self, session: HTTPClient) -> None:
         concurrency = int(self.level)
+        if self.share.index >= self.share.active(self.plan, self.level):
+            return  # fewer clients than shares: this one has none
         source = self.prepared
         deadline = (time.monotonic() + self.plan.ramp_s + self.plan.duration_s
                     if self.plan.duration_s is not None and self.total is None else None)
@@ -222,7 +230,7 @@ class _LevelRunner:
             if self.plan.ramp_s > 0:
                 await asyncio.sleep(self.plan.ramp_s * number / concurrency)
             while True:
-                if self.total is not None and issued >= self.total:
+                if self.mine is not None and issued >= self.mine:
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     return
@@ -230,7 +238,7 @@ class _LevelRunner:
                 issued += 1 + len(prepared[0].followups)  # every turn is a request
                 await self._one(session, prepared)
 
-        await asyncio.gather(*(worker(n) for n in range(concurrency)))
+        await asyncio.gather(*(worker(n) for n in self.share.clients(self.level)))
 
     async def _open(self, session: HTTPClient) -> None:
         conversations = self.plan.conversations_for(self.level)
@@ -240,7 +248,10 @@ class _LevelRunner:
         loop = asyncio.get_running_loop()
         start = loop.time()
         tasks = []
-        for offset, request in zip(offsets.tolist(), self.prepared, strict=False):
+        # a share's requests keep their planned arrival (request i at offset i: shares are single-turn)
+        planned = (zip(offsets.tolist(), self.prepared, strict=False) if self.share.count == 1 else
+                   ((offsets[request[0].index], request) for request in self.prepared))
+        for offset, request in planned:
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -272,9 +283,190 @@ async def _run_or_stop(job: Coroutine[Any, Any, list[RequestRecord]],
 
 def records_frame(records: list[RequestRecord], turns: int = 1) -> pd.DataFrame:
     """The requests table; `turn` numbers a request within its conversation (1 when single-turn)."""
+    if not records:  # a shard with no client at this level (closed loop, fewer clients than shares)
+        return pd.DataFrame(columns=[*(f.name for f in fields(RequestRecord)), "turn"])
     frame = pd.DataFrame.from_records([vars(r) for r in records])
-    frame["turn"] = frame["index"] % turns + 1 if len(frame) else pd.Series(dtype=int)
+    frame["turn"] = frame["index"] % turns + 1
     return frame.sort_values("index", kind="stable").reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Who sends a level's traffic: `workers` local processes, this machine being `shard` (M, K)."""
+
+    workers: int = 1
+    shard: tuple[int, int] = (0, 1)
+
+    def __post_init__(self) -> None:
+        check_workers(self.workers)
+
+    @property
+    def shares(self) -> list[Share]:
+        return shares(self.workers, self.shard)
+
+
+class _Sweep:
+    """One sweep's state: the levels measured or resumed so far, published after each one."""
+
+    def __init__(self, spec: FleetSpec, folder: Path, info: RunInfo, plan: SweepPlan,
+                 on_level: Callable[[LevelDone], None] | None, on_request: RequestCallback | None,
+                 stop: StopFlag | None, csv: bool, n_boot: int, client: ClientOptions,
+                 pool: WorkerPool | None, share: Share, workload: Workload,
+                 bench: BenchOptions | None) -> None:
+        self.spec, self.folder, self.info, self.plan, self.on_level = spec, folder, info, plan, on_level
+        self.on_request, self.stop, self.csv, self.n_boot = on_request, stop, csv, n_boot
+        self.client, self.pool, self.share = client, pool, share
+        self.workload, self.bench = workload, bench
+        self.ready: dict[float, list[Prepared]] = {}  # a level's requests, made once for every topology
+        self.frames: list[pd.DataFrame] = []
+        self.outcome = SweepResult(folder, info, pd.DataFrame(), pd.DataFrame(), {},
+                                   workload=workload.describe())
+        self.position = 0
+        self.spent_requests = 0
+        self.spent_s = 0.0
+        self.adaptive: dict[str, Any] | None = None  # the latest decision, kept in crossover.json
+
+    def _publish(self, name: str, level: float, frame: pd.DataFrame, resumed: bool, total: int) -> None:
+        if len(frame):  # a shard's empty level: nothing to add (and its columns have no types)
+            self.frames.append(frame)
+            self.spent_requests += len(frame)
+            self.spent_s += float(frame["end_time"].max() - frame["send_time"].min())
+        outcome, info, plan = self.outcome, self.info, self.plan
+        outcome.requests = pd.concat(self.frames, ignore_index=True) if self.frames else pd.DataFrame()
+        outcome.summary = summarize(outcome.requests, info.slos_ms, info.gpus, plan)
+        outcome.crossover = analyze(outcome.summary, outcome.requests, axis=plan.axis,
+                                    objective=info.objective, slos_ms=info.slos_ms, plan=plan,
+                                    n_boot=self.n_boot, seed=plan.seed, order=list(info.topologies))
+        self.write_crossover()
+        results.write_summary(self.folder, outcome.summary)
+        if plan.turns > 1:
+            outcome.turns = turn_summary(outcome.requests)
+            results.write_turns(self.folder, outcome.turns)
+        if self.on_level is not None:
+            self.on_level(LevelDone(name, level, self.position, total, resumed, frame, outcome.summary,
+                                    outcome.crossover))
+
+    def write_crossover(self) -> None:
+        if self.adaptive is not None:
+            self.outcome.crossover["adaptive"] = self.adaptive
+        results.write_json(self.folder / results.CROSSOVER_FILE, self.outcome.crossover)
+
+    def _prepared(self, level: float) -> Iterator[Prepared]:
+        if self.plan.requests_for(level) is None:
+            return prepare_level(self.workload, self.info.model, level)
+        if level not in self.ready:
+            self.ready.clear()
+            self.ready[level] = list(prepare_level(self.workload, self.info.model, level))
+        return iter(self.ready[level])
+
+    async def _records(self, name: str,
+                       level: float) -> tuple[list[RequestRecord] | None, dict[str, Any] | None]:
+        """The level's records and the servers' figures over it; no records when stopped."""
+        prepared = self._prepared(level)
+        view = ServerView(self.spec, name)
+        if self.pool is None:
+            share, plan = self.share, self.plan
+            mine = (prepared if share.count == 1
+                    else (p for p in prepared if share.owns(plan, level, p[0].index)))
+            runner = _LevelRunner(self.info.topologies[name], self.info.model, plan, level,
+                                  self.on_request, self.client, mine, self.workload.turn_tokens, view,
+                                  share=share)
+            return await _run_or_stop(runner.run(), self.stop), runner.server
+        total = self.plan.requests_for(level)
+        sent = 0
+
+        def progress(done: int) -> None:
+            nonlocal sent
+            sent += done
+            if self.on_request is not None:
+                self.on_request(name, level, sent, total)
+
+        before = await view.scrape_all()
+        records = await self.pool.run_level(self.info.topologies[name], self.info.model, self.plan, level,
+                                            list(prepared), self.stop, progress)
+        return records, (view.level_figures(before, await view.scrape_all()) if before is not None else None)
+
+    async def level(self, level: float, total: int) -> bool:
+        """Every topology at `level`, read back where a previous run finished it; False if stopped."""
+        for name in self.info.topologies:
+            self.position += 1
+            path = results.level_path(self.folder, self.plan, name, level)
+            if path.exists():
+                frame = pd.read_parquet(path)
+                for column in results.LIST_COLUMNS:
+                    frame[column] = frame[column].map(list)
+                self.outcome.resumed_levels += 1
+                self._publish(name, level, frame, True, total)
+                continue
+            if self.stop is not None and self.stop.is_set():
+                self.outcome.stopped = True
+                return False
+            records, server = await self._records(name, level)
+            if records is None:
+                self.outcome.stopped = True
+                return False
+            frame = records_frame(records, self.plan.turns)
+            results.write_level(self.folder, self.plan, name, level, frame, csv=self.csv)
+            if server is not None:
+                results.write_json(path.with_suffix(results.SERVER_SUFFIX), server)
+            if self.bench is not None:  # --save-result: the level as vllm bench serve writes it, beside it
+                results.write_json(path.with_suffix(".json"), bench_result(
+                    frame, topology=name, level=level, axis=self.plan.axis, model=self.info.model,
+                    endpoint=self.plan.endpoint.value, tokenizer=self.outcome.workload["tokenizer"],
+                    burstiness=self.plan.burstiness, slos_ms=self.info.slos_ms, options=self.bench))
+            self.outcome.measured_levels.append((name, level))
+            self._publish(name, level, frame, False, total)
+        return True
+
+    def over_budget(self, adaptive: AdaptivePlan, level: float) -> str:
+        """The budget the next level would overspend ("" when it fits)."""
+        topologies = len(self.info.topologies)
+        cost = self.plan.requests_for(level)
+        if (adaptive.max_requests is not None and cost is not None
+                and self.spent_requests + cost * topologies > adaptive.max_requests):
+            return "max-requests"
+        if (adaptive.max_duration_s is not None
+                and self.spent_s + self._seconds_for(level) * topologies > adaptive.max_duration_s):
+            return "max-duration"
+        return ""
+
+    def _seconds_for(self, level: float) -> float:
+        """A level's expected length: fixed by the plan, or the nearest measured level's time per
+        request times this level's requests (longer than it will be above that level: closed-loop
+        throughput grows with concurrency)."""
+        summary = self.outcome.summary
+        if self.plan.duration_s is not None and self.plan.mode is Mode.CLOSED:
+            return self.plan.ramp_s + self.plan.duration_s
+        requests_here = self.plan.requests_for(level) or 0
+        if self.plan.mode is Mode.OPEN:
+            return requests_here / level
+        nearest = summary.iloc[(summary["level"] - level).abs().argsort()[:1]]
+        per_request = float(nearest["duration_s"].iloc[0]) / max(1, int(nearest["requests_sent"].iloc[0]))
+        return per_request * requests_here
+
+
+async def _adaptive_levels(sweep: _Sweep, adaptive: AdaptivePlan) -> str:
+    """The coarse start, then level after level where the widest interval needs it; why it stopped."""
+    plan, topologies = sweep.plan, len(sweep.info.topologies)
+    levels = list(coarse_levels(plan))
+    for level in levels:
+        if not await sweep.level(level, len(levels) * topologies):
+            return "stopped"
+    while True:
+        decision = decide(sweep.outcome.crossover, adaptive, plan, levels)
+        reason = decision.stop_reason or (sweep.over_budget(adaptive, decision.level)
+                                          if decision.level is not None else "")
+        sweep.adaptive = {**decision.to_json(), "levels": list(levels), "requests": sweep.spent_requests,
+                          "traffic_s": sweep.spent_s, "stop_reason": reason,
+                          "stop_sentence": STOP_REASONS.get(reason, ""),
+                          "next_level": decision.level if not reason else None}
+        sweep.write_crossover()
+        if reason:
+            return reason
+        assert decision.level is not None
+        levels.append(decision.level)
+        if not await sweep.level(decision.level, len(levels) * topologies):
+            return "stopped"
 
 
 async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
@@ -282,87 +474,68 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
                           on_level: Callable[[LevelDone], None] | None = None,
                           stop: StopFlag | None = None, *, on_request: RequestCallback | None = None,
                           csv: bool = False, n_boot: int = 200,
-                          client: ClientOptions | None = None,
-                          bench: BenchOptions | None = None) -> SweepResult:
+                          client: ClientOptions | None = None, bench: BenchOptions | None = None,
+                          adaptive: AdaptivePlan | None = None, traffic: Traffic = Traffic()) -> SweepResult:
     """The sweep on the running event loop; see run_sweep (client.uvloop is the caller's)."""
     folder = Path(out_dir)
     info = run_info(spec, plan, topologies)
+    if (traffic.workers > 1 or traffic.shard[1] > 1) and plan.turns > 1:
+        raise UserError("--workers, --shard: a multi-turn conversation (--turns) is sent by one process")
+    if traffic.workers > 1 and any(plan.requests_for(level) is None for level in plan.levels):
+        raise UserError("--workers: a closed-loop level that runs for --duration cannot be split ahead; "
+                        "give --requests or --rounds")
+    if adaptive is not None:
+        check_budget(plan, adaptive, len(info.topologies))
+        if n_boot < 1:
+            raise UserError("--bootstrap: an adaptive sweep needs intervals, give at least 1 resample")
+        if traffic.shard[1] > 1:
+            raise UserError("--shard: an adaptive sweep chooses levels from all the records; run it on "
+                            "one machine (--workers), or shard a fixed grid")
+    extra: dict[str, Any] = {"traffic": {"workers": traffic.workers, "shard": list(traffic.shard)}}
+    if adaptive is not None:
+        extra["adaptive"] = adaptive.to_json()
     workload = open_workload(spec, plan, list(info.topologies))
-    results.prepare(folder, info)
+    results.prepare(folder, info, extra)
     results.write_json(folder / results.WORKLOAD_FILE, workload.describe())
-    ready: dict[float, list[Prepared]] = {}  # a level's requests, made once for every topology
-    jobs = [(name, level) for level in plan.levels for name in info.topologies]
-    frames: list[pd.DataFrame] = []
-    outcome = SweepResult(folder, info, pd.DataFrame(), pd.DataFrame(), {}, workload=workload.describe())
-
-    def publish(name: str, level: float, position: int, frame: pd.DataFrame, resumed: bool) -> None:
-        frames.append(frame)
-        outcome.requests = pd.concat(frames, ignore_index=True)
-        outcome.summary = summarize(outcome.requests, info.slos_ms, info.gpus, plan)
-        outcome.crossover = analyze(outcome.summary, outcome.requests, axis=plan.axis,
-                                    objective=info.objective, slos_ms=info.slos_ms, plan=plan, n_boot=n_boot,
-                                    seed=plan.seed, order=list(info.topologies))
-        results.write_summary(folder, outcome.summary)
-        if plan.turns > 1:
-            outcome.turns = turn_summary(outcome.requests)
-            results.write_turns(folder, outcome.turns)
-        results.write_json(folder / results.CROSSOVER_FILE, outcome.crossover)
-        if on_level is not None:
-            on_level(LevelDone(name, level, position, len(jobs), resumed, frame, outcome.summary,
-                               outcome.crossover))
-
-    for position, (name, level) in enumerate(jobs, 1):
-        path = results.level_path(folder, plan, name, level)
-        if path.exists():
-            frame = pd.read_parquet(path)
-            for column in results.LIST_COLUMNS:
-                frame[column] = frame[column].map(list)
-            outcome.resumed_levels += 1
-            publish(name, level, position, frame, resumed=True)
-            continue
-        if stop is not None and stop.is_set():
-            outcome.stopped = True
-            break
-        if plan.requests_for(level) is None:
-            prepared = prepare_level(workload, info.model, level)
+    options = client or ClientOptions()
+    share_list = traffic.shares
+    pool = WorkerPool(share_list, options) if len(share_list) > 1 else None
+    try:
+        sweep = _Sweep(spec, folder, info, plan, on_level, on_request, stop, csv, n_boot, options, pool,
+                       share_list[0], workload, bench)
+        if adaptive is None:
+            for level in plan.levels:
+                if not await sweep.level(level, len(plan.levels) * len(info.topologies)):
+                    break
+            sweep.outcome.stop_reason = "stopped" if sweep.outcome.stopped else ""
         else:
-            if level not in ready:
-                ready.clear()
-                ready[level] = list(prepare_level(workload, info.model, level))
-            prepared = iter(ready[level])
-        runner = _LevelRunner(info.topologies[name], info.model, plan, level, on_request,
-                              client or ClientOptions(), prepared, workload.turn_tokens,
-                              ServerView(spec, name))
-        records = await _run_or_stop(runner.run(), stop)
-        if records is None:
-            outcome.stopped = True
-            break
-        frame = records_frame(records, plan.turns)
-        results.write_level(folder, plan, name, level, frame, csv=csv)
-        if runner.server is not None:
-            results.write_json(path.with_suffix(results.SERVER_SUFFIX), runner.server)
-        if bench is not None:  # --save-result: the level as vllm bench serve writes it, beside its table
-            results.write_json(path.with_suffix(".json"), bench_result(
-                frame, topology=name, level=level, axis=plan.axis, model=info.model,
-                endpoint=plan.endpoint.value, tokenizer=outcome.workload["tokenizer"],
-                burstiness=plan.burstiness, slos_ms=info.slos_ms, options=bench))
-        outcome.measured_levels.append((name, level))
-        publish(name, level, position, frame, resumed=False)
-    return outcome
+            sweep.outcome.stop_reason = await _adaptive_levels(sweep, adaptive)
+            if sweep.outcome.stopped and sweep.adaptive is not None:
+                sweep.adaptive.update(stop_reason="stopped", stop_sentence=STOP_REASONS["stopped"],
+                                      next_level=None)
+                sweep.write_crossover()
+    finally:
+        if pool is not None:
+            pool.close()
+    return sweep.outcome
 
 
 def run_sweep(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path, topologies: Sequence[str] | None = None,
               on_level: Callable[[LevelDone], None] | None = None, stop: StopFlag | None = None, *,
               on_request: RequestCallback | None = None, csv: bool = False, n_boot: int = 200,
-              client: ClientOptions | None = None, bench: BenchOptions | None = None) -> SweepResult:
+              client: ClientOptions | None = None, bench: BenchOptions | None = None,
+              adaptive: AdaptivePlan | None = None, traffic: Traffic = Traffic()) -> SweepResult:
     """Run a sweep to completion (or until `stop` is set) in a fresh event loop on this thread
     (uvloop's where installed, unless client.uvloop is False: the client's hot path is the loop).
 
     Safe to call from a background thread (the Streamlit app does): results land in out_dir as
-    each level finishes, and on_level is called on this thread after each one.
+    each level finishes, and on_level is called on this thread after each one. With `adaptive`,
+    the plan's levels are the coarse start and the range; the sweep adds levels (see
+    loadgen.adaptive) and result.stop_reason says why it stopped. `traffic` spreads each level
+    over processes (and machines: see loadgen.workers).
     """
     options = client or ClientOptions()
     with asyncio.Runner(loop_factory=loop_factory("auto" if options.uvloop else "asyncio")) as runner:
         return runner.run(run_sweep_async(spec, plan, out_dir, topologies, on_level, stop,
                                           on_request=on_request, csv=csv, n_boot=n_boot, client=options,
-                                          bench=bench))
+                                          bench=bench, adaptive=adaptive, traffic=traffic))

@@ -5,7 +5,7 @@ writes a chunk to every stream). Python handles the reads one after another, ten
 microseconds each, so a time taken in user space is late by the reads handled before it: about
 10 ms for the last of 512 reads. With SO_TIMESTAMPNS the kernel notes when each packet arrived
 (on loopback: during the server's write), and recvmsg hands the time to us with the bytes, so the
-stamp no longer depends on how busy the client is.
+stamp does not depend on how busy the client is.
 
 The transport reads with `recvmsg` from `loop.add_reader`, so it works on asyncio's loop and on
 uvloop alike, and hands each read to the protocol with `protocol.read_stamp` set just before

@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog
-from crossover.exposition import Hist, family
+from crossover.exposition import Hist, family, http_key
 from crossover.spec import Role, Topology
 
 # A non-streamed answer is kept (up to this size) only to read its finish reason.
@@ -34,17 +34,18 @@ _MAX_KEPT_BODY = 1 << 20
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
 
 
-# Outcomes the entrypoint records beside the finish reasons a stream reports: the client left
-# (vLLM's "abort") or an instance failed, answered 5xx or cut the stream ("error").
-ABORT = "abort"
+# The outcome the entrypoint records beside the finish reasons a stream reports: an instance
+# failed, answered 5xx or cut the stream. A client that leaves gets none (crossover.slo: as vLLM).
 ERROR = "error"
 
 
 class EntrypointMetrics:
-    """vLLM's request-level families as the entrypoint sees them: TTFT from the request's arrival at
-    the proxy to its first streamed token, ITL between streamed tokens, TPOT per request, e2e latency,
-    and finished requests by reason (failures included). Names, labels and buckets from the catalog.
-    TTFT, ITL and TPOT need a streamed response; a non-streamed one counts in e2e and outcomes only."""
+    """vLLM's request-level families as the entrypoint sees them, counted as vLLM 0.32 counts them
+    (crossover.slo): TTFT from the request's arrival at the proxy to its first streamed token, ITL
+    between streamed tokens, TPOT per request, e2e latency, finished requests by reason (an
+    instance's failure as "error", observed in e2e like any finished request) and answered requests
+    by handler and status class. A client that leaves mid-stream has TTFT and ITL of the tokens it
+    got and no finished reason, e2e or TPOT. TTFT, ITL and TPOT need a streamed response."""
 
     def __init__(self, model_name: str) -> None:
         self.labels = {"model_name": model_name, "engine": "0"}
@@ -54,18 +55,23 @@ class EntrypointMetrics:
         self.itl = Hist(catalog.ITL.buckets, self.created)
         self.tpot = Hist(catalog.TPOT.buckets, self.created)
         self.e2e = Hist(catalog.E2E_LATENCY.buckets, self.created)
+        self.http: dict[tuple[str, str, str], int] = {}  # (handler, method, status class) -> requests
 
-    def finished(self, reason: str, arrival: float, end: float, tokens: list[float]) -> None:
-        """One request: its finish reason, arrival and end times, and each streamed token's time."""
+    def on_http(self, handler: str, method: str, status: int) -> None:
+        key = http_key(handler, method, status)
+        self.http[key] = self.http.get(key, 0) + 1
+
+    def finished(self, reason: str | None, arrival: float, end: float, tokens: list[float]) -> None:
+        """One request: its finish reason (None: the client left), arrival and end times, and each
+        streamed token's time."""
+        if tokens:
+            self.ttft.observe(tokens[0] - arrival)
+            for previous, current in itertools.pairwise(tokens):
+                self.itl.observe(current - previous)
+        if reason is None:
+            return
         self.success[reason] = self.success.get(reason, 0) + 1
-        if reason in (ABORT, ERROR):
-            return
         self.e2e.observe(end - arrival)
-        if not tokens:
-            return
-        self.ttft.observe(tokens[0] - arrival)
-        for previous, current in itertools.pairwise(tokens):
-            self.itl.observe(current - previous)
         self.tpot.observe((tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else 0.0)
 
     def collect(self) -> Iterator[PromFamily]:
@@ -73,8 +79,9 @@ class EntrypointMetrics:
             catalog.REQUEST_SUCCESS.name: {k: float(v) for k, v in self.success.items()},
             catalog.TTFT.name: self.ttft, catalog.ITL.name: self.itl, catalog.TPOT.name: self.tpot,
             catalog.E2E_LATENCY.name: self.e2e,
+            catalog.HTTP_REQUESTS.name: {k: float(v) for k, v in self.http.items()},
         }
-        for metric in catalog.ENTRYPOINT_FAMILIES:
+        for metric in (*catalog.ENTRYPOINT_FAMILIES, catalog.HTTP_REQUESTS):
             yield family(metric, metric.name, self.labels, self.created, values[metric.name])
 
     def render(self) -> bytes:
@@ -147,7 +154,7 @@ class EntrypointProxy:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._count_http])
         app.router.add_post("/v1/completions", self.forward)
         app.router.add_post("/v1/chat/completions", self.forward)
         app.router.add_get("/v1/models", self.models)
@@ -167,6 +174,15 @@ class EntrypointProxy:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    @web.middleware
+    async def _count_http(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every answered API request by handler, method and status class, as vLLM's API server
+        counts them (its own /metrics and /health left out); a stream the client cut counts 2xx."""
+        response: web.StreamResponse = await handler(request)
+        if request.path not in ("/metrics", "/health"):
+            self.metrics.on_http(request.path, request.method, response.status)
+        return response
 
     async def serve_metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -211,7 +227,7 @@ class EntrypointProxy:
 
     def _failed(self, status: int, arrival: float) -> None:
         """A request the instances refused: a 5xx is a failure; a 4xx is the client's own mistake,
-        which vLLM does not count as a finished request either."""
+        which vLLM does not count as a finished request either (crossover.slo)."""
         if status >= 500:
             self.metrics.finished(ERROR, arrival, time.perf_counter(), [])
 
@@ -222,11 +238,13 @@ class EntrypointProxy:
         streamed = bool(body.get("stream"))
         payload = b""
         client_left = False
+        prepared: web.StreamResponse | None = None
         try:
             async with self._session.post(url, json=body) as upstream:
                 response = web.StreamResponse(status=upstream.status, headers={
                     k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS})
                 await response.prepare(request)
+                prepared = response
                 async for chunk in upstream.content.iter_any():
                     if upstream.status == 200:
                         if streamed:
@@ -239,10 +257,10 @@ class EntrypointProxy:
                 await response.write_eof()
         except (aiohttp.ClientError, ConnectionError):
             # The instance cut the connection (a drop fault) or the client left: cut ours the same way.
-            self.metrics.finished(ABORT if client_left else ERROR, arrival, time.perf_counter(), [])
+            self.metrics.finished(None if client_left else ERROR, arrival, time.perf_counter(), stream.tokens)
             if request.transport is not None:
                 request.transport.abort()
-            return web.Response(status=502)
+            return prepared or web.Response(status=502)
         end = time.perf_counter()
         if upstream.status != 200:
             self._failed(upstream.status, arrival)

@@ -23,7 +23,15 @@ import numpy as np
 from crossover import catalog, slo
 from crossover.catalog import Metric
 from crossover.errors import UserError
-from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, bucket_neighbours, format_duration, on_boundary
+from crossover.spec import (
+    ENTRYPOINT_ROLE,
+    REQUEST_SOURCES,
+    FleetSpec,
+    Role,
+    bucket_neighbours,
+    format_duration,
+    on_boundary,
+)
 
 # Labels every aggregated series keeps: the topology the scrape config attached, and the model.
 TOPOLOGY_BY = ("topology", "model_name")
@@ -40,7 +48,7 @@ GAUGES_SUMMED: tuple[Metric, ...] = (catalog.NUM_REQUESTS_RUNNING, catalog.NUM_R
 # so topology-level request figures of a P/D topology count it twice and mix two populations; these
 # are also recorded per role (level topology_role) for fleets with a P/D topology.
 ROLE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.REQUEST_SUCCESS)
-ROLE_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.E2E_LATENCY)
+ROLE_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
 
 
 class Stemmed(Protocol):
@@ -77,11 +85,10 @@ KV_HISTOGRAMS: tuple[KvFamily, ...] = (KV_TIME, KV_BYTES)
 # (crossover.slo) follow the same choice, so a P/D request is never counted on both roles.
 REQUEST_FAMILIES: frozenset[str] = frozenset(m.name for m in (*catalog.ENTRYPOINT_FAMILIES,
                                                               *slo.OUTCOME_FAMILIES))
-USER_SOURCES: tuple[tuple[str, str], ...] = (
-    ("entrypoint", f'role="{ENTRYPOINT_ROLE}"'),
-    ("decode", f'role="{Role.DECODE.value}"'),
-    ("instances", f'role!~"{ENTRYPOINT_ROLE}|{Role.PREFILL.value}|{Role.DECODE.value}"'),
-)
+USER_SOURCES: tuple[tuple[str, str], ...] = tuple(zip(REQUEST_SOURCES, (
+    f'role="{ENTRYPOINT_ROLE}"',
+    f'role="{Role.DECODE.value}"',
+    f'role!~"{ENTRYPOINT_ROLE}|{Role.PREFILL.value}|{Role.DECODE.value}"'), strict=True))
 TOPOLOGY_ROLES: dict[str, str] = {
     catalog.GENERATION_TOKENS.name: f'role!~"{ENTRYPOINT_ROLE}|{Role.PREFILL.value}"',
     catalog.PROMPT_TOKENS.name: f'role!~"{ENTRYPOINT_ROLE}|{Role.DECODE.value}"',

@@ -3,7 +3,7 @@ WritePath): the token emitter thread (sim/_emitter.c) and the garbage-collector 
 
 The emitter thread. A streaming request's chunks are handed over when its step is planned and written
 by the thread at the step's scheduled end, so the event loop's own load (new requests, planning,
-/metrics) no longer delays them; the loop learns how each write went through an eventfd and does the
+/metrics) does not delay them; the loop learns how each write went through an eventfd and does the
 bookkeeping there (token times, emission gaps, the rare short write, which the stream's transport
 then finishes). One emitter per event loop, shared by every instance on it (their bursts are placed
 apart by the loop's WriteBook). Each stream the thread writes to holds a duplicate of its socket's

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog
-from crossover.exposition import Hist, family
+from crossover.exposition import Hist, family, http_key
 
 LABEL_NAMES = catalog.ENGINE_LABELS
 
@@ -120,7 +120,7 @@ class InstanceMetrics:
 
     def on_http(self, handler: str, method: str, status: int) -> None:
         """One answered API request, as prometheus-fastapi-instrumentator counts it (status class)."""
-        key = (handler, method, f"{status // 100}xx")
+        key = http_key(handler, method, status)
         self.http[key] = self.http.get(key, 0) + 1
 
     def on_kv_transfer(self, seconds: float, nbytes: float, descriptors: int) -> None:

@@ -7,6 +7,7 @@ simulator serves exactly what the model predicts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from crossover.spec import FleetSpec, Interconnect
@@ -63,9 +64,20 @@ class Shard:
     kernel_s: float
     small_kernel_s: float
     attention_flops_per_s: float
+    decode_attention_s_per_token: float = 0.0
 
-    SMALL_KERNELS_PER_LAYER = 11  # 2 adds, 2 norms, 3 rotary, 2 cache writes, SiLU, multiply
-    PREFILL_EXTRA_KERNELS = 3  # the chunk's two cache writes and its attention output's copy
+    OUTPUT_COPY_KERNELS = 1  # per attention kind: its output's copy back to token-major order
+    CACHE_WRITE_KERNELS = 2  # per attention kind: its K and V written into the cache
+    # HBM passes over each short kernel group's width per token, from the profile's `elementwise` rows at
+    # 8192 tokens (time x bandwidth / width): residual add + RMSNorm 5.6-6.1 passes of the hidden size,
+    # rotary 25.7-26.5 of the Q and K heads, SiLU-and-multiply 10.9-11.6 of the intermediate size.
+    ADD_NORM_PASSES = 6
+    ROTARY_PASSES = 26
+    SILU_MUL_PASSES = 11
+    CACHE_WRITE_PASSES = 4  # K and V, each read and written
+    # A short kernel over one token costs 0.81 of one over 2-64 tokens (the `elementwise` rows at 1 and 8
+    # tokens, every shard): the batch-1 decode step is the one that gains.
+    SINGLE_TOKEN_SMALL_KERNEL_SHARE = 0.81
 
     def gemm_s(self, tokens: int, n: int, k: int, hbm: float, flops: float) -> float:
         """One projection: weights + activations through HBM, or its FLOPs, whichever is longer."""
@@ -80,17 +92,32 @@ class Shard:
                  + self.gemm_s(tokens, h, self.intermediate, hbm, flops))
         kv_token_bytes = 2 * self.kv_heads * d * self.dtype_bytes
         attention = 0.0
-        small = self.SMALL_KERNELS_PER_LAYER
         if load.decode_seqs:
-            attention += 2 * self.kernel_s + load.decode_context_tokens * kv_token_bytes / hbm
+            # Split-KV decode streams the batch's KV at the HBM rate, but walks one sequence's context at a
+            # fixed rate, which shows when the batch is too small to fill the GPU (the `attn_decode` rows).
+            per_seq = load.decode_context_tokens / load.decode_seqs
+            attention += 2 * self.kernel_s + overlap(load.decode_context_tokens * kv_token_bytes / hbm,
+                                                     per_seq * self.decode_attention_s_per_token)
+            attention += self.OUTPUT_COPY_KERNELS * self.small_kernel_s
         if load.prefill_tokens:
             attention += (2 * self.kernel_s + 4.0 * self.heads * d * load.prefill_attention_pairs
                           / self.attention_flops_per_s + load.prefill_context_tokens * kv_token_bytes / hbm)
-            small += self.PREFILL_EXTRA_KERNELS
-        # Elementwise traffic per token: residual adds, norms, rotary, cache writes, SiLU-and-multiply.
-        elementwise = tokens * self.dtype_bytes * (10 * h + 5 * (self.heads + self.kv_heads) * d
-                                                   + 4 * self.kv_heads * d + 5 * self.intermediate)
-        return gemms + attention + small * self.small_kernel_s + elementwise / hbm
+            attention += self.OUTPUT_COPY_KERNELS * self.small_kernel_s
+        kinds = (load.decode_seqs > 0) + (load.prefill_tokens > 0)  # decode rows and a chunk write apart
+        if kinds == 2:
+            attention += self.small_kernel_s  # the two attention outputs joined into one
+        return gemms + attention + self.elementwise_s(tokens, hbm, kinds)
+
+    def elementwise_s(self, tokens: int, hbm: float, attention_kinds: int = 1) -> float:
+        """The short kernels of a layer: each group's fixed cost overlapped with its HBM traffic."""
+        d = self.head_dim
+        one = self.small_kernel_s * (self.SINGLE_TOKEN_SMALL_KERNEL_SHARE if tokens == 1 else 1.0)
+        per_token = tokens * self.dtype_bytes / hbm
+        groups = ((2, self.ADD_NORM_PASSES * self.hidden), (2, self.ADD_NORM_PASSES * self.hidden),
+                  (3, self.ROTARY_PASSES * (self.heads + self.kv_heads) * d),
+                  (self.CACHE_WRITE_KERNELS * attention_kinds, self.CACHE_WRITE_PASSES * self.kv_heads * d),
+                  (2, self.SILU_MUL_PASSES * self.intermediate))
+        return sum(overlap(kernels * one, width * per_token) for kernels, width in groups)
 
     def step_s(self, load: StepLoad, hbm: float, flops: float) -> float:
         sequences = load.decode_seqs + load.prefill_seqs
@@ -152,7 +179,8 @@ class PerfModel:
                 intermediate=model.intermediate_size // tp, vocab=model.vocab_size // tp,
                 dtype_bytes=model.dtype_bytes, kernel_s=hardware.kernel_us * 1e-6,
                 small_kernel_s=(hardware.small_kernel_us or hardware.kernel_us) * 1e-6,
-                attention_flops_per_s=hardware.bf16_tflops * 1e12 * hardware.attention_mfu)
+                attention_flops_per_s=hardware.bf16_tflops * 1e12 * hardware.attention_mfu,
+                decode_attention_s_per_token=(hardware.decode_attention_ns_per_token or 0.0) * 1e-9)
         return cls(
             tensor_parallel_size=tp,
             layers=model.layers,
@@ -223,6 +251,13 @@ class PerfModel:
 
     def kv_transfer_bytes(self, prompt_tokens: int) -> float:
         return self.blocks_for(prompt_tokens) * self.block_size * self.kv_bytes_per_token
+
+
+def overlap(fixed_s: float, streaming_s: float) -> float:
+    """A kernel's fixed latency and its streaming time, partly hidden behind each other: the root of the
+    sum of squares fits the `elementwise` and `attn_decode` rows (from 1 to 8192 tokens) better than
+    their sum or their larger one."""
+    return math.hypot(fixed_s, streaming_s)
 
 
 def prefill_attention_pairs(start: int, chunk: int) -> float:

@@ -1,11 +1,12 @@
 """Measured GPU step times beside the per-kernel model: the table in docs/simulator.md.
 
-    python -m crossover.sim.profile benchmarks/gpu_profile_h200.csv compose/specs/llama70b-h200.yaml
+    python -m crossover.sim.profile benchmarks/gpu_profile_h200.csv compose/specs/llama70b-h200.yaml [--docs]
 
 Reads the CSV that benchmarks/gpu_profile.py writes (its `decode`, `prefill` and `mixed` rows: one TP
 rank's shard, no all-reduce, no host time) and prints, per cell, the measured time, the model's
 `PerfModel.shard_gpu_seconds` for the spec's hardware, and the error. The spec gives the hardware and
-the 70B shape; the 8B rows use Llama-3.1-8B's shape on the same hardware.
+the 70B shape; the 8B rows use Llama-3.1-8B's shape on the same hardware. `--docs` prints the
+tables of docs/simulator.md instead; `--merge NEW.csv` first writes a later run's rows into CSV.
 """
 
 from __future__ import annotations
@@ -60,6 +61,39 @@ def read_header(path: Path) -> dict[str, str]:
         return {key: value.strip() for key, value in pairs}
 
 
+ROW_KEY = ("kind", "model", "tp", "batch", "context", "prefill_tokens", "prefill_start", "op", "tokens")
+
+
+def merge_profile(base: Path, new: Path) -> tuple[int, int]:
+    """Write into `base` the rows of `new` (a later run, e.g. `gpu_profile.py --parts late`): a row of the
+    same cell or ceiling replaces the old one in place, others are added; the new run's date and command
+    join the header under a numbered key. Returns (replaced, added)."""
+    old_rows, new_rows = read_rows(base), read_rows(new)
+    if not new_rows or set(ROW_KEY) - set(new_rows[0]):
+        raise UserError(f"{new}: not a gpu_profile.py CSV (no rows with {', '.join(ROW_KEY)})")
+    fields = list(old_rows[0]) if old_rows else list(new_rows[0])
+    incoming = {tuple(r[k] for k in ROW_KEY): r for r in new_rows}
+    merged, replaced = [], 0
+    for row in old_rows:
+        key = tuple(row[k] for k in ROW_KEY)
+        if key in incoming:
+            row, replaced = incoming.pop(key), replaced + 1
+        merged.append(row)
+    merged += incoming.values()
+    header, added = read_header(base), read_header(new)
+    runs = 1 + sum(key.startswith("command") for key in header)
+    counts = f"({replaced} rows replaced, {len(incoming)} added)"
+    lines = [line for line in base.read_text().splitlines() if line.startswith("#")]
+    lines += [f"# date_{runs}: {added.get('date', '?')}",
+              f"# command_{runs}: {added.get('command', '?')} {counts}"]
+    with base.open("w", newline="") as handle:
+        handle.write("\n".join(lines) + "\n")
+        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(merged)
+    return replaced, len(incoming)
+
+
 def load_of(batch: int, context: int, chunk: int, start: int) -> StepLoad:
     return StepLoad(decode_seqs=batch, decode_context_tokens=batch * context, prefill_tokens=chunk,
                     prefill_attention_pairs=prefill_attention_pairs(start, chunk) if chunk else 0.0,
@@ -101,6 +135,44 @@ def format_table(cells: Sequence[Cell]) -> list[str]:
     return lines
 
 
+def _figure(cell: Cell | None, digits: int) -> str:
+    if cell is None:
+        return ""
+    return f"{cell.measured_s * 1000:.{digits}f} / {cell.modelled_s * 1000:.{digits}f} ({cell.error:+.0%})"
+
+
+def docs_tables(cells: Sequence[Cell]) -> list[str]:
+    """The tables of docs/simulator.md: a decode grid per model, then the prefill and mixed steps."""
+    lines: list[str] = []
+    shards = sorted({(c.model, c.tp) for c in cells}, key=lambda m: (m[0] != "llama-3.1-70b", m[1]))
+    for model in dict.fromkeys(m for m, _ in shards):
+        decode = {(c.tp, c.context, c.batch): c for c in cells if c.model == model and c.kind == "decode"}
+        batches = sorted({b for _, _, b in decode})
+        lines += [f"**{model}, decode** (ms measured / model, error; batch across, "
+                  "context down; blank: KV does not fit)", "",
+                  "| TP | context | " + " | ".join(map(str, batches)) + " |",
+                  "|---|---|" + "---|" * len(batches)]
+        for tp, context in sorted({(t, c) for t, c, _ in decode}):
+            row = [_figure(decode.get((tp, context, b)), 2) for b in batches]
+            lines.append(f"| {tp} | {context} | " + " | ".join(row) + " |")
+        lines.append("")
+    others = [c for c in cells if c.kind != "decode"]
+    def step(c: Cell) -> tuple[str, int, int, int, int]:
+        return c.kind, c.batch, c.context, c.prefill_tokens, c.prefill_start
+
+    steps = list(dict.fromkeys(step(c) for c in others))
+    by_step = {(*step(c), c.model, c.tp): c for c in others}
+    names = [f"{m.removeprefix('llama-3.1-')} TP{tp}" for m, tp in shards]
+    lines += ["**Prefill chunks and mixed chunked-prefill steps** (ms measured / model, error)", "",
+              "| step | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for kind, batch, context, chunk, start in steps:
+        label = (f"prefill {chunk} at {start}" if kind == "prefill"
+                 else f"{batch} x {context} + prefill {chunk} at {start}")
+        row = [_figure(by_step.get((kind, batch, context, chunk, start, m, tp)), 1) for m, tp in shards]
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    return lines
+
+
 def summary(cells: Sequence[Cell], tolerance: float = 0.10) -> str:
     errors = [abs(c.error) for c in cells]
     worst = max(cells, key=lambda c: abs(c.error))
@@ -116,24 +188,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("csv", type=Path)
     parser.add_argument("spec")
     parser.add_argument("--worst", type=int, default=0, help="print only the N worst cells")
+    parser.add_argument("--docs", action="store_true", help="print the tables of docs/simulator.md instead")
+    parser.add_argument("--merge", type=Path, metavar="NEW_CSV",
+                        help="first write a later run's rows into CSV (same cells replaced, others added)")
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
         if spec.hardware.kernel_us is None:
             raise UserError(f"{args.spec}: hardware.kernel_us: the per-kernel model needs the kernel costs")
+        if args.merge is not None:
+            replaced, added = merge_profile(args.csv, args.merge)
+            print(f"{args.csv}: {replaced} rows replaced and {added} added from {args.merge}",
+                  file=sys.stderr)
         rows = read_rows(args.csv)
     except UserError as exc:
         print(f"profile: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"profile: {args.csv}: {exc.strerror}", file=sys.stderr)
+        print(f"profile: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     cells = compare(rows, spec)
     if not cells:
         print(f"profile: {args.csv}: no decode, prefill or mixed rows", file=sys.stderr)
         return 2
     shown = sorted(cells, key=lambda c: -abs(c.error))[:args.worst] if args.worst else cells
-    print("\n".join(format_table(shown)))
+    print("\n".join(docs_tables(cells) if args.docs else format_table(shown)))
     print(f"\n{summary(cells)}")
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
 import shutil
 import threading
@@ -46,6 +48,26 @@ def word_tokenizer(folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))
     return str(folder)
+
+
+def bucket_width(value: float, buckets: tuple[float, ...]) -> float:
+    """The width of the histogram bucket holding `value` (infinite above the last boundary)."""
+    index = bisect.bisect_left(buckets, value)
+    if index == len(buckets):
+        return math.inf
+    return buckets[index] - (buckets[index - 1] if index else 0.0)
+
+
+def client_quantile(values: list[float], q: float) -> float:
+    """The client's q quantile: the smallest value with at least q of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def agree_within_bucket(server: float, client: float, buckets: tuple[float, ...]) -> bool:
+    """A server figure from a histogram agrees with the client's exact one when it is off by less
+    than the width of the bucket the client's value falls in (the histogram's resolution there)."""
+    return abs(server - client) < bucket_width(client, buckets)
 
 
 @contextmanager

@@ -9,6 +9,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from crossover.netutil import free_port
 from tests.helpers import REPO, SPECS
 
 # The folders pyproject.toml maps into the crossover namespace: everything the wheel ships.
@@ -91,6 +94,31 @@ def test_installed_package_runs_from_an_empty_folder(installed: dict[str, str], 
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sweep summary" in result.stdout, result.stdout[-2000:]
     assert (tmp_path / "run" / "sweep" / "crossover.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("command", "path"), [("exporter", "/health"), ("app", "/_stcore/health")])
+def test_installed_servers_start_from_an_empty_folder(installed: dict[str, str], tmp_path: Path,
+                                                      command: str, path: str) -> None:
+    """The exporter and the app (its page script is package data) answer, on loopback, with no checkout."""
+    assert crossover(installed, tmp_path, "init").returncode == 0
+    port = free_port()
+    bind = "--bind" if command == "exporter" else "--address"
+    server = subprocess.Popen(["crossover", command, "fleet.yaml", "--port", str(port), bind, "127.0.0.1"],
+                              cwd=tmp_path, env=installed, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline, answer = time.monotonic() + 90, ""
+        while time.monotonic() < deadline and server.poll() is None and not answer:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+                    answer = response.read().decode()
+            except OSError:
+                time.sleep(1)
+        assert answer, f"crossover {command} did not answer {path} (exit {server.poll()})"
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
 
 
 def test_no_shipped_module_reads_the_source_tree() -> None:

@@ -80,3 +80,17 @@ def test_open_loop_levels_are_rates(spec):
 def test_check_slos_keeps_only_those_switched_on():
     assert check_slos({"ttft": 2000.0, "tpot": 30.0, "itl": 0.0, "e2el": None}, 0.99) == {
         "ttft": 2000.0, "tpot": 30.0}
+
+
+def test_adaptive_levels_take_the_levels_as_the_range(spec):
+    form = replace(default_form(spec), levels="1,64", adaptive=True, target_ci=0.2)
+    request = build_request(form, spec)
+    assert request.adaptive is not None and request.adaptive.target_ci == 0.2
+    assert request.first_levels == (1.0, 8.0)  # the low end and the log middle; more come as needed
+    assert build_request(replace(form, adaptive=False), spec).first_levels == (1.0, 64.0)
+    with pytest.raises(UserError, match=r"^Target interval width: must be a relative width between 0 and 1"):
+        build_request(replace(form, target_ci=1.0), spec)
+    with pytest.raises(UserError, match=r"^Adaptive levels: give the range"):
+        build_request(replace(form, levels="8"), spec)
+    with pytest.raises(UserError, match=r"^Bootstrap resamples: adaptive levels need intervals"):
+        build_request(replace(form, bootstrap=0), spec)

@@ -4,6 +4,7 @@ Prometheus queries checked against the generated recording rules, and readable e
 from __future__ import annotations
 
 import time
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -82,6 +83,24 @@ def test_prometheus_answers_become_rows_per_topology():
     with pytest.raises(ValueError, match="failed: bad_data: parse error"):
         serverview.prometheus_rows("http://prom:9090", {"x": "rate("}, 7.0,
                                    lambda url: {"status": "error", "error": "bad_data: parse error"})
+
+
+def test_decode_side_topologies_are_named_from_either_source():
+    snapshot = {"topologies": [{"name": "colocated", "requests_source": "instances", "ttft_p99_ms": 1.0},
+                               {"name": "pd1p1d", "requests_source": "decode", "ttft_p99_ms": 2.0}]}
+    frame = serverview.history_frame(serverview.exporter_rows(snapshot, 1.0))
+    assert serverview.decode_side(frame) == ["pd1p1d"]
+
+    def fetch(url: str) -> Any:
+        source = "requests_source" in url or "source" in urllib.parse.unquote(url)
+        result = ([{"metric": {"topology": "pd1p1d", "source": "entrypoint"}, "value": [1.0, "1"]}]
+                  if source else [{"metric": {"topology": "pd1p1d"}, "value": [1.0, "5"]}])
+        return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+    queries = {"ttft_p99_ms": "q1", serverview.SOURCE: "topology:vllm_requests_source:info"}
+    rows = serverview.prometheus_rows("http://prom:9090", queries, 7.0, fetch)
+    assert rows == [{"time": 7.0, "topology": "pd1p1d", "ttft_p99_ms": 5.0, "requests_source": "entrypoint"}]
+    assert serverview.decode_side(serverview.history_frame(rows)) == []
 
 
 def test_snapshot_without_topologies_is_refused():

@@ -1,10 +1,11 @@
 """The second seed's question answered server side: at 8K-token prompts and 0.4 req/s, the
-exporter's topology-level ITL p99 and goodput pick the same winner between colocated and P/D as
-the client-side sweep does on the same traffic."""
+exporter's topology-level ITL p99, ITL attainment and goodput pick the same winner between
+colocated and P/D as the client-side sweep does on the same traffic."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import aiohttp
 import pytest
 
 from crossover.exporter.service import Exporter
+from crossover.exporter.state import build_snapshot
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
+from crossover.loadgen.summary import mark_requests
 from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import spec_on_free_ports
 from crossover.spec import FleetSpec, load_spec
@@ -21,12 +24,14 @@ from tests.loadgen.loadgen_sim_process import sim_process
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-# Twice real speed: the seed's 0.4 req/s arrive at 0.8 req/s of wall time and every latency (and
-# so every SLO threshold) halves; the decision between the topologies does not change.
-TIME_SCALE = 2.0
+# Real speed. time_scale 2 (0.8 req/s of wall time, every latency and SLO halved, the ITL SLO still
+# a bucket boundary at 25 ms) halves the run, but on a shared 2-core machine the proxy relaying
+# 8K-token requests in the simulator's process then adds its own stalls to P/D's ITL (measured p99
+# 80 ms simulated at 2x against 47 ms at 1x), which the test would compare instead of the model.
+TIME_SCALE = 1.0
 RATE = 0.4
-INPUT_LEN, OUTPUT_LEN = 8192, 64
-REQUESTS = 16
+INPUT_LEN, OUTPUT_LEN = 8192, 256  # the second seed's shape (docs/simulator.md)
+REQUESTS = 20
 
 
 def _scaled(spec: FleetSpec) -> FleetSpec:
@@ -70,10 +75,36 @@ def test_server_side_figures_pick_the_client_sides_winner(tmp_path: Path) -> Non
     names = ("colocated", "pd1p1d")
     client_itl = {n: float(client.at[n, "itl_p99_ms"]) for n in names}  # type: ignore[arg-type]
     server_itl = {n: server[n].latency["itl"].quantiles["0.99"] * 1000 for n in names}
-    # The ITL SLO sits on a bucket boundary at this time scale (25 ms), so the server's share is exact.
+    # The ITL SLO (50 ms) is a bucket boundary, so the server's share is exact.
     client_itl_slo = {n: float(client.at[n, "attainment_itl"]) for n in names}  # type: ignore[arg-type]
     server_itl_slo = {n: server[n].attainment["itl"].ratio for n in names}
     report = (f"client ITL p99 {client_itl}, server {server_itl}; "
               f"ITL SLO attainment client {client_itl_slo}, server {server_itl_slo}")
     assert winner(client_itl, True) == winner(server_itl, True), report
-    assert winner(client_itl_slo, False) == winner(server_itl_slo, False), report
+    assert winner(client_itl_slo, False) == winner(server_itl_slo, False) == winner(client_itl, True), report
+    # Goodput (every per-request SLO met) at SLOs on bucket boundaries around the seed's TTFT 2 s and
+    # TPOT 30 ms: the client's share lies within the server's Fréchet bounds (2 requests of slack),
+    # and where the client's shares differ by more than that, the server picks the same winner. At
+    # the seed's own thresholds, inside the 1-2.5 s and 25-50 ms buckets where both topologies' TTFT
+    # and TPOT lie, no histogram can tell them apart (crossover validate warns about such SLOs).
+    slack = 2 / REQUESTS
+    decided = 0
+    for ttft_ms, tpot_ms in itertools.product((1000.0, 2500.0), (25.0, 50.0)):
+        slos = {"ttft": ttft_ms, "tpot": tpot_ms}
+        marked = mark_requests(result.requests, slos)
+        client_good = {n: float(marked.loc[marked["topology"] == n, "good"].mean()) for n in names}
+        data = spec.model_dump(mode="json")
+        data["slos"].update({"ttft_ms": ttft_ms, "tpot_ms": tpot_ms})
+        health = list(exporter.health.values())
+        snapshot = build_snapshot(FleetSpec.model_validate(data), health, start + 60.0)
+        bounds = {v.topology: (v.windows["10m"].attainment_lower, v.windows["10m"].attainment_upper)
+                  for v in snapshot.topologies}
+        for n in names:
+            lower, upper = bounds[n]
+            assert lower is not None and upper is not None
+            assert lower - slack <= client_good[n] <= upper + slack, (slos, n, client_good, bounds)
+        if abs(client_good["colocated"] - client_good["pd1p1d"]) > 2 * slack:
+            server_good = {n: bounds[n][0] or 0.0 for n in names}
+            assert winner(client_good, False) == winner(server_good, False), (slos, client_good, bounds)
+            decided += 1
+    assert decided, "no SLO on a boundary separated the topologies"

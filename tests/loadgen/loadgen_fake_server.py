@@ -11,6 +11,8 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,8 @@ from aiohttp import web
 
 from crossover.netutil import free_port
 from crossover.sim import tokenizer
+from crossover.spec import FleetSpec, load_spec, parse_spec
+from tests.helpers import SPECS
 
 
 @dataclass
@@ -169,3 +173,18 @@ class FakeServer:
         assert self._loop is not None and self._thread is not None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+@contextmanager
+def fake_fleet(behaviour: Callable[[str], Behaviour]) -> Iterator[tuple[FleetSpec, dict[str, FakeServer]]]:
+    """cpu-real-vllm.yaml's shape (one instance vs two balanced) on fake servers; `behaviour` gives
+    each topology's (by name). Yields the spec pointing at them and the servers by instance name."""
+    data = load_spec(SPECS / "cpu-real-vllm.yaml").model_dump(mode="json")
+    with ExitStack() as stack:
+        servers = {}
+        for topology in data["topologies"]:
+            for instance in topology["instances"]:
+                server = stack.enter_context(FakeServer(behaviour(topology["name"])))
+                instance["url"] = server.url
+                servers[instance["name"]] = server
+        yield parse_spec(data), servers

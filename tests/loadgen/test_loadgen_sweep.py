@@ -19,7 +19,7 @@ from crossover.loadgen.results import load_run
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec, load_spec, parse_spec
 from tests.helpers import SPECS
-from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
+from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer, fake_fleet
 
 PLAN = SweepPlan(levels=(1, 2, 4), rounds=2, input_len=LengthDist.fixed(8), output_len=LengthDist.fixed(5))
 
@@ -27,16 +27,8 @@ PLAN = SweepPlan(levels=(1, 2, 4), rounds=2, input_len=LengthDist.fixed(8), outp
 @pytest.fixture
 def fleet() -> Iterator[tuple[FleetSpec, dict[str, FakeServer]]]:
     """cpu-real-vllm.yaml's shape (one instance vs two balanced) on fake servers."""
-    spec = load_spec(SPECS / "cpu-real-vllm.yaml")
-    data = spec.model_dump(mode="json")
-    with ExitStack() as stack:
-        servers = {}
-        for topology in data["topologies"]:
-            for instance in topology["instances"]:
-                server = stack.enter_context(FakeServer(Behaviour(ttft_s=0.005, tpot_s=0.002)))
-                instance["url"] = server.url
-                servers[instance["name"]] = server
-        yield parse_spec(data), servers
+    with fake_fleet(lambda name: Behaviour(ttft_s=0.005, tpot_s=0.002)) as made:
+        yield made
 
 
 def test_sweep_writes_every_level_and_resumes(fleet: tuple[FleetSpec, dict[str, FakeServer]],

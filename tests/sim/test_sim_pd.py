@@ -151,22 +151,33 @@ def test_entrypoint_counts_failures(pd_fleet: tuple[SimFleet, FleetSpec]) -> Non
     assert after[catalog.REQUEST_SUCCESS.name + "_total"][error] == before + 1
 
 
-def test_entrypoint_counts_a_client_that_leaves_as_abort(pd_fleet: tuple[SimFleet, FleetSpec]) -> None:
+def test_a_client_that_leaves_counts_as_vllm_counts_it(pd_fleet: tuple[SimFleet, FleetSpec]) -> None:
+    """As vLLM 0.32's API server (crossover.slo): an answered request (2xx) with the TTFT of the
+    tokens it got, under no finished reason and without e2e latency."""
     _, spec = pd_fleet
     url = spec.topology("pd1p1d").entrypoint.url
     assert url is not None
-    abort = (("finished_reason", "abort"),)
-    success = catalog.REQUEST_SUCCESS.name + "_total"
-    before = _entrypoint_families(url)[success].get(abort, 0.0)
+    http = catalog.HTTP_REQUESTS.promql_name
+    answered = (("handler", "/v1/completions"), ("method", "POST"), ("status", "2xx"))
+
+    def counts() -> tuple[float, float, float, float]:
+        families = _entrypoint_families(url)
+        return (families.get(http, {}).get(answered, 0.0),
+                sum(families[catalog.REQUEST_SUCCESS.name + "_total"].values()),
+                families[catalog.TTFT.name + "_count"][()], families[catalog.E2E_LATENCY.name + "_count"][()])
+
+    before = counts()
     request = urllib.request.Request(url + "/v1/completions", data=json.dumps({
         "model": spec.model.name, "prompt": "a b c", "max_tokens": 2000, "ignore_eos": True,
         "stream": True}).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.readline().startswith(b"data: ")
     deadline = time.monotonic() + 20
-    while _entrypoint_families(url)[success].get(abort, 0.0) == before:
-        assert time.monotonic() < deadline, "the proxy never counted the client that left"
+    while counts()[0] == before[0]:
+        assert time.monotonic() < deadline, "the proxy never counted the request whose client left"
         time.sleep(0.1)
+    answered_now, finished, ttft, e2e = counts()
+    assert (answered_now, finished, ttft, e2e) == (before[0] + 1, before[1], before[2] + 1, before[3])
 
 
 def test_sse_reader_finds_tokens_whatever_the_chunking() -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 
+from crossover.catalog import PREFIX_CACHE_HITS, PROMPT_TOKENS_BY_SOURCE
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import running_fleet
 from crossover.sim.model import PerfModel
@@ -88,3 +90,52 @@ def test_chat_prompt_keys_match_the_token_count() -> None:
     body = {"model": "m", "prompt": REPEATED_PROMPT}
     assert prompt_keys(json.loads(json.dumps(body)), chat=False) == REPEATED_PROMPT
     assert urllib.request  # the module's client is the shared helper's
+
+
+def test_a_five_turn_sweep_shows_prefix_cache_hits_and_a_falling_ttft(tmp_path: Path) -> None:
+    """`crossover sweep --turns 5` on the measured H200 spec: each conversation opens with a long
+    document and follows up briefly, as chats do; every later turn's prompt holds the whole history,
+    yet its TTFT falls below the first turn's, because the cache serves the history (counted by the
+    server as hits and as `local_cache_hit` prompt tokens)."""
+    import yaml
+
+    from crossover.cli import main
+    from crossover.loadgen.results import load_run
+    from tests.test_real_vllm import prefix_counters
+
+    def document(n: int) -> str:  # each conversation its own, far longer than the machine's noise
+        return " ".join(f"d{n}w{i}" for i in range(6000))
+
+    def message(n: int, k: int) -> str:
+        return document(n) if k == 0 else f"follow up {k} of conversation {n}"
+
+    conversations = [{"id": str(n), "conversations": [
+        turn for k in range(5) for turn in ({"from": "human", "value": message(n, k)},
+                                            {"from": "gpt", "value": " ".join(["answer"] * 20)})]}
+        for n in range(3)]
+    dataset = tmp_path / "conversations.json"
+    dataset.write_text(json.dumps(conversations))
+    spec = spec_on_free_ports(load_spec(SPECS / "llama70b-h200.yaml"))
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    url = spec.topology("tp8x1").instances[0].url
+    with running_fleet(spec):
+        before = prefix_counters(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
+        code = main(["sweep", str(spec_path), "--out", str(tmp_path / "run"), "--topology", "tp8x1",
+                     "--concurrency", "1", "--num-prompts", "15", "--endpoint", "chat", "--turns", "5",
+                     "--dataset-name", "sharegpt", "--dataset-path", str(dataset), "--bootstrap", "0",
+                     "--no-progress"])
+        after = prefix_counters(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
+    assert code == 0
+    run = load_run(tmp_path / "run")
+    assert run.requests["ok"].all() and len(run.requests) == 15
+    turns = run.turns.set_index("turn")
+    assert list(turns.index) == [1, 2, 3, 4, 5]
+    assert turns["input_tokens"].is_monotonic_increasing  # each turn carries the history
+    ttft = turns["ttft_p50_ms"]
+    assert all(ttft[k] < 0.25 * ttft[1] for k in (2, 3, 4, 5)), ttft.to_dict()
+    delta = {name: after[name] - before.get(name, 0.0) for name in after}
+    hits = delta[PREFIX_CACHE_HITS.name]
+    # every later turn finds at least the document's full blocks in the cache
+    assert hits >= 3 * 4 * (6000 // spec.simulator.block_size) * spec.simulator.block_size, delta
+    assert hits == delta[f"{PROMPT_TOKENS_BY_SOURCE.name}:local_cache_hit"], delta

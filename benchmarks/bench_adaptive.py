@@ -1,0 +1,193 @@
+"""Adaptive sweep vs the full fixed grid, side by side in one run against the simulator.
+
+    python benchmarks/bench_adaptive.py [--preset seed|pd|both] [--time-scale-seed 0.25] [--time-scale-pd 5]
+
+For each preset the fixed grid runs first; the width of its crossing interval (relative to the
+estimate) becomes the adaptive sweep's --target-ci, over the same range, so the two reach the same
+width and the table compares what it cost: requests, traffic seconds and wall time. The simulator's
+ground truth (crossover.sim.truth, the same model in virtual time) must lie inside both intervals.
+
+- seed: compose/specs/seed-70b-h100.yaml, closed loop (concurrency 1-64, doubling, 4 rounds a
+  level), the crossing of output tokens/s per GPU (tp2x2 overtakes tp4x1); truth:
+  truth.ground_truth_crossover.
+- pd: compose/specs/pd-8k-prompts.yaml, open loop (request rates in steps of 0.1 req/s of
+  simulated time, each level 100 simulated seconds of arrivals), the crossing of p99 ITL (P/D
+  keeps it flat once 8K-token prompts stall the colocated replicas' decodes); truth: the crossing
+  of truth.open_loop's p99 ITL curves, bisected on the rate.
+Open-loop rates are wall-clock: the simulator at time_scale s serves rate r of simulated time when
+sent r x s requests per wall second, so the pd levels and its truth are scaled by s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
+
+from crossover.loadgen.adaptive import AdaptivePlan, Interval, intervals  # noqa: E402
+from crossover.loadgen.plan import LengthDist, Mode, SweepPlan  # noqa: E402
+from crossover.loadgen.sweep import SweepResult, run_sweep  # noqa: E402
+from crossover.netutil import spec_on_free_ports  # noqa: E402
+from crossover.sim import fleet as sim_fleet  # noqa: E402
+from crossover.sim import truth  # noqa: E402
+from crossover.spec import FleetSpec, load_spec  # noqa: E402
+from tests.loadgen.loadgen_sim_process import sim_process  # noqa: E402
+
+N_BOOT = 200
+
+
+@dataclass(frozen=True)
+class Preset:
+    spec: str
+    pair: tuple[str, str]
+    metric: str
+    plan: Callable[[float], SweepPlan]  # time scale -> the fixed grid's plan
+    truth: Callable[[FleetSpec, SweepPlan, float], float]  # the crossing, in the plan's level units
+
+
+SEED_IN, SEED_OUT = 128, 16
+PD_IN, PD_OUT = 8192, 256
+PD_RATES = tuple(round(0.1 * k, 1) for k in range(1, 9))  # simulated req/s
+PD_SECONDS = 100.0  # simulated seconds of arrivals per level: 10 requests at 0.1 req/s, 80 at 0.8
+
+
+def _seed_plan(scale: float) -> SweepPlan:
+    # Clients start spread over about one request's life and the first moments are trimmed, as the
+    # ground truth staggers its clients and skips its warm-up (tests/loadgen/test_loadgen_sim.py).
+    return SweepPlan(levels=(1, 2, 4, 8, 16, 32, 64), rounds=4, ramp_s=0.1 / scale,
+                     warmup_s=0.125 / scale, input_len=LengthDist.fixed(SEED_IN),
+                     output_len=LengthDist.fixed(SEED_OUT), timeout_s=120, seed=1)
+
+
+def _seed_truth(spec: FleetSpec, plan: SweepPlan, scale: float) -> float:
+    found = truth.ground_truth_crossover(spec, "tp4x1", "tp2x2", SEED_IN, SEED_OUT,
+                                         [int(x) for x in plan.levels])
+    assert found is not None
+    return found
+
+
+def _pd_plan(scale: float) -> SweepPlan:
+    # Each level runs for the same simulated time (rate x duration requests, as `--duration` does):
+    # a level costs requests in proportion to its rate, like GPU time on a real fleet.
+    return SweepPlan(mode=Mode.OPEN, levels=tuple(round(r * scale, 6) for r in PD_RATES),
+                     duration_s=PD_SECONDS / scale,
+                     input_len=LengthDist.fixed(PD_IN), output_len=LengthDist.fixed(PD_OUT), timeout_s=300,
+                     seed=1)
+
+
+def _pd_truth(spec: FleetSpec, plan: SweepPlan, scale: float, requests: int = 1000) -> float:
+    """Where colocated's p99 ITL rises above pd1p1d's, bisected on the simulated rate."""
+    def lead(rate: float) -> float:
+        p99 = [truth.open_loop(spec, name, rate, PD_IN, PD_OUT, requests, seed=1).itl_quantile(0.99)
+               for name in ("colocated", "pd1p1d")]
+        return p99[0] - p99[1]
+
+    low, high = PD_RATES[0], PD_RATES[-1]
+    assert lead(low) < 0 < lead(high)
+    while high - low > 0.005:
+        middle = (low + high) / 2
+        low, high = (middle, high) if lead(middle) < 0 else (low, middle)
+    return (low + high) / 2 * scale
+
+
+PRESETS = {
+    "seed": Preset("compose/specs/seed-70b-h100.yaml", ("tp4x1", "tp2x2"), "output_tps", _seed_plan,
+                   _seed_truth),
+    "pd": Preset("compose/specs/pd-8k-prompts.yaml", ("colocated", "pd1p1d"), "itl_p99", _pd_plan, _pd_truth),
+}
+
+
+@dataclass
+class Outcome:
+    requests: int
+    traffic_s: float
+    wall_s: float
+    levels: list[float]
+    interval: Interval | None
+    stop_reason: str
+
+
+def _crossing(result: SweepResult, adaptive: AdaptivePlan) -> Interval | None:
+    found = intervals(result.crossover, adaptive)
+    return max(found, key=lambda i: i.width) if found else None
+
+
+def _run(spec: FleetSpec, plan: SweepPlan, folder: Path, pair: tuple[str, str], adaptive: AdaptivePlan,
+         search: bool) -> Outcome:
+    started = time.monotonic()
+    result = run_sweep(spec, plan, folder, list(pair), n_boot=N_BOOT, adaptive=adaptive if search else None)
+    wall = time.monotonic() - started
+    frame = result.requests
+    traffic = float(frame.groupby(["topology", "level"]).apply(
+        lambda g: g["end_time"].max() - g["send_time"].min()).sum())
+    levels = sorted(set(frame["level"]))
+    return Outcome(len(frame), traffic, wall, levels, _crossing(result, adaptive), result.stop_reason)
+
+
+def bench(name: str, scale: float, folder: Path) -> dict[str, Any]:
+    preset = PRESETS[name]
+    spec = sim_fleet.with_overrides(spec_on_free_ports(load_spec(REPO / preset.spec)), time_scale=scale)
+    plan = preset.plan(scale)
+    true_x = preset.truth(spec, plan, scale)
+    crossing_only = AdaptivePlan(metric=preset.metric, answers=("crossing",))
+    folder.mkdir(parents=True)
+    with sim_process(spec, folder, scale):
+        grid = _run(spec, plan, folder / "grid", preset.pair, crossing_only, search=False)
+        if grid.interval is None or grid.interval.low is None:
+            raise SystemExit(f"{name}: the fixed grid found no crossing interval of {preset.metric}")
+        target = min(0.99, grid.interval.width)
+        search_plan = replace(plan, levels=(plan.levels[0], plan.levels[-1]))
+        adaptive = AdaptivePlan(target_ci=target, metric=preset.metric, answers=("crossing",))
+        found = _run(spec, search_plan, folder / "adaptive", preset.pair, adaptive, search=True)
+    return {"preset": name, "scale": scale, "truth": true_x, "grid": grid, "adaptive": found,
+            "target": target}
+
+
+def _inside(interval: Interval | None, x: float) -> str:
+    if interval is None or interval.low is None or interval.high is None:
+        return "no interval"
+    return "yes" if interval.low <= x <= interval.high else "NO"
+
+
+def report(row: dict[str, Any]) -> None:
+    grid, found, x = row["grid"], row["adaptive"], row["truth"]
+    print(f"\n== {row['preset']} (time_scale {row['scale']:g}); ground truth crossing at {x:.3g}; "
+          f"target width {row['target']:.1%}")
+    print(f"{'sweep':<10}{'levels':>8}{'requests':>10}{'traffic s':>11}{'wall s':>9}   crossing (95% CI)"
+          f"          width   truth inside   stop")
+    for label, o in (("grid", grid), ("adaptive", found)):
+        i = o.interval
+        bounded = i is not None and i.low is not None and i.high is not None
+        ci = f"{i.x:.3g} ({i.low:.3g}-{i.high:.3g})" if bounded and i is not None else "-"
+        width = f"{i.width:.1%}" if i else "-"
+        print(f"{label:<10}{len(o.levels):>8}{o.requests:>10}{o.traffic_s:>11.1f}{o.wall_s:>9.1f}   {ci:<24}"
+              f"{width:>7}   {_inside(i, x):<13}  {o.stop_reason or '-'}")
+    print(f"adaptive / grid: requests {found.requests / grid.requests:.2f}, traffic time "
+          f"{found.traffic_s / grid.traffic_s:.2f}, wall time {found.wall_s / grid.wall_s:.2f}; "
+          f"adaptive levels {', '.join(f'{v:g}' for v in found.levels)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=["seed", "pd", "both"], default="both")
+    parser.add_argument("--time-scale-seed", type=float, default=0.25)
+    parser.add_argument("--time-scale-pd", type=float, default=5.0)
+    args = parser.parse_args()
+    names = ["seed", "pd"] if args.preset == "both" else [args.preset]
+    scales = {"seed": args.time_scale_seed, "pd": args.time_scale_pd}
+    with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
+        for name in names:
+            report(bench(name, scales[name], Path(tmp) / name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Adaptive sweeps: measure only the levels that narrow the answer.
+
+Levels cost more the higher they go (a closed-loop level sends rounds x concurrency requests, an
+open-loop one rate x duration), so the search starts cheap: with the range given as its two ends,
+the coarse start is the low end and the middle on a log axis, and the range above is measured
+only while an answer may lie there (a pair of topologies that does not cross below, a topology
+that meets the objective at every level so far): at the middle of what is left, then the end.
+Then each next level goes inside the widest interval that matters: a crossing of the chosen
+metric between two topologies, or a topology's capacity at the SLO objective (both with their
+bootstrap intervals from loadgen.crossings). The sweep stops when every such interval is
+narrower than `target_ci` (a width relative to its estimate), when the request or time budget
+would be overspent by the next level, or when no unmeasured level is left inside the intervals.
+Levels given beyond the two ends are all measured first, as the user's own coarse start.
+Pure functions of crossover.json's content and the levels measured: no I/O, no traffic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from crossover.errors import UserError
+from crossover.loadgen.crossings import METRICS
+from crossover.loadgen.plan import Mode, SweepPlan
+
+DEFAULT_METRIC = "goodput"
+DEFAULT_TARGET_CI = 0.1
+ANSWERS = ("crossing", "capacity")  # the kinds of interval an adaptive sweep may narrow
+
+# Why an adaptive sweep stopped: one word each (crossover.json's adaptive.stop_reason), and what the
+# summary says about it.
+STOP_REASONS = {
+    "target": "every interval that matters is narrower than --target-ci",
+    "nothing-to-narrow": "no crossing of the metric and no capacity inside the range",
+    "resolution": "every level inside the remaining intervals is measured already",
+    "max-requests": "the next level would overspend --max-requests",
+    "max-duration": "the next level would overspend --max-duration",
+    "stopped": "stopped before the answer was as sure as asked",
+}
+
+
+@dataclass(frozen=True)
+class AdaptivePlan:
+    """How an adaptive sweep chooses levels and when it stops (run.json's "adaptive")."""
+
+    target_ci: float = DEFAULT_TARGET_CI
+    metric: str = DEFAULT_METRIC
+    max_requests: int | None = None  # requests over every topology and level, resumed ones included
+    max_duration_s: float | None = None  # seconds of traffic over every topology and level
+    answers: tuple[str, ...] = ANSWERS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "answers", tuple(self.answers))
+        if not self.answers or any(a not in ANSWERS for a in self.answers):
+            raise UserError(f"--narrow: want one or both of {','.join(ANSWERS)}, "
+                            f"got {','.join(self.answers)}")
+        if not (0 < self.target_ci < 1):
+            raise UserError(f"--target-ci: must be a relative width between 0 and 1 (e.g. 0.1), "
+                            f"got {self.target_ci:g}")
+        if self.metric not in METRICS:
+            raise UserError(f"--metric: unknown metric {self.metric!r} (use {', '.join(METRICS)})")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise UserError(f"--max-requests: must be at least 1, got {self.max_requests}")
+        if self.max_duration_s is not None and not (0 < self.max_duration_s < math.inf):
+            raise UserError(f"--max-duration: must be a positive number of seconds, "
+                            f"got {self.max_duration_s:g}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "answers": list(self.answers)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AdaptivePlan:
+        return cls(**{**data, "answers": tuple(data.get("answers", ANSWERS))})
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One answer the sweep is narrowing, on the load axis."""
+
+    what: str  # e.g. "goodput crossing tp4x1/tp2x2" or "capacity tp4x1"
+    x: float
+    low: float | None
+    high: float | None
+
+    @property
+    def width(self) -> float:
+        """(high - low) / x; infinite without an interval (too few levels for a bootstrap)."""
+        if self.low is None or self.high is None or not self.x > 0:
+            return math.inf
+        return (self.high - self.low) / self.x
+
+    def to_json(self) -> dict[str, Any]:
+        width = self.width
+        return {**asdict(self), "width": width if math.isfinite(width) else None}
+
+
+def _log_middle(low: float, high: float, mode: Mode) -> float:
+    middle = math.sqrt(low * high)
+    return float(round(middle)) if mode is Mode.CLOSED else _round_rate(middle)
+
+
+def _round_rate(rate: float) -> float:
+    return float(f"{rate:.3g}")
+
+
+def coarse_levels(plan: SweepPlan) -> tuple[float, ...]:
+    """The levels an adaptive sweep starts with: the plan's, or of two ends the low one and the
+    log middle (the high end waits until an answer may lie above the middle)."""
+    levels = plan.levels
+    if len(levels) < 2:
+        raise UserError(f"--adaptive: give the range to search as at least two {plan.axis} levels "
+                        f"(its ends), got {list(levels)}")
+    if len(levels) == 2:
+        middle = _log_middle(levels[0], levels[1], plan.mode)
+        if levels[0] < middle < levels[1]:
+            return (levels[0], middle)
+    return levels
+
+
+def level_above(plan: SweepPlan, measured: Sequence[float]) -> float | None:
+    """The next level up when an answer may lie above the highest measured: the log middle of
+    what is left of the range, or its end when the middle would be as near as a doubling."""
+    top, end = max(measured), plan.levels[-1]
+    if top >= end:
+        return None
+    middle = _log_middle(top, end, plan.mode)
+    return middle if top < middle < end and end / top > 4 else end
+
+
+def open_above(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[str]:
+    """The answers that may lie above the highest level measured: pairs that do not cross in the
+    metric there, topologies that meet the objective at every level so far."""
+    found = []
+    if "crossing" in adaptive.answers:
+        found += [f"{c['topology_a']}/{c['topology_b']}" for c in crossover.get("crossovers", [])
+                  if c.get("metric") == adaptive.metric and c.get("kind") in ("none", "insufficient")]
+    if "capacity" in adaptive.answers:
+        found += [c["topology"] for c in crossover.get("capacities", []) if c.get("censored") == "above"]
+    return found
+
+
+def check_budget(plan: SweepPlan, adaptive: AdaptivePlan, topologies: int) -> None:
+    """A budget that cannot pay for the coarse start is a mistake: say so before any traffic."""
+    coarse = coarse_levels(plan)
+    costs = [plan.requests_for(level) for level in coarse]
+    if adaptive.max_requests is not None and all(c is not None for c in costs):
+        needed = sum(c or 0 for c in costs) * topologies
+        if needed > adaptive.max_requests:
+            raise UserError(f"--max-requests: {adaptive.max_requests} is less than the coarse start "
+                            f"needs ({len(coarse)} levels x {topologies} topologies = {needed} requests)")
+    if adaptive.max_duration_s is not None:
+        seconds = [_planned_seconds(plan, level, c) for level, c in zip(coarse, costs, strict=True)]
+        if all(s is not None for s in seconds):
+            needed_s = sum(s or 0.0 for s in seconds) * topologies
+            if needed_s > adaptive.max_duration_s:
+                raise UserError(f"--max-duration: {adaptive.max_duration_s:g} s is less than the coarse "
+                                f"start needs ({len(coarse)} levels x {topologies} topologies = "
+                                f"{needed_s:g} s)")
+
+
+def _planned_seconds(plan: SweepPlan, level: float, requests: int | None) -> float | None:
+    """A level's length when the plan fixes it: its duration, or open-loop requests / rate."""
+    if plan.duration_s is not None and (plan.mode is Mode.CLOSED and requests is None):
+        return plan.ramp_s + plan.duration_s
+    if plan.mode is Mode.OPEN and requests is not None:
+        return plan.ramp_s / 2 + requests / level
+    return None
+
+
+def intervals(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Interval]:
+    """The intervals that matter in an analyze() result: every crossing of the metric and every
+    capacity found inside the range (a capacity at the range's edge has nothing to narrow)."""
+    metric = adaptive.metric
+    found = []
+    if "crossing" in adaptive.answers:
+        found += [Interval(f"{metric} crossing {c['topology_a']}/{c['topology_b']}", float(c["x"]),
+                           c.get("ci_low"), c.get("ci_high"))
+                  for c in crossover.get("crossovers", [])
+                  if c.get("metric") == metric and c.get("kind") == "crossing" and c.get("x") is not None]
+    if "capacity" in adaptive.answers:
+        found += [Interval(f"capacity {c['topology']}", float(c["x"]), c.get("ci_low"), c.get("ci_high"))
+                  for c in crossover.get("capacities", [])
+                  if not c.get("censored") and c.get("x") is not None]
+    return found
+
+
+def _to_axis(level: float, mode: Mode) -> float:
+    # the crossover module's axes: log2 concurrency, linear rate
+    return math.log2(level) if mode is Mode.CLOSED else level
+
+
+def _from_axis(u: float, mode: Mode) -> float:
+    return float(max(1, round(2.0**u))) if mode is Mode.CLOSED else _round_rate(u)
+
+
+def level_inside(interval: Interval, measured: Sequence[float], plan: SweepPlan) -> float | None:
+    """An unmeasured level inside the interval that tells most about it: the estimate itself,
+    unless a measured level sits close by; then the middle of the widest gap between measured
+    levels inside the interval. None when every level there is measured (closed loop: integers)."""
+    low = interval.low if interval.low is not None else min(measured)
+    high = interval.high if interval.high is not None else max(measured)
+    low, high = max(low, plan.levels[0]), min(high, plan.levels[-1])
+    u_low, u_high = _to_axis(low, plan.mode), _to_axis(high, plan.mode)
+    inside = sorted(_to_axis(m, plan.mode) for m in measured if low < m < high)
+    edges = [u_low, *inside, u_high]
+    gaps = sorted(((b - a, (a + b) / 2) for a, b in itertools.pairwise(edges)), reverse=True)
+    estimate = _to_axis(min(max(interval.x, low), high), plan.mode)
+    near = min((abs(estimate - _to_axis(m, plan.mode)) for m in measured), default=math.inf)
+    candidates = ([estimate] if gaps and near >= gaps[0][0] / 4 else []) + [middle for _, middle in gaps]
+    taken = set(measured)
+    for u in candidates:
+        level = _from_axis(u, plan.mode)
+        if low <= level <= high and level not in taken:
+            return level
+    return None
+
+
+def level_at(interval: Interval, measured: Sequence[float], plan: SweepPlan) -> float | None:
+    """The level that anchors an estimate, if it is not measured yet: closed loop, the whole
+    concurrencies either side of it (the finest bracket there is); open loop, a rate inside the
+    interval (the estimate itself) unless one is measured there already."""
+    if plan.mode is Mode.CLOSED:
+        below, above = math.floor(interval.x), math.ceil(interval.x)
+        return next((float(c) for c in (round(interval.x), below, above)
+                     if c not in measured and plan.levels[0] <= c <= plan.levels[-1]), None)
+    low = interval.low if interval.low is not None else interval.x
+    high = interval.high if interval.high is not None else interval.x
+    if any(low <= m <= high for m in measured):
+        return None
+    level = _round_rate(interval.x)
+    return level if level not in measured else None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after a level: measure `level` next, or stop for `stop_reason`."""
+
+    level: float | None
+    stop_reason: str
+    widest: Interval | None
+    intervals: tuple[Interval, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"next_level": self.level, "stop_reason": self.stop_reason,
+                "stop_sentence": STOP_REASONS.get(self.stop_reason, ""),
+                "widest": self.widest.to_json() if self.widest else None,
+                "intervals": [i.to_json() for i in self.intervals]}
+
+
+def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan,
+           measured: Sequence[float]) -> Decision:
+    """The next level: up the range while an answer may lie above, then inside the widest
+    interval first; a stop reason when none is worth measuring."""
+    found = tuple(intervals(crossover, adaptive))
+    above = level_above(plan, measured) if open_above(crossover, adaptive) else None
+    if above is not None:
+        return Decision(above, "", None, found)
+    if not found:
+        return Decision(None, "nothing-to-narrow", None, found)
+    wide = sorted((i for i in found if i.width > adaptive.target_ci), key=lambda i: i.width, reverse=True)
+    for interval in wide:
+        level = level_inside(interval, measured, plan)
+        if level is not None:
+            return Decision(level, "", interval, found)
+    # Narrow (or narrower than the levels can go), but only interpolated: the bootstrap holds the
+    # measurements' noise, not the curve's shape between two far levels. A level beside the
+    # estimate confirms it.
+    for interval in found:
+        level = level_at(interval, measured, plan)
+        if level is not None:
+            return Decision(level, "", interval, found)
+    if not wide:
+        return Decision(None, "target", max(found, key=lambda i: i.width), found)
+    return Decision(None, "resolution", wide[0], found)
+
+
+def adaptive_line(state: Mapping[str, Any], axis: str) -> str:
+    """One line from crossover.json's "adaptive": the levels so far and the next one, or why the
+    sweep stopped and the widest interval it left."""
+    levels = ", ".join(f"{x:g}" for x in state.get("levels", [])) or "none"
+    widest = state.get("widest") or {}
+    if state.get("next_level") is not None:
+        why = f"to narrow the {widest['what']}" if widest.get("what") else "an answer may lie above"
+        return f"adaptive sweep: levels {levels} so far; next {axis} {state['next_level']:g} ({why})"
+    reason = STOP_REASONS.get(state.get("stop_reason", ""), "stopped before the coarse start was measured")
+    line = f"adaptive sweep stopped: {reason}; levels measured: {levels}"
+    if widest.get("width") is not None:
+        line += (f"; widest interval: {widest['what']} at {axis} {widest['x']:.3g}, "
+                 f"{widest['width']:.0%} of it")
+    return line

@@ -1,0 +1,216 @@
+"""Adaptive sweeps: where the next level goes, when the sweep stops, and a sweep end to end on
+loopback servers whose curves cross (resumed level for level, the stop reason in the summary)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crossover.cli import main
+from crossover.errors import UserError
+from crossover.loadgen.adaptive import (
+    AdaptivePlan,
+    Interval,
+    check_budget,
+    coarse_levels,
+    decide,
+    level_inside,
+)
+from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
+from crossover.loadgen.sweep import LevelDone, run_sweep
+from crossover.spec import FleetSpec
+from tests.helpers import SPECS
+from tests.loadgen.loadgen_fake_server import Behaviour, fake_fleet
+
+
+def _crossing(x: float, low: float | None, high: float | None, metric: str = "goodput") -> dict[str, Any]:
+    return {"metric": metric, "kind": "crossing", "x": x, "ci_low": low, "ci_high": high,
+            "topology_a": "a", "topology_b": "b"}
+
+
+def _capacity(x: float | None, low: float | None, high: float | None, censored: str = "") -> dict[str, Any]:
+    return {"topology": "a", "x": x, "ci_low": low, "ci_high": high, "censored": censored}
+
+
+CLOSED = SweepPlan(levels=(1, 128), rounds=2)
+OPEN = SweepPlan(mode=Mode.OPEN, levels=(0.5, 8), requests_per_level=20)
+
+
+def test_coarse_start_is_the_low_end_and_the_log_middle() -> None:
+    assert coarse_levels(CLOSED) == (1.0, 11.0)
+    assert coarse_levels(OPEN) == (0.5, 2.0)
+    assert coarse_levels(SweepPlan(levels=(1, 2))) == (1.0, 2.0)
+    assert coarse_levels(SweepPlan(levels=(1, 4, 64))) == (1.0, 4.0, 64.0)  # given levels are the start
+    with pytest.raises(UserError, match="--adaptive: give the range"):
+        coarse_levels(SweepPlan(levels=(8,)))
+
+
+def test_the_range_above_is_measured_only_while_an_answer_may_lie_there() -> None:
+    none = {"metric": "goodput", "kind": "none", "topology_a": "a", "topology_b": "b"}
+    no_crossing = {"crossovers": [none], "capacities": [_capacity(5.0, 4.0, 6.0)]}
+    decision = decide(no_crossing, AdaptivePlan(), CLOSED, [1, 11])
+    assert decision.level == 38.0 and decision.widest is None  # the log middle of 11-128
+    assert decide(no_crossing, AdaptivePlan(), CLOSED, [1, 11, 38]).level == 128.0  # 128/38 < 4
+    # the metric crossing below and no capacity above: the high end is never measured
+    below = {"crossovers": [_crossing(9.0, 8.0, 10.0)], "capacities": [_capacity(5.0, 4.9, 5.1)]}
+    assert decide(below, AdaptivePlan(target_ci=0.3), CLOSED, [1, 5, 9, 11]).stop_reason == "target"
+    # a topology meeting the objective everywhere so far: up, unless capacities are not asked for
+    above = {"crossovers": [_crossing(9.0, 8.0, 10.0)], "capacities": [_capacity(11.0, None, None, "above")]}
+    assert decide(above, AdaptivePlan(target_ci=0.3), CLOSED, [1, 9, 11]).level == 38.0
+    assert decide(above, AdaptivePlan(target_ci=0.3, answers=("crossing",)), CLOSED, [1, 9, 11]).stop_reason \
+        == "target"
+
+
+def test_next_level_goes_inside_the_widest_interval() -> None:
+    crossover = {"crossovers": [_crossing(9.0, 6.0, 14.0), _crossing(3.0, 2.9, 3.1, metric="output_tps")],
+                 "capacities": [_capacity(40.0, 30.0, 50.0), _capacity(None, None, None, censored="below")]}
+    decision = decide(crossover, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128])
+    # the crossing's 8/9 wide interval is wider than the capacity's 20/40; the other metric is ignored
+    assert decision.widest is not None and decision.widest.what == "goodput crossing a/b"
+    assert decision.level == 9.0 and not decision.stop_reason
+    assert [i.what for i in decision.intervals] == ["goodput crossing a/b", "capacity a"]
+    # the estimate already measured: the middle of the widest unmeasured gap inside the interval
+    decision = decide(crossover, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 11, 128])
+    assert decision.level is not None and 6 <= decision.level <= 14 and decision.level not in (9, 11)
+
+
+def test_the_sweep_stops_at_the_target_or_when_nothing_is_left() -> None:
+    narrow = {"crossovers": [_crossing(9.2, 8.8, 9.3)], "capacities": [_capacity(40.0, 39.0, 41.0)]}
+    # narrow, but interpolated between far levels: one level at each estimate first
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128]).level == 9.0
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 11, 128]).level == 10.0
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 10, 11, 128]).level == 40.0
+    decision = decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 10, 11, 40, 128])
+    assert decision.stop_reason == "target" and decision.level is None
+    assert decide({"crossovers": [], "capacities": []}, AdaptivePlan(), CLOSED, [1, 11, 128]).stop_reason \
+        == "nothing-to-narrow"
+    # every integer concurrency inside 8-10 measured: more levels cannot narrow it
+    tight = {"crossovers": [_crossing(9.0, 8.0, 10.0)], "capacities": []}
+    assert decide(tight, AdaptivePlan(target_ci=0.1), CLOSED, [1, 8, 9, 10, 128]).stop_reason == "resolution"
+    # open loop: rates are not integers, a level goes between
+    rates = level_inside(Interval("x", 2.0, 1.5, 2.5), [0.5, 2.0, 8.0], OPEN)
+    assert rates is not None and 1.5 <= rates <= 2.5 and rates != 2.0
+    # no interval yet (bootstrap had too few levels): infinitely wide, a level still goes in the range
+    assert math.isinf(Interval("x", 9.0, None, None).width)
+
+
+def test_bad_targets_and_budgets_name_their_flag() -> None:
+    for bad in (0.0, 1.0, -0.5, 1.5):
+        with pytest.raises(UserError, match=r"^--target-ci: "):
+            AdaptivePlan(target_ci=bad)
+    with pytest.raises(UserError, match=r"^--metric: "):
+        AdaptivePlan(metric="speed")
+    with pytest.raises(UserError, match=r"^--narrow: "):
+        AdaptivePlan(answers=("crossover",))
+    # the coarse start of 1 and 11 at 2 rounds is 24 requests per topology
+    with pytest.raises(UserError, match=r"^--max-requests: 40 is less than the coarse start needs .* 48"):
+        check_budget(CLOSED, AdaptivePlan(max_requests=40), 2)
+    check_budget(CLOSED, AdaptivePlan(max_requests=48), 2)
+    with pytest.raises(UserError, match=r"^--max-duration: "):
+        check_budget(OPEN, AdaptivePlan(max_duration_s=20), 2)  # 20/0.5 + 20/2 s per topology
+
+
+@pytest.fixture
+def crossing_fleet() -> Iterator[FleetSpec]:
+    """One instance that slows down with load vs two slower ones that do not: the pair's output
+    tokens/s per GPU cross near concurrency 9 (1/(8 + 2C) ms vs 2/(48 + C/5) ms per token)."""
+    behaviours = {"big1x2c": Behaviour(ttft_s=0.008, tpot_s=0.008, per_token_s=0.002),
+                  "small2x1c": Behaviour(ttft_s=0.008, tpot_s=0.024, per_token_s=0.0002)}
+    with fake_fleet(behaviours.__getitem__) as (spec, _):
+        yield spec
+
+
+ADAPTIVE_PLAN = SweepPlan(levels=(1, 32), rounds=2, input_len=LengthDist.fixed(8),
+                          output_len=LengthDist.fixed(8), slos_ms={"tpot": 1000.0})
+
+
+def test_an_adaptive_sweep_homes_in_and_resumes(crossing_fleet: FleetSpec, tmp_path: Path) -> None:
+    adaptive = AdaptivePlan(target_ci=0.05, metric="output_tps", max_requests=400, answers=("crossing",))
+    seen: list[LevelDone] = []
+    result = run_sweep(crossing_fleet, ADAPTIVE_PLAN, tmp_path, on_level=seen.append, n_boot=50,
+                       adaptive=adaptive)
+    levels = sorted({level for _, level in result.measured_levels})
+    state = json.loads((tmp_path / "crossover.json").read_text())["adaptive"]
+    assert state["levels"][:2] == [1.0, 6.0] and sorted(state["levels"]) == levels
+    # fewer levels than the integers in the range, and a level beside the final estimate
+    widest = state["widest"]
+    assert len(levels) < 10 and any(abs(lv - widest["x"]) <= 1 for lv in levels), state
+    assert result.stop_reason in ("target", "resolution", "max-requests")
+    assert len(result.requests) <= 400
+    assert state["stop_reason"] == result.stop_reason
+    if result.stop_reason == "target":
+        assert widest["width"] <= 0.05
+    assert state["requests"] == len(result.requests) and state["next_level"] is None
+    assert seen[-1].position == seen[-1].total == 2 * len(levels)
+    assert json.loads((tmp_path / "run.json").read_text())["adaptive"] == adaptive.to_json()
+    # rerun: the same decisions from the same data, every level read back, none measured
+    again = run_sweep(crossing_fleet, ADAPTIVE_PLAN, tmp_path, n_boot=50, adaptive=adaptive)
+    assert again.measured_levels == [] and again.resumed_levels == 2 * len(levels)
+    assert again.stop_reason == result.stop_reason
+    # a larger budget goes on from there (a stop for the budget was the only reason to stop)
+    if result.stop_reason == "max-requests":
+        more = run_sweep(crossing_fleet, ADAPTIVE_PLAN, tmp_path, n_boot=50,
+                         adaptive=AdaptivePlan(target_ci=0.05, metric="output_tps", max_requests=2000))
+        assert more.measured_levels and more.resumed_levels == 2 * len(levels)
+
+
+def _cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(["sweep", str(SPECS / "cpu-real-vllm.yaml"), *args])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--adaptive", "--target-ci", "1"], "--target-ci: must be a relative width between 0 and 1"),
+    (["--adaptive", "--target-ci", "0"], "--target-ci: "),
+    (["--adaptive", "--max-requests", "10"], "--max-requests: 10 is less than the coarse start needs"),
+    (["--adaptive", "--narrow", "speed"], "--narrow: want one or both of crossing,capacity"),
+    (["--workers", "0"], "--workers: must be between 1 and"),
+    (["--workers", "4096"], "--workers: must be between 1 and"),
+    (["--target-ci", "0.2"], "--target-ci: only for an adaptive sweep"),
+    (["--shard", "2/2"], "--shard: want M/K"),
+])
+def test_bad_flags_are_one_line_and_exit_2_before_traffic(flags: list[str], message: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # the spec's URLs have no server: any traffic would fail, and the folder would be made
+    code, err = _cli("--concurrency", "1,64", "--out", str(tmp_path / "run"), *flags, capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_cli_summary_says_why_the_adaptive_sweep_stopped(crossing_fleet: FleetSpec, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(json.dumps(crossing_fleet.model_dump(mode="json")))
+    code = main(["sweep", str(spec_path), "--concurrency", "1,32", "--rounds", "2", "--input-len", "8",
+                 "--output-len", "8", "--out", str(tmp_path / "run"), "--adaptive", "--metric", "output_tps",
+                 "--target-ci", "0.5", "--bootstrap", "50", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "adaptive sweep stopped: " in out and "levels measured: 1, 6" in out, out
+
+
+def test_the_status_line_says_the_next_level_or_why_it_stopped() -> None:
+    from crossover.loadgen.adaptive import adaptive_line
+
+    running = {"levels": [1.0, 8.0], "next_level": 6.0, "stop_reason": "",
+               "widest": {"what": "goodput crossing a/b", "x": 5.5, "width": None}}
+    assert adaptive_line(running, "concurrency") == ("adaptive sweep: levels 1, 8 so far; next concurrency 6 "
+                                                     "(to narrow the goodput crossing a/b)")
+    done = {**running, "next_level": None, "stop_reason": "max-requests",
+            "widest": {"what": "capacity a", "x": 40.0, "width": 0.25}}
+    assert adaptive_line(done, "concurrency") == (
+        "adaptive sweep stopped: the next level would overspend --max-requests; levels measured: 1, 8; "
+        "widest interval: capacity a at concurrency 40, 25% of it")
+
+
+def test_an_interval_between_two_whole_concurrencies_is_anchored_by_both() -> None:
+    between = {"crossovers": [_crossing(8.53, 8.26, 8.76)], "capacities": []}
+    plan = AdaptivePlan(target_ci=0.05)
+    assert decide(between, plan, CLOSED, [1, 6, 14]).level == 9.0  # the nearest whole concurrency
+    assert decide(between, plan, CLOSED, [1, 6, 9, 14]).level == 8.0
+    assert decide(between, plan, CLOSED, [1, 6, 8, 9, 14]).stop_reason == "resolution"
