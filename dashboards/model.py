@@ -7,6 +7,7 @@ Rendering to Grafana JSON (grafanalib) lives in render.py; the lint in lint.py.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from crossover import catalog, slo
@@ -114,33 +115,79 @@ def _latency_panel(rules: RuleSet, metric: catalog.Metric, kind: str, title: str
         lines=lines, min=0)
 
 
+def _failed_per_topology() -> Panel:
+    return Panel(
+        title="Failed requests/s by reason",
+        description="Requests the topology should have served and did not, per second: error (engine "
+                    "error), abort (engine-side cancel), rejected (admission queue limit, 503), unfinished "
+                    "(answered but never finished by the engine: a client that cut its stream, a 5xx "
+                    "before the engine). Bad input (4xx) is not counted.",
+        unit="reqps", queries=(_per_topology(m.failed_requests_name(WINDOW), "{{topology}} {{reason}}"),),
+        min=0, scope="any")
+
+
+def _failed_per_instance(rules: RuleSet) -> Panel:
+    """The same reasons per instance, from the raw counters over $__rate_interval."""
+    sel = f"{rules.config.selector},{FILTERS}"
+    by = "topology, replica"
+
+    def rate(series: str, extra: str = "", labels: str = by, matchers: str = sel) -> str:
+        return f"sum by ({labels}) (rate({series}{{{matchers}{extra}}}[{RATE_INTERVAL}]))"
+
+    failed = "|".join(slo.FAILED_REASONS)
+    handlers = "|".join(re.escape(h) for h in slo.SERVING_HANDLERS)
+    success = catalog.REQUEST_SUCCESS.promql_name
+    rejected = rate(catalog.ADMISSION_REJECTIONS.promql_name)
+    served = rate(success)
+    fleet = f',handler=~"{handlers}",status!="{slo.CLIENT_ERROR_STATUS}"'
+    # The API server's counter has no model label.
+    without_model = f"{rules.config.selector},{TOPOLOGY_FILTER}"
+    http = rate(catalog.HTTP_REQUESTS.promql_name, fleet, matchers=without_model)
+    unfinished = f"clamp_min({http} - on ({by}) {served} - on ({by}) ({rejected} or 0 * {served}), 0)"
+    return Panel(
+        title="Failed requests/s per instance",
+        description="Failed requests per second of each instance by reason (as the panel per topology).",
+        unit="reqps",
+        queries=(Query(rate(success, f',finished_reason=~"{failed}"', f"{by}, finished_reason"),
+                       "{{topology}} {{replica}} {{finished_reason}}"),
+                 Query(rejected, f"{{{{topology}}}} {{{{replica}}}} {slo.REJECTED_REASON}"),
+                 Query(unfinished, f"{{{{topology}}}} {{{{replica}}}} {slo.UNFINISHED_REASON}")),
+        min=0, scope="any")
+
+
 def _uid(stem: str, kind: str) -> str:
     return f"xo-{stem}-{kind}"[:40]
 
 
-def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
-    spec = rules.spec
-    objective = spec.slos.objective
+def _goodput_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    objective = rules.spec.slos.objective
     slo_queries = tuple(_requests(m.attainment_name(b.slo, WINDOW), f"{SOURCE_LEGEND} {b.slo}")
                         for b in rules.slo_buckets)
     request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     goodput_rows: list[Panel] = [Panel(
-        title="Goodput ratio per SLO",
-        description="Share of requests (ITL: of engine iterations) within each SLO, per topology: "
-                    "rate of the SLO bucket over the rate of the count, both summed per topology before "
-                    f"dividing. The red line is the objective ({objective:g}).",
-        unit="percentunit", queries=slo_queries, lines=(Line(objective),), min=0, max=1)]
+        title="Attainment per SLO",
+        description="Share of all requests the topology should have served that were served within each "
+                    "SLO (crossover.slo): the histogram's share within the threshold times the share "
+                    "served, so failed requests (errors, rejections, cut streams) count as missed. "
+                    f"The red line is the objective ({objective:g}).",
+        unit="percentunit", queries=slo_queries, lines=(Line(objective),), min=0, max=1),
+        _failed_per_topology(), _failed_per_instance(rules)]
     if request_slos:
         goodput_rows.insert(0, Panel(
-            title="Goodput ratio (every SLO met)",
-            description="Share of requests meeting every per-request SLO at once. Server-side histograms "
-                        "only bound it: lower = max(0, sum of shares - (n-1)), upper = min of shares. "
+            title="Attainment (every SLO met)",
+            description="Share of requests served meeting every per-request SLO at once, failed requests "
+                        "counted as missed. Server-side histograms only bound it: lower = max(0, sum of "
+                        "shares - (n-1)), upper = min of shares. "
                         f"The red line is the objective ({objective:g}).",
             unit="percentunit",
             queries=(_requests(m.joint_attainment_name("lower", WINDOW), f"{SOURCE_LEGEND} lower bound"),
                      _requests(m.joint_attainment_name("upper", WINDOW), f"{SOURCE_LEGEND} upper bound")),
             lines=(Line(objective),), min=0, max=1))
         goodput_rows += [
+            Panel(title="Goodput requests/s",
+                  description="Requests per second served within every SLO (lower bound): every request "
+                              "the topology should have served per second times the joint lower bound.",
+                  unit="reqps", queries=(_per_topology(m.goodput_requests_name(WINDOW)),), min=0),
             Panel(title="Goodput tokens/s",
                   description="Output tokens/s of the topology times its lower-bound goodput ratio: tokens "
                               "certainly served within every SLO (a conservative figure).",
@@ -150,7 +197,11 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                               "that decides the crossover between topologies of equal GPU count.",
                   unit="short", queries=(_requests(m.goodput_tokens_name(WINDOW, per_gpu=True)),), min=0),
         ]
-    throughput = (
+    return tuple(goodput_rows)
+
+
+def _throughput_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    return (
         Panel(title="Output tokens/s",
               description="Generated tokens per second, summed over the topology's instances (a P/D "
                           "topology's decode role: its prefill role's one token per request is no output).",
@@ -171,7 +222,10 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                              f"{{{rules.config.selector},{FILTERS}}}[{RATE_INTERVAL}]))",
                              "{{topology}} {{replica}}"),), min=0),
     )
-    latency = (
+
+
+def _latency_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    return (
         _latency_panel(rules, catalog.TTFT, "ttft", "Time to first token", "Time to first token"),
         _latency_panel(rules, catalog.TPOT, "tpot", "Time per output token (per request)",
                        "Per-request time per output token (decode time / (tokens - 1))"),
@@ -180,8 +234,11 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
         _latency_panel(rules, catalog.E2E_LATENCY, "e2el", "End-to-end request latency",
                        "End-to-end request latency"),
     )
+
+
+def _load_panels(rules: RuleSet) -> tuple[Panel, ...]:
     up = f"up{{{rules.config.selector},{TOPOLOGY_FILTER}}}"
-    load = (
+    return (
         Panel(title="Running and waiting requests",
               description="Requests in the running batch and in the waiting queue, summed per topology.",
               unit="short",
@@ -200,13 +257,16 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                           "in the spec.",
               unit="short", queries=(Query(f"sum by (topology) ({up})", "{{topology}}"),), min=0),
     )
+
+
+def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
     return DashboardModel(
         uid=_uid(stem, "overlay"),
         title=f"vLLM crossover: topology overlay ({stem})",
         description="Every topology of the fleet spec on the same panels, so the crossover between one big "
                     "tensor-parallel replica, several small ones and P/D disaggregation shows at a glance.",
-        rows=(Row("Goodput", tuple(goodput_rows)), Row("Throughput", throughput), Row("Latency", latency),
-              Row("Load", load)),
+        rows=(Row("Goodput", _goodput_panels(rules)), Row("Throughput", _throughput_panels(rules)),
+              Row("Latency", _latency_panels(rules)), Row("Load", _load_panels(rules))),
         windows=rules.dashboard_windows)
 
 
@@ -263,11 +323,16 @@ def slo_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
         windows=rules.dashboard_windows)
 
 
-def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
-    if not m.disaggregated_topologies(rules.spec):
-        return None
+ROLE_LEVEL = "topology_role"
+
+
+def _on_role(name: str, role: str) -> Query:
+    return Query(f'{name}{{{FILTERS},role="{role}"}}', f"{{{{topology}}}} {role} p99")
+
+
+def _kv_transfer_panels(rules: RuleSet) -> tuple[Panel, ...]:
     xfer = m.KV_TIME
-    kv = (
+    return (
         Panel(title="KV-transfer time", scope="pd",
               description="KV-cache transfer duration p50 and p99 per P/D topology, from whichever connector "
                           "(NIXL or Mooncake) the decode instances expose; pooled over TP ranks.",
@@ -290,14 +355,13 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
                                      "{{topology}} failed")),
               min=0),
     )
+
+
+def _stage_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    """What a P/D request's user waited for, beside its three stages: prefill, KV transfer, decode."""
     itl_slo = next((b for b in rules.slo_buckets if b.slo == "itl"), None)
     ttft_slo = next((b for b in rules.slo_buckets if b.slo == "ttft"), None)
-    role_level = "topology_role"
-
-    def on_role(name: str, role: str) -> Query:
-        return Query(f'{name}{{{FILTERS},role="{role}"}}', f"{{{{topology}}}} {role} p99")
-
-    stages = (
+    return (
         Panel(title="What users waited for: TTFT p99", scope="pd", width=6,
               description="p99 time to first token per topology as its users see it: from the entrypoint "
                           "(prefill + KV transfer + first decode step), or decode-side without one.",
@@ -308,7 +372,7 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
               description="p99 time to first token on the prefill instances: the prefill itself (and its "
                           "queue), the first stage of a P/D request.",
               unit="s",
-              queries=(on_role(m.quantile_name(catalog.TTFT, 0.99, WINDOW, role_level), "prefill"),),
+              queries=(_on_role(m.quantile_name(catalog.TTFT, 0.99, WINDOW, ROLE_LEVEL), "prefill"),),
               min=0),
         Panel(title="KV transfer: time p99", scope="pd", width=6,
               description="p99 KV-cache transfer time, prefill to decode (NIXL or Mooncake): the second "
@@ -319,10 +383,14 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
         Panel(title="Decode: ITL p99 on the decode role", scope="pd", width=6,
               description="p99 inter-token latency on the decode instances: the third stage, free of "
                           "prefill chunks.",
-              unit="s", queries=(on_role(m.quantile_name(catalog.ITL, 0.99, WINDOW, role_level), "decode"),),
+              unit="s", queries=(_on_role(m.quantile_name(catalog.ITL, 0.99, WINDOW, ROLE_LEVEL), "decode"),),
               lines=(Line(itl_slo.le),) if itl_slo else (), min=0),
     )
-    decode = (
+
+
+def _decode_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    itl_slo = next((b for b in rules.slo_buckets if b.slo == "itl"), None)
+    return (
         Panel(title="Decode ITL p99: P/D next to colocated",
               description="p99 inter-token latency of every topology: with 8K-token prompts, prefill chunks "
                           "stall colocated decode steps; a P/D decode instance never runs a prefill.",
@@ -332,9 +400,12 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
         Panel(title="Queue depth: prefill vs decode",
               description="Waiting requests per role (prefill, decode, colocated) of each topology.",
               unit="short",
-              queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, "topology_role")),
+              queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
     )
+
+
+def _per_role_panels(rules: RuleSet) -> tuple[Panel, ...]:
     request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     twice = ("A P/D request is one request on the prefill instance (max_tokens 1), one on the decode "
              "instance and one at the entrypoint; the overlay counts it once (entrypoint, else decode-side), "
@@ -343,37 +414,44 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
         Panel(title="Finished requests/s per role", scope="pd",
               description=f"Requests finished per second on each role of each topology. {twice}",
               unit="reqps",
-              queries=(Query(_sel(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, role_level)),
+              queries=(Query(_sel(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
         Panel(title="TTFT p99 per role", scope="pd",
               description="p99 time to first token per role. On the decode role it covers the wait for the "
                           "KV transfer, on the prefill role the prefill itself; a user sees about their "
                           f"sum. {twice}",
               unit="s",
-              queries=(Query(_sel(m.quantile_name(catalog.TTFT, 0.99, WINDOW, role_level)),
+              queries=(Query(_sel(m.quantile_name(catalog.TTFT, 0.99, WINDOW, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
         Panel(title="End-to-end latency p99 per role", scope="pd",
               description=f"p99 end-to-end request latency per role. {twice}",
               unit="s",
-              queries=(Query(_sel(m.quantile_name(catalog.E2E_LATENCY, 0.99, WINDOW, role_level)),
+              queries=(Query(_sel(m.quantile_name(catalog.E2E_LATENCY, 0.99, WINDOW, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
     ]
     if request_slos:
         per_role.append(Panel(
-            title="Goodput ratio per role and SLO", scope="pd",
+            title="Attainment per role and SLO", scope="pd",
             description="Share of requests within each per-request SLO on each role (rate of the SLO "
                         f"bucket over the rate of the count, summed per role first). {twice}",
             unit="percentunit",
-            queries=tuple(Query(_sel(m.attainment_name(b.slo, WINDOW, role_level)),
+            queries=tuple(Query(_sel(m.attainment_name(b.slo, WINDOW, ROLE_LEVEL)),
                                 f"{{{{topology}}}} {{{{role}}}} {b.slo}") for b in request_slos),
             lines=(Line(rules.spec.slos.objective),), min=0, max=1))
+    return tuple(per_role)
+
+
+def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
+    if not m.disaggregated_topologies(rules.spec):
+        return None
     return DashboardModel(
         uid=_uid(stem, "pd"),
         title=f"vLLM crossover: P/D disaggregation ({stem})",
         description="KV-cache transfers between prefill and decode instances and what they buy: decode "
                     "inter-token latency beside the colocated topology's.",
-        rows=(Row("Prefill, KV transfer and decode side by side", stages), Row("KV transfer", kv),
-              Row("Decode", decode), Row("Per role", tuple(per_role))),
+        rows=(Row("Prefill, KV transfer and decode side by side", _stage_panels(rules)),
+              Row("KV transfer", _kv_transfer_panels(rules)), Row("Decode", _decode_panels(rules)),
+              Row("Per role", _per_role_panels(rules))),
         windows=rules.dashboard_windows)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -175,28 +175,36 @@ class _WindowDerivation:
         return derive_sums(self.sums(members), gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
 
     def topology(self, members: Sequence[Target], gpus: int) -> tuple[Derived, bool]:
-        """The topology as its users see it (derive.user_facing); True when an entrypoint target
-        has a window but none of the request families (it fell back to the decode side)."""
-        by_role: dict[str, list[Target]] = {}
-        for target in members:
-            by_role.setdefault(target.role, []).append(target)
-        entry = self.sums(by_role.get(ENTRYPOINT_ROLE, []))
-        instances = self.sums([t for t in members if t.role != ENTRYPOINT_ROLE])
-        silent = entry.targets > 0 and not exposes_requests(entry)
-        if exposes_requests(entry):
-            source = "entrypoint"
-        elif Role.DECODE.value in by_role:
-            source = "decode"
-        else:
-            source = "instances"
-        sums = instances
-        if source != "instances" or ENTRYPOINT_ROLE in by_role:
-            decode = self.sums(by_role[Role.DECODE.value]) if Role.DECODE.value in by_role else instances
-            prefill = self.sums(by_role[Role.PREFILL.value]) if Role.PREFILL.value in by_role else instances
-            sources = {"entrypoint": [entry, decode], "decode": [decode], "instances": [instances]}[source]
-            sums = user_facing(instances, sources, decode, prefill)
-        derived = derive_sums(sums, gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
-        return dataclasses.replace(derived, requests_source=source), silent
+        return topology_figures(members, self.sums, gpus=gpus, slos_seconds=self.slos,
+                                window_seconds=self.seconds)
+
+
+def topology_figures(members: Sequence[Target], sums_of: Callable[[Sequence[Target]], WindowSums], *,
+                     gpus: int, slos_seconds: Mapping[str, float],
+                     window_seconds: float) -> tuple[Derived, bool]:
+    """A topology as its users see it (derive.user_facing) from `sums_of` its members' groups; True
+    when an entrypoint target has a window but none of the request families (the decode side is
+    used instead)."""
+    by_role: dict[str, list[Target]] = {}
+    for target in members:
+        by_role.setdefault(target.role, []).append(target)
+    entry = sums_of(by_role.get(ENTRYPOINT_ROLE, []))
+    instances = sums_of([t for t in members if t.role != ENTRYPOINT_ROLE])
+    silent = entry.targets > 0 and not exposes_requests(entry)
+    if exposes_requests(entry):
+        source = "entrypoint"
+    elif Role.DECODE.value in by_role:
+        source = "decode"
+    else:
+        source = "instances"
+    sums = instances
+    if source != "instances" or ENTRYPOINT_ROLE in by_role:
+        decode = sums_of(by_role[Role.DECODE.value]) if Role.DECODE.value in by_role else instances
+        prefill = sums_of(by_role[Role.PREFILL.value]) if Role.PREFILL.value in by_role else instances
+        sources = {"entrypoint": [entry, decode], "decode": [decode], "instances": [instances]}[source]
+        sums = user_facing(instances, sources, decode, prefill)
+    derived = derive_sums(sums, gpus=gpus, slos_seconds=slos_seconds, window_seconds=window_seconds)
+    return dataclasses.replace(derived, requests_source=source), silent
 
 
 def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, *,

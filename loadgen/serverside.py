@@ -20,9 +20,10 @@ import pandas as pd
 
 from crossover.errors import UserError
 from crossover.exporter.collector import derived_rows
-from crossover.exporter.derive import derive
+from crossover.exporter.derive import WindowSums, merge, window_sums
 from crossover.exporter.parse import ParsedSeries, Parser
 from crossover.exporter.scrape import scrape
+from crossover.exporter.state import slos_seconds, topology_figures
 from crossover.exporter.targets import Target, spec_targets
 from crossover.exporter.window import Scrape, window_of
 from crossover.spec import FleetSpec
@@ -77,14 +78,22 @@ class ServerView:
     def level_figures(self, before: Scrapes, after: Scrapes) -> dict[str, Any]:
         """The exporter's figures for the topology over [before, after]."""
         seconds = after.taken - before.taken
-        windows = []
+        sums: dict[str, WindowSums] = {}
         for instance, series in before.series.items():
             if instance in after.series:
                 first = Scrape.of(before.taken, series)
                 last = Scrape.of(after.taken, after.series[instance], first)  # counter resets undone
-                windows.append(window_of([first, last], end=after.taken, seconds=seconds))
-        slos_seconds = {name: ms / 1000 for name, ms in self.spec.slos.thresholds_ms.items()}
-        derived = derive(windows, gpus=self.gpus, slos_seconds=slos_seconds, window_seconds=seconds)
+                window = window_of([first, last], end=after.taken, seconds=seconds)
+                if window is not None:
+                    sums[instance] = window_sums(window)
+
+        def sums_of(members: Sequence[Target]) -> WindowSums:
+            found = [sums[t.instance] for t in members if t.instance in sums]
+            return merge(found) if found else WindowSums()
+
+        # the topology as its users see it: each request once, from its entrypoint where it has one
+        derived, _ = topology_figures(self.targets, sums_of, gpus=self.gpus,
+                                      slos_seconds=slos_seconds(self.spec), window_seconds=seconds)
         figures = {_name(suffix, labels): value for suffix, labels, value in derived_rows(derived)}
         return {"window_s": seconds, "start": before.taken, "end": after.taken, "figures": figures,
                 "scrape_errors": {**before.errors, **after.errors}}

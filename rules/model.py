@@ -31,6 +31,7 @@ from crossover.spec import (
     bucket_neighbours,
     format_duration,
     on_boundary,
+    parse_duration,
 )
 
 # Labels every aggregated series keeps: the topology the scrape config attached, and the model.
@@ -41,13 +42,15 @@ DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
 REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written for 30 days
 # Histograms whose quantiles and means are recorded per topology.
 LATENCY_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
+# The requests counter is recorded once, by finished_reason, with the other outcome families
+# (_Builder.outcome_rates); its sum per topology is built on that recording.
 RATE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.PROMPT_TOKENS,
-                                     catalog.REQUEST_SUCCESS, catalog.NUM_PREEMPTIONS)
+                                     catalog.NUM_PREEMPTIONS)
 GAUGES_SUMMED: tuple[Metric, ...] = (catalog.NUM_REQUESTS_RUNNING, catalog.NUM_REQUESTS_WAITING)
 # A P/D request is one request on the prefill instance (max_tokens 1) and one on the decode instance,
 # so topology-level request figures of a P/D topology count it twice and mix two populations; these
 # are also recorded per role (level topology_role) for fleets with a P/D topology.
-ROLE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS, catalog.REQUEST_SUCCESS)
+ROLE_COUNTERS: tuple[Metric, ...] = (catalog.GENERATION_TOKENS,)
 ROLE_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
 
 
@@ -184,6 +187,11 @@ class AlertRule:
 class RuleGroup:
     name: str
     rules: tuple[RecordingRule | AlertRule, ...]
+    interval_s: float | None = None  # None: Prometheus's global evaluation_interval
+
+    @property
+    def interval(self) -> str | None:
+        return None if self.interval_s is None else format_duration(self.interval_s)
 
 
 @dataclass(frozen=True)
@@ -287,7 +295,7 @@ def joint_attainment_name(bound: str, window: str) -> str:
     return f"topology:vllm_{slo.ATTAINMENT}:ratio_{bound}_rate{window}"
 
 
-REQUEST_OUTCOMES = ("all", "served", "failed_finished")
+REQUEST_OUTCOMES = ("all", "served", "failed_finished", "unfinished")
 
 
 def requests_name(outcome: str, window: str, level: str = "topology") -> str:
@@ -295,6 +303,22 @@ def requests_name(outcome: str, window: str, level: str = "topology") -> str:
     (finished + rejected at admission), served, or failed and finished by the engine (abort, error)."""
     stem = "vllm_requests" if outcome == "all" else f"vllm_requests_{outcome}"
     return f"{level}:{stem}:rate{window}"
+
+
+def good_requests_name(kind: str, window: str, level: str = "topology") -> str:
+    """Requests per second served within one SLO (attainment x all requests): a rate, so long
+    windows are averages of a short window's recordings."""
+    return f"{level}:vllm_requests_good_{kind}:rate{window}"
+
+
+def finished_by_reason_name(window: str, level: str = "topology") -> str:
+    """The requests counter's rate by finished_reason: the one recording of that raw rate."""
+    return f"{level}_finished_reason:{catalog.REQUEST_SUCCESS.rule_stem}:rate{window}"
+
+
+def api_requests_name(window: str, level: str = "topology") -> str:
+    """The API server's requests the fleet should have served (slo.is_fleet_request)."""
+    return f"{level}:{catalog.HTTP_REQUESTS.rule_stem}_fleet:rate{window}"
 
 
 def failed_requests_name(window: str) -> str:
@@ -427,16 +451,25 @@ def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str 
     sli_seconds = {*spec.scrape.window_seconds, *(t.long_s for t in tiers), *(t.short_s for t in tiers),
                    period_s}
     sli_windows = tuple(format_duration(s) for s in sorted(sli_seconds))
+    # Raw series are read over the dashboard windows and the shortest SLI window only; every longer
+    # SLI window is an average of a shorter window's recordings (as Sloth builds long windows).
+    shortest = min(sli_seconds)
+    raw_windows = tuple(format_duration(w) for w in sorted({*spec.scrape.window_seconds, shortest}))
+    fast_s = float(max(interval_s, round(shortest / 4)))  # a few evaluations per shortest window
+    long_s = float(max(fast_s, round(60 * config.window_scale)))
     builder = _Builder(spec, config, buckets, tiers, period_s, kv_window)
     groups = (
-        RuleGroup("crossover-topology", builder.topology_rules(dashboard_windows)),
-        RuleGroup("crossover-goodput", builder.goodput_rules(dashboard_windows, sli_windows)),
-        *((RuleGroup("crossover-roles", builder.role_rules(dashboard_windows)),)
+        # One group from raw rates to attainment: every recording it reads is of the same evaluation.
+        RuleGroup("crossover-topology", (*builder.topology_rules(raw_windows, dashboard_windows),
+                                         *builder.goodput_rules(raw_windows, dashboard_windows)), fast_s),
+        RuleGroup("crossover-slo-windows", builder.long_window_rules(
+            raw_windows, tuple(w for w in sli_windows if w not in raw_windows)), long_s),
+        *((RuleGroup("crossover-roles", builder.role_rules(dashboard_windows), fast_s),)
           if disaggregated_topologies(spec) else ()),
         RuleGroup("crossover-kv-transfer", builder.kv_rules(tuple(dict.fromkeys((*dashboard_windows,
-                                                                                   kv_window))))),
-        RuleGroup("crossover-slo-alerts", builder.slo_alerts()),
-        RuleGroup("crossover-fleet-alerts", builder.fleet_alerts()),
+                                                                                   kv_window)))), fast_s),
+        RuleGroup("crossover-slo-alerts", builder.slo_alerts(), fast_s),
+        RuleGroup("crossover-fleet-alerts", builder.fleet_alerts(), fast_s),
     )
     return RuleSet(spec, config, groups, buckets, tiers, dashboard_windows, sli_windows,
                    format_duration(period_s), kv_window, warnings)
@@ -498,7 +531,8 @@ class _Builder:
             branches.append(f'label_replace(group by (topology) ({series}), "source", "{source}", "", "")')
         return RecordingRule(requests_source_name(), "\nor on (topology)\n".join(branches))
 
-    def topology_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+    def topology_rules(self, windows: tuple[str, ...],
+                       dashboard_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = [
             RecordingRule(GPUS_NAME, f"vector({t.gpus})", (("topology", t.name),))
             for t in self.spec.topologies
@@ -521,10 +555,12 @@ class _Builder:
                 per_gpu_name(catalog.GENERATION_TOKENS, window),
                 f"{rate_name(catalog.GENERATION_TOKENS, window)} / on (topology) group_left {GPUS_NAME}"))
             for metric in LATENCY_HISTOGRAMS:
-                rules.extend(self.histogram_rules(metric, window))
+                rules.extend(self.histogram_rules(metric, window, quantiles=window in dashboard_windows))
+            rules.extend(self.outcome_rates(window))
         return tuple(rules)
 
-    def histogram_rules(self, metric: Metric | KvFamily, window: str) -> list[RecordingRule]:
+    def histogram_rules(self, metric: Metric | KvFamily, window: str,
+                        quantiles: bool = True) -> list[RecordingRule]:
         bucket = histogram_rate_name(metric, "bucket", window)
         count = histogram_rate_name(metric, "count", window)
         total = histogram_rate_name(metric, "sum", window)
@@ -534,26 +570,13 @@ class _Builder:
             RecordingRule(count, self.summed_rate(self.raw(metric, "_count"), window)),
             RecordingRule(total, self.summed_rate(self.raw(metric, "_sum"), window)),
         ]
+        if not quantiles:
+            return rules
         for quantile in slo.QUANTILES:
             rules.append(RecordingRule(quantile_name(metric, quantile, window),
                                        f"histogram_quantile({quantile}, {bucket})"))
         rules.append(RecordingRule(mean_name(metric, window), f"{total} / {count}"))
         return rules
-
-    def attainment(self, bucket: SloBucket, window: str, level: str = "topology",
-                   by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-        """slo.attainment in PromQL, on the outcome rates recorded by outcome_rules."""
-        good = self.summed_rate(self.sel(bucket.metric.name + "_bucket", bucket.le_matcher), window, by)
-        every = requests_name("all", window, level)
-        on = f"on ({_by(by)})"
-        if bucket.slo in slo.OBSERVES_FAILED:
-            failed = requests_name("failed_finished", window, level)
-            return f"clamp_min(\n{good}\n- {on} {failed},\n0)\n/ {on} {every}"
-        served = requests_name("served", window, level)
-        count = self.summed_rate(self.sel(bucket.metric.name + "_count"), window, by)
-        # 0, not NaN, when requests came and none was served (the histogram then observed nothing)
-        return (f"(\n{good}\n/\n{count}\n* {on} {served} and {on} {served} > 0\nor {on} 0 * {served}\n)"
-                f"\n/ {on} {every}")
 
     def fleet_requests(self, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
         """The API server's requests the fleet should have served (slo.is_fleet_request). The
@@ -564,32 +587,94 @@ class _Builder:
         summed = self.summed_rate(series, window, tuple(label for label in by if label != "model_name"))
         return f'label_replace({summed}, "model_name", {promql_string(self.spec.model.name)}, "", "")'
 
-    def outcome_rules(self, window: str, level: str = "topology",
+    def outcome_rates(self, window: str, level: str = "topology",
                       by: tuple[str, ...] = TOPOLOGY_BY) -> list[RecordingRule]:
-        """slo.outcomes in PromQL: all requests are the API server's (4xx left out), at least the
-        finished and rejected ones. A target without finished_reason counts every request as
-        served (the fallback); one without the HTTP or admission family counts none there."""
-        failed = f"finished_reason=~{promql_string('|'.join(slo.FAILED_REASONS))}"
-        success = catalog.REQUEST_SUCCESS.promql_name
-        finished = self.summed_rate(self.sel(success), window, by)
-        rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)
-        served = self.summed_rate(self.sel(success, failed.replace("=~", "!~")), window, by)
-        failed_finished = self.summed_rate(self.sel(success, failed), window, by)
+        """The raw rates of the outcome families (slo.OUTCOME_FAMILIES), each recorded once."""
+        by_reason = finished_by_reason_name(window, level)
+        return [
+            RecordingRule(by_reason, self.summed_rate(self.sel(catalog.REQUEST_SUCCESS.promql_name), window,
+                                                      (*by, "finished_reason"))),
+            RecordingRule(rate_name(catalog.REQUEST_SUCCESS, window, level),
+                          f"sum without (finished_reason) ({by_reason})"),
+            RecordingRule(rate_name(catalog.ADMISSION_REJECTIONS, window, level),
+                          self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)),
+            RecordingRule(api_requests_name(window, level), self.fleet_requests(window, by)),
+        ]
+
+    def counted(self, window: str, level: str, by: tuple[str, ...]) -> str:
+        """Requests the engine finished plus those rejected at admission (none without the family)."""
+        finished = rate_name(catalog.REQUEST_SUCCESS, window, level)
+        rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
+        return f"({finished} + on ({_by(by)}) ({rejected} or 0 * {finished}))"
+
+    def unfinished_rule(self, window: str, level: str = "topology",
+                        by: tuple[str, ...] = TOPOLOGY_BY) -> RecordingRule:
+        """The API server's requests the engine never finished nor rejected (slo.UNFINISHED_REASON),
+        over the longest raw window: the HTTP counter moves at the end of a response, a little after
+        the engine's, and over a short window that gap alone would show healthy requests as unfinished.
+        Absent without the HTTP family (none counted then)."""
+        return RecordingRule(requests_name("unfinished", window, level),
+                             f"clamp_min({api_requests_name(window, level)} - on ({_by(by)}) "
+                             f"{self.counted(window, level, by)}, 0)")
+
+    def outcome_rules(self, window: str, unfinished_window: str, level: str = "topology",
+                      by: tuple[str, ...] = TOPOLOGY_BY) -> list[RecordingRule]:
+        """slo.outcomes on the recorded rates: all requests are the finished, the rejected and the
+        unfinished ones. A target without finished_reason counts every request as served (the
+        fallback); one without the HTTP or admission family counts none there."""
         on = f"on ({_by(by)})"
-        counted = f"(\n  {finished}\n  + {on}\n  ({rejected} or 0 * {finished})\n)"
+        failed = f"finished_reason=~{promql_string('|'.join(slo.FAILED_REASONS))}"
+        by_reason = finished_by_reason_name(window, level)
+        finished = rate_name(catalog.REQUEST_SUCCESS, window, level)
+        counted = self.counted(window, level, by)
+        unfinished = requests_name("unfinished", unfinished_window, level)
         return [
             RecordingRule(requests_name("all", window, level),
-                          f"{self.fleet_requests(window, by)}\n>= {on} {counted}\nor {on}\n{counted}"),
-            RecordingRule(requests_name("served", window, level), served),
+                          f"{counted}\n+ {on} ({unfinished} or 0 * {finished})"),
+            RecordingRule(requests_name("served", window, level),
+                          f"sum without (finished_reason) ({by_reason}{{{failed.replace('=~', '!~')}}})"
+                          f"\nor {on} 0 * {finished}"),
             RecordingRule(requests_name("failed_finished", window, level),
-                          f"{failed_finished}\nor\n0 * {finished}"),
+                          f"sum without (finished_reason) ({by_reason}{{{failed}}})\nor {on} 0 * {finished}"),
         ]
+
+    def good_requests(self, bucket: SloBucket, window: str, level: str = "topology",
+                      by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+        """Requests per second served within one SLO (slo.attainment x all requests), from the
+        recorded bucket rates; 0, never NaN, so that long windows can average it."""
+        on = f"on ({_by(by)})"
+        within = f"sum by ({_by(by)}) ({histogram_rate_name(bucket.metric, 'bucket', window, level)}" \
+                 f"{{{bucket.le_matcher}}})"
+        if bucket.slo in slo.OBSERVES_FAILED:
+            return f"clamp_min(\n  {within}\n  - {on} {requests_name('failed_finished', window, level)},\n0)"
+        count = histogram_rate_name(bucket.metric, "count", window, level)
+        return (f"{within}\n/ {on} ({count} > 0)\n* {on} {requests_name('served', window, level)}"
+                f"\nor {on} 0 * {requests_name('all', window, level)}")
+
+    def slo_rules(self, window: str, unfinished_window: str, level: str = "topology",
+                  by: tuple[str, ...] = TOPOLOGY_BY,
+                  kinds: tuple[str, ...] | None = None) -> list[RecordingRule]:
+        """Outcomes, good requests and attainment per SLO over one window read from raw rates."""
+        rules = self.outcome_rules(window, unfinished_window, level, by)
+        every = requests_name("all", window, level)
+        for bucket in self.buckets:
+            if kinds is not None and bucket.slo not in kinds:
+                continue
+            good = good_requests_name(bucket.slo, window, level)
+            rules.append(RecordingRule(good, self.good_requests(bucket, window, level, by)))
+            rules.append(RecordingRule(attainment_name(bucket.slo, window, level),
+                                       f"{good} / on ({_by(by)}) {every}"))
+        return rules
 
     def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """Request figures per P/D role: the decode side is what users see after the first token
         (its TTFT covers the KV-transfer wait), the prefill side the prefill work."""
         level = "topology_role"
         rules: list[RecordingRule] = []
+        for window in windows:
+            rules.extend(self.outcome_rates(window, level, ROLE_BY))
+        longest = max(windows, key=parse_duration)
+        rules.append(self.unfinished_rule(longest, level, ROLE_BY))
         for window in windows:
             for metric in ROLE_COUNTERS:
                 rules.append(RecordingRule(rate_name(metric, window, level),
@@ -598,28 +683,25 @@ class _Builder:
                 bucket = histogram_rate_name(metric, "bucket", window, level)
                 rules.append(RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
                                                                     (*ROLE_BY, "le"))))
+                count = self.summed_rate(self.sel(metric.name + "_count"), window, ROLE_BY)
+                rules.append(RecordingRule(histogram_rate_name(metric, "count", window, level), count))
                 for quantile in slo.QUANTILES:
                     rules.append(RecordingRule(quantile_name(metric, quantile, window, level),
                                                f"histogram_quantile({quantile}, {bucket})"))
-            rules.extend(self.outcome_rules(window, level, ROLE_BY))
-            for slo_bucket in self.buckets:
-                if slo_bucket.slo in slo.PER_REQUEST_SLOS:
-                    rules.append(RecordingRule(attainment_name(slo_bucket.slo, window, level),
-                                               self.attainment(slo_bucket, window, level, ROLE_BY)))
+            rules.extend(self.slo_rules(window, longest, level, ROLE_BY, slo.PER_REQUEST_SLOS))
         return tuple(rules)
 
-    def goodput_rules(self, dashboard_windows: tuple[str, ...],
-                      sli_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+    def goodput_rules(self, raw_windows: tuple[str, ...],
+                      dashboard_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []
         request_slos = [b for b in self.buckets if b.slo in slo.PER_REQUEST_SLOS]
-        for window in sli_windows:
-            rules.extend(self.outcome_rules(window))
-            for bucket in self.buckets:
-                name = attainment_name(bucket.slo, window)
-                rules.append(RecordingRule(name, self.attainment(bucket, window)))
-                rules.append(RecordingRule(sli_error_name(window), f"1 - {name}", (("slo", bucket.slo),)))
+        rules.append(self.unfinished_rule(raw_windows[-1]))
+        for window in raw_windows:
+            rules.extend(self.slo_rules(window, raw_windows[-1]))
+            rules.extend(self.sli_errors(window))
         for window in dashboard_windows:
-            rules.append(RecordingRule(failed_requests_name(window), self.failed_requests(window)))
+            rules.append(RecordingRule(failed_requests_name(window),
+                                       self.failed_requests(window, raw_windows[-1])))
             if request_slos:
                 names = [attainment_name(b.slo, window) for b in request_slos]
                 # Frechet bounds on "every SLO met" from the per-SLO shares.
@@ -643,25 +725,47 @@ class _Builder:
         for bucket in self.buckets:
             labels = (("slo", bucket.slo),)
             rules.append(RecordingRule(OBJECTIVE_NAME, f"vector({self.spec.slos.objective!r})", labels))
+        return tuple(rules)
+
+    def sli_errors(self, window: str) -> list[RecordingRule]:
+        return [RecordingRule(sli_error_name(window), f"1 - {attainment_name(b.slo, window)}",
+                              (("slo", b.slo),)) for b in self.buckets]
+
+    def long_window_rules(self, raw_windows: tuple[str, ...],
+                          long_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+        """Each longer SLI window from the recordings of a window at most a twentieth as long (so it
+        reaches at most 5% further back), the longest such: good and all requests are rates, and
+        the average of a short window's rates over the long window is the long window's rate."""
+        rules: list[RecordingRule] = []
+        recorded = [parse_duration(w) for w in raw_windows]
+        on = f"on ({_by(TOPOLOGY_BY)})"
+        for window in long_windows:
+            seconds = parse_duration(window)
+            source = format_duration(max([w for w in recorded if w <= seconds / 20] or [min(recorded)]))
+            every = requests_name("all", window)
+            rules.append(RecordingRule(every, f"avg_over_time({requests_name('all', source)}[{window}])"))
+            for bucket in self.buckets:
+                good = good_requests_name(bucket.slo, window)
+                rules.append(RecordingRule(
+                    good, f"avg_over_time({good_requests_name(bucket.slo, source)}[{window}])"))
+                rules.append(RecordingRule(attainment_name(bucket.slo, window), f"{good} / {on} {every}"))
+            rules.extend(self.sli_errors(window))
+            recorded.append(seconds)
         period = format_duration(self.period_s)
         rules.append(RecordingRule(
             BUDGET_REMAINING_NAME,
             f"1 - {sli_error_name(period)} / {error_budget(self.spec)!r}"))
         return tuple(rules)
 
-    def failed_requests(self, window: str) -> str:
+    def failed_requests(self, window: str, unfinished_window: str) -> str:
         """Failed requests/s by reason (slo.FAILURE_REASONS): abort and error (finished_reason),
-        rejected (admission), unfinished (the rest of all requests)."""
+        rejected (admission), unfinished (over the longest raw window), from the recordings."""
         failed = promql_string("|".join(slo.FAILED_REASONS))
-        finished = self.sel(catalog.REQUEST_SUCCESS.promql_name, f"finished_reason=~{failed}")
-        rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window)
-        on = f"on ({_by(TOPOLOGY_BY)})"
-        every = requests_name("all", window)
-        unfinished = (f"clamp_min(\n  {every}\n  - {on} {requests_name('served', window)}"
-                      f"\n  - {on} {requests_name('failed_finished', window)}"
-                      f"\n  - {on} ({rejected} or 0 * {every}),\n0)")
-        return (f"sum by ({_by((*TOPOLOGY_BY, 'reason'))}) (label_replace(rate({finished}[{window}]), "
-                f'"reason", "$1", "finished_reason", "(.*)"))\n'
+        by_reason = f"{finished_by_reason_name(window)}{{finished_reason=~{failed}}}"
+        rejected = rate_name(catalog.ADMISSION_REJECTIONS, window)
+        unfinished = requests_name("unfinished", unfinished_window)
+        relabelled = f'label_replace({by_reason}, "reason", "$1", "finished_reason", "(.*)")'
+        return (f"sum without (finished_reason) ({relabelled})\n"
                 f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")\n'
                 f'or\nlabel_replace({unfinished}, "reason", {promql_string(slo.UNFINISHED_REASON)}, "", "")')
 

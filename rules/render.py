@@ -67,7 +67,8 @@ def _rule(rule: RecordingRule | AlertRule) -> dict[str, Any]:
 
 
 def rule_groups(rules: RuleSet) -> list[dict[str, Any]]:
-    return [{"name": g.name, "rules": [_rule(r) for r in g.rules]} for g in rules.groups]
+    return [{"name": g.name, **({"interval": g.interval} if g.interval else {}),
+             "rules": [_rule(r) for r in g.rules]} for g in rules.groups]
 
 
 def rules_yaml(rules: RuleSet, source: str) -> str:

@@ -11,6 +11,7 @@ is bounded, and the stack is taken down also when a check fails."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -126,6 +127,22 @@ def wait_for(what: str, check: Any, timeout: float, interval: float = 3.0) -> An
     pytest.fail(f"{what}: not within {timeout:.0f} s (last: {last!r})")
 
 
+def free_subnet() -> str:
+    """A /24 for the stack's own bridge that no network of the engine uses (two test runs at once
+    must not ask for the same one)."""
+    ids = subprocess.run(["docker", "network", "ls", "-q"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout.split()
+    used = subprocess.run(["docker", "network", "inspect", "--format",
+                           "{{ range .IPAM.Config }}{{ .Subnet }} {{ end }}", *ids],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    taken = [ipaddress.ip_network(s) for s in used if ":" not in s]
+    for third in range(117, 256):
+        candidate = ipaddress.ip_network(f"172.30.{third}.0/24")
+        if not any(candidate.overlaps(net) for net in taken):
+            return str(candidate)
+    pytest.fail(f"no free /24 in 172.30.117-255.0 (used: {used})")
+
+
 def remove_stale_stacks(env: dict[str, str], ports: dict[str, int]) -> None:
     """A run killed before its teardown leaves its project behind (the engine restarts its
     containers): take down every earlier test project before starting a new one."""
@@ -148,6 +165,7 @@ def stack() -> Iterator[Stack]:
              for name in ("APP_PORT", "PROMETHEUS_PORT", "ALERTMANAGER_PORT", "GRAFANA_PORT")}
     env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
     remove_stale_stacks(env, ports)
+    env["CROSSOVER_TEST_SUBNET"] = free_subnet()
     stack = Stack(project=f"{PROJECT_PREFIX}{os.getpid()}", env=env, ports=ports)
     try:
         stack.compose("up", "-d", "--no-build", timeout=HEALTHY_TIMEOUT_S + 60)

@@ -98,3 +98,11 @@ def test_nothing_points_at_the_teams_shared_folder() -> None:
                 if (ROOT / path).is_file() and not path.endswith(".png")
                 and any(n in (ROOT / path).read_text(errors="replace") for n in needles)]
     assert not pointing, f"these files point at the team's shared folder: {pointing}"
+
+
+def test_the_readme_lists_every_command() -> None:
+    from crossover.cli import SUBCOMMANDS
+
+    listed = set(re.findall(r"^\| `crossover ([a-z]+)", (ROOT / "README.md").read_text(), re.M))
+    assert listed == set(SUBCOMMANDS), (f"missing from README's table: {set(SUBCOMMANDS) - listed}; "
+                                        f"not commands: {listed - set(SUBCOMMANDS)}")

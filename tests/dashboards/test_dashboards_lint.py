@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.cli import main
 from crossover.dashboards.generate import example_outputs
 from crossover.dashboards.lint import known_names, lint, metric_names, substitute
@@ -112,8 +112,10 @@ def test_panel_ids_are_stable_and_queries_name_recording_rules() -> None:
     assert ids == list(range(1, len(ids) + 1))
     names = {n for d in first for p in d["panels"] for t in p.get("targets", [])
              for n in metric_names(substitute(t["expr"], {"window": "1m"}))}
+    # Raw families only in the per-instance panels (output tokens, failed requests).
+    per_instance = {catalog.GENERATION_TOKENS, *slo.OUTCOME_FAMILIES}
     assert names & rules.record_names and names - rules.record_names <= {
-        "up", "ALERTS", catalog.GENERATION_TOKENS.promql_name}
+        "up", "ALERTS", *(f.promql_name for f in per_instance)}
 
 
 def test_cli_writes_dashboards_and_provisioning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

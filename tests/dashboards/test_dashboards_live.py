@@ -28,6 +28,7 @@ def stack() -> LiveStack:
     count = len(stack.spec.topologies)
     stack.prometheus.wait_until(lambda: len(stack.prometheus.query(f"{rate} > 0")) == count,
                                 60, f"{rate} > 0 for every topology")
+    stack.wait_for_every_group()
     return stack
 
 

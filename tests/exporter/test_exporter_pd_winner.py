@@ -1,11 +1,12 @@
 """The second seed's question answered server side: at 8K-token prompts and 0.4 req/s, the
-exporter's topology-level ITL p99, ITL attainment and goodput pick the same winner between
+exporter's topology-level ITL p99 and goodput pick the same winner between
 colocated and P/D as the client-side sweep does on the same traffic."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from crossover.exporter.service import Exporter
 from crossover.exporter.state import build_snapshot
+from crossover.loadgen import results
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
 from crossover.loadgen.summary import mark_requests
 from crossover.loadgen.sweep import run_sweep
@@ -68,6 +70,12 @@ def test_server_side_figures_pick_the_client_sides_winner(tmp_path: Path) -> Non
     assert server["pd1p1d"].requests_source == "entrypoint"
     for figures in server.values():
         assert figures.latency["ttft"].observations == REQUESTS
+    # The sweep's own server view of each level (scraped before and after it) counts each request once.
+    for topology in ("colocated", "pd1p1d"):
+        view = json.loads(results.level_path(tmp_path / "run", plan, topology, plan.levels[0])
+                          .with_suffix(results.SERVER_SUFFIX).read_text())
+        sent = view["figures"]["requests_per_second"] * view["window_s"]
+        assert sent == pytest.approx(REQUESTS), (topology, sent)
 
     def winner(values: dict[str, float], lower_wins: bool) -> str:
         return (min if lower_wins else max)(values, key=values.__getitem__)
@@ -75,13 +83,11 @@ def test_server_side_figures_pick_the_client_sides_winner(tmp_path: Path) -> Non
     names = ("colocated", "pd1p1d")
     client_itl = {n: float(client.at[n, "itl_p99_ms"]) for n in names}  # type: ignore[arg-type]
     server_itl = {n: server[n].latency["itl"].quantiles["0.99"] * 1000 for n in names}
-    # The ITL SLO (50 ms) is a bucket boundary, so the server's share is exact.
-    client_itl_slo = {n: float(client.at[n, "attainment_itl"]) for n in names}  # type: ignore[arg-type]
-    server_itl_slo = {n: server[n].attainment["itl"].ratio for n in names}
-    report = (f"client ITL p99 {client_itl}, server {server_itl}; "
-              f"ITL SLO attainment client {client_itl_slo}, server {server_itl_slo}")
+    report = f"client ITL p99 {client_itl}, server {server_itl}"
     assert winner(client_itl, True) == winner(server_itl, True), report
-    assert winner(client_itl_slo, False) == winner(server_itl_slo, False) == winner(client_itl, True), report
+    # Not compared: the ITL SLO's attainment. The client judges a request by its worst gap of 256, the
+    # server counts gaps, so one stall of a busy shared machine flips the client's share (0.15 vs 1.0
+    # in one run, 0.05 vs 0.0 in the next) while the gap shares barely move.
     # Goodput (every per-request SLO met) at SLOs on bucket boundaries around the seed's TTFT 2 s and
     # TPOT 30 ms: the client's share lies within the server's Fréchet bounds (2 requests of slack),
     # and where the client's shares differ by more than that, the server picks the same winner. At

@@ -30,7 +30,7 @@ def fleet_spec(bad: dict[str, str] | None = None, *, interval: str = "1s", timeo
                            **(extra_scrape or {})})
     if bad:
         data["topologies"].append({
-            "name": "bad", "gpus": len(bad), "tensor_parallel_size": 1,
+            "name": "bad", "gpus": 2 * len(bad), "tensor_parallel_size": 2,
             "instances": [{"name": name, "url": url} for name, url in bad.items()]})
     return FleetSpec.model_validate(data)
 

@@ -2,10 +2,12 @@
 generates (a test SLO profile: --window-scale shrinks the 30-day period and every burn window), a
 real Alertmanager, and a webhook receiver in this test, all on loopback.
 
-Steady traffic runs on both topologies; one instance of tp2x2 gets the simulator's slowdown fault
-(slow decode): the goodput burn-rate alert for tp2x2's TPOT SLO fires and reaches the receiver.
-The fault is switched off: the alert resolves and the receiver gets status "resolved". The
-healthy topology (tp4x1) never burns: an alert that fires for everything would fail this test.
+Steady traffic runs on both topologies; one instance of tp2x2 gets a simulator fault: slow decode
+(the goodput burn-rate alert for tp2x2's TPOT SLO fires), or engine errors on half its requests with
+latency within every SLO (failed requests count as not good, crossover.slo: the alert fires on
+errors alone). The alert reaches the receiver; the fault is switched off through the simulator's
+admin API: the alert resolves and the receiver gets status "resolved". The healthy topology (tp4x1)
+never burns: an alert that fires for everything would fail this test.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import json
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -81,6 +84,15 @@ def steady_traffic(spec: FleetSpec, streams_per_topology: int = 2) -> Iterator[d
         thread.join(40)
 
 
+def set_fault(spec: FleetSpec, instance: str, fault: Fault) -> None:
+    """Switch a fault through the simulator's admin API, as an operator would."""
+    url = next(i.url for t in spec.topologies for i in t.instances if i.name == instance)
+    request = urllib.request.Request(url + "/admin/faults", data=json.dumps(fault.model_dump()).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
 def _burn_alerts(notifications: list[dict[str, Any]], status: str, topology: str) -> list[dict[str, Any]]:
     return [a for n in notifications for a in n.get("alerts", [])
             if a.get("status") == status and a["labels"].get("alertname") == ALERT
@@ -91,7 +103,11 @@ def _windows(notifications: list[dict[str, Any]], status: str) -> set[str]:
     return {a["labels"]["long_window"] for a in _burn_alerts(notifications, status, "tp2x2")}
 
 
-def test_burn_rate_alert_fires_on_slow_decode_and_resolves(tmp_path: Path) -> None:
+FAULTS = {"slow_decode": Fault(slowdown=SLOWDOWN), "errors": Fault(error_rate=0.5)}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_burn_rate_alert_fires_and_resolves(tmp_path: Path, fault: str) -> None:
     spec = _fast_spec()
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
@@ -109,7 +125,7 @@ def test_burn_rate_alert_fires_on_slow_decode_and_resolves(tmp_path: Path) -> No
         am_config = tmp_path / "alertmanager.yml"
         am_config.write_text(yaml.safe_dump(alertmanager_config(
             webhook.url + "/alerts", ["alertname", "topology", "slo", "long_window"])))
-        with running_fleet(spec) as fleet, running_alertmanager(am_config, am_port), \
+        with running_fleet(spec), running_alertmanager(am_config, am_port), \
                 running_prometheus(rules_dir / "prometheus.yml") as prometheus, steady_traffic(spec) as done:
 
             def firing() -> list[dict[str, Any]]:
@@ -127,18 +143,18 @@ def test_burn_rate_alert_fires_on_slow_decode_and_resolves(tmp_path: Path) -> No
             assert not _burn_alerts(notifications, "firing", "tp2x2")
 
             degraded_at = time.monotonic()
-            fleet.set_fault("tp2-0", Fault(slowdown=SLOWDOWN))
+            set_fault(spec, "tp2-0", FAULTS[fault])
             prometheus.wait_until(lambda: bool(_burn_alerts(notifications, "firing", "tp2x2")), 60,
                                   f"{ALERT} for tp2x2 at the webhook")
             fired_after = time.monotonic() - degraded_at
             alert = _burn_alerts(notifications, "firing", "tp2x2")[0]
-            assert alert["labels"]["slo"] == "tpot", alert
+            assert fault == "errors" or alert["labels"]["slo"] == "tpot", alert
             assert alert["labels"]["severity"] in ("critical", "warning")
             assert alert["annotations"]["runbook_url"].endswith("#vllmgoodputbudgetburn")
             fired_windows = _windows(notifications, "firing")
 
             restored_at = time.monotonic()
-            fleet.set_fault("tp2-0", Fault())
+            set_fault(spec, "tp2-0", Fault())
 
             def resolved() -> bool:
                 return fired_windows <= _windows(notifications, "resolved")

@@ -64,11 +64,11 @@ def _spec(data_topologies: list[dict[str, object]], scrape: dict[str, object] | 
 def _proxied_and_balanced(url: str, scrape: dict[str, object] | None = None) -> FleetSpec:
     """One topology behind an entrypoint (its instances must get nothing), one balanced client-side."""
     return _spec([
-        {"name": "proxied", "gpus": 2, "tensor_parallel_size": 1,
+        {"name": "proxied", "gpus": 4, "tensor_parallel_size": 2,
          "entrypoint": {"url": f"{url}/entry"},
          "instances": [{"name": "behind-0", "url": f"{url}/behind-0"},
                        {"name": "behind-1", "url": f"{url}/behind-1"}]},
-        {"name": "balanced", "gpus": 2, "tensor_parallel_size": 1,
+        {"name": "balanced", "gpus": 4, "tensor_parallel_size": 2,
          "entrypoint": {"balance": "round_robin"},
          "instances": [{"name": "replica-0", "url": f"{url}/replica-0"},
                        {"name": "replica-1", "url": f"{url}/replica-1"}]},
@@ -105,10 +105,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
               ("POST", "/good/v1/completions"): _completion, **tokenizer_routes("/good")}
     with serving(routes) as server:
         spec = _spec([
-            {"name": "secure", "gpus": 2, "tensor_parallel_size": 1, "instances": [
+            {"name": "secure", "gpus": 4, "tensor_parallel_size": 2, "instances": [
                 {"name": "good", "url": f"{server.url}/good"},
                 {"name": "other", "url": f"{server.url}/other"}]},
-            {"name": "gone", "gpus": 1, "tensor_parallel_size": 1, "instances": [
+            {"name": "gone", "gpus": 2, "tensor_parallel_size": 2, "instances": [
                 {"name": "closed", "url": f"http://127.0.0.1:{free_port()}"}]},
         ], {"interval": "1s", "timeout": "500ms", "bearer_token_env": TOKEN_ENV})
         spec_path = folder / "spec.yaml"

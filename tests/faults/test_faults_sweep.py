@@ -180,7 +180,7 @@ def _garbage_spec(base_url: str, kinds: list[str]) -> FleetSpec:
     """One topology whose instances are the garbage kinds (round robin: each gets its share)."""
     data = SEED_SPEC.model_dump(mode="json")
     instances = [{"name": f"{kind}-0", "url": f"{base_url}/{kind}"} for kind in kinds]
-    data["topologies"] = [{"name": "garbage", "gpus": len(kinds), "tensor_parallel_size": 1,
+    data["topologies"] = [{"name": "garbage", "gpus": 2 * len(kinds), "tensor_parallel_size": 2,
                            "instances": instances}]
     data["simulator"]["faults"] = {}
     return parse_spec(data)

@@ -21,7 +21,7 @@ import aiohttp
 
 from crossover.netutil import spec_on_free_ports
 from crossover.rules.generate import Format, outputs
-from crossover.rules.model import RulesConfig, RuleSet, build_rules
+from crossover.rules.model import RecordingRule, RulesConfig, RuleSet, build_rules
 from crossover.rules.prom import PrometheusServer, running_prometheus
 from crossover.spec import FleetSpec, load_spec
 from tests.helpers import SPECS, require, require_binary
@@ -50,6 +50,14 @@ class LiveStack:
             for name, count in asyncio.run(_drive(self.spec, TRAFFIC_SECONDS)).items():
                 self.requests_done[name] += count
             self.traffic_ended = time.monotonic()
+
+    def wait_for_every_group(self) -> None:
+        """Each rule group evaluates at its own offset within its own interval (a minute for the long
+        SLI windows): wait until the last rule of each has data."""
+        slowest = max(g.interval_s or 0.0 for g in self.rules.groups)
+        last = [g.rules[-1].record for g in self.rules.groups if isinstance(g.rules[-1], RecordingRule)]
+        self.prometheus.wait_until(lambda: all(self.prometheus.query(name) for name in last),
+                                   2 * slowest + 30, f"data in {last}")
 
 
 _STACKS: dict[str, LiveStack] = {}

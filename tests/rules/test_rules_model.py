@@ -14,7 +14,7 @@ from crossover.errors import UserError
 from crossover.rules import model as m
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import RulesConfig, build_rules, le_spellings, slo_buckets
-from crossover.spec import load_spec, parse_spec
+from crossover.spec import load_spec, parse_duration, parse_spec
 from tests.helpers import SPECS
 
 SEED = SPECS / "seed-70b-h100.yaml"
@@ -113,32 +113,71 @@ def test_names_follow_level_metric_operations() -> None:
         assert "_total" not in name
 
 
-def test_ratios_sum_numerator_and_denominator_before_dividing() -> None:
+def test_attainment_is_good_over_all_requests_and_sums_before_dividing() -> None:
     rules = build_rules(load_spec(PD))
+    exprs = {r.record: r.expr for r in rules.records}
     checked = 0
     for rule in rules.records:
         level = rule.record.split(":")[0]
         if ":ratio_rate" in rule.record and rule.record.split(":")[1].startswith("vllm_attainment_"):
             by = {"topology": "topology, model_name", "topology_role": "topology, role, model_name"}[level]
             window = rule.record.split("ratio_rate")[1]
-            good, every = rule.expr.rsplit("\n/ on ", 1)
-            # failed requests count: every attainment divides by all requests the fleet should have served
-            assert every == f"({by}) {m.requests_name('all', window, level)}"
-            # per topology, a parenthesised choice among its roles (docs/routers.md), each one summed
-            sums = [part.lstrip("( ") for part in good.split("\n") if part.lstrip("( ").startswith("sum by")]
-            assert sums and all(part.startswith(f"sum by ({by}) (rate(") for part in sums)
+            kind = rule.record.split(":")[1].removeprefix("vllm_attainment_")
+            # failed requests count: good requests over every request the fleet should have served
+            assert rule.expr == (f"{m.good_requests_name(kind, window, level)} / on ({by}) "
+                                 f"{m.requests_name('all', window, level)}")
+            good = exprs[m.good_requests_name(kind, window, level)]
+            assert good.startswith(("avg_over_time(", "clamp_min(\n  sum by", "sum by")), good
             checked += 1
-        assert "avg_over_time" not in rule.expr
     assert checked > 20
 
 
+RAW_RATE = re.compile(r"rate\(([a-z_]+:?[a-z_]+)(\{[^}]*\})?\[(\w+)\]\)")
+
+
+def test_each_raw_rate_is_recorded_once_and_long_windows_read_recordings() -> None:
+    """Sloth's way for big fleets: raw series are read over the short windows only, each (series,
+    window) once; longer SLI windows average the recordings of a window at most 1/20 as long."""
+    for spec in (PD, SPECS / "seed-70b-h100.yaml"):
+        rules = build_rules(load_spec(spec))
+        raw_windows = {*rules.dashboard_windows, rules.sli_windows[0]}
+        seen: dict[str, str] = {}
+        for rule in rules.records:
+            for name, matchers, window in RAW_RATE.findall(rule.expr):
+                assert window in raw_windows, (rule.record, name, window)
+                key = f"{name}{matchers}[{window}]"
+                assert seen.setdefault(key, rule.record) == rule.record, (key, seen[key], rule.record)
+        for rule in rules.records:
+            if rule.expr.startswith("avg_over_time("):
+                source = re.search(r":rate(\w+)\[(\w+)\]\)$", rule.expr)
+                assert source is not None, rule.expr
+                short, long = (parse_duration(w) for w in source.groups())
+                assert short <= max(long / 20, parse_duration(rules.sli_windows[0])), rule.expr
+
+
+def test_groups_get_intervals_that_fit_their_windows() -> None:
+    rules = build_rules(load_spec(SPECS / "seed-70b-h100.yaml"))
+    intervals = {g.name: g.interval_s for g in rules.groups}
+    assert intervals["crossover-topology"] == 15.0  # a quarter of the shortest window, 1m
+    assert intervals["crossover-slo-windows"] == 60.0  # windows of 30m and more
+    scaled = build_rules(load_spec(SPECS / "seed-70b-h100.yaml"), RulesConfig(window_scale=0.001))
+    assert all(g.interval_s == scaled.spec.scrape.interval_seconds for g in scaled.groups)
+
+
 def test_outcome_rules_fall_back_when_failure_families_are_absent() -> None:
-    """No admission family: no rejection; no finished_reason: the failed rate is 0, not absent."""
+    """No HTTP family: the finished and rejected requests; no admission family: no rejection; no
+    failed finished_reason: 0 failed, not absent."""
     rules = build_rules(load_spec(PD))
     exprs = {r.record: r.expr for r in rules.records}
+    finished = m.rate_name(catalog.REQUEST_SUCCESS, "5m")
     every = exprs[m.requests_name("all", "5m")]
-    assert "or 0 * (\n  sum by (topology, model_name) (rate(" + catalog.REQUEST_SUCCESS.promql_name in every
-    assert "\nor\n0 * " in exprs[m.requests_name("failed_finished", "5m")]
+    assert f"({m.rate_name(catalog.ADMISSION_REJECTIONS, '5m')} or 0 * {finished})" in every
+    assert f"({m.requests_name('unfinished', '5m')} or 0 * {finished})" in every
+    # unfinished requests over the longest raw window only: the HTTP counter lags the engine's
+    assert m.requests_name("unfinished", "1m") not in exprs
+    assert f"({m.requests_name('unfinished', '5m')} or" in exprs[m.requests_name("all", "1m")]
+    failed = exprs[m.requests_name("failed_finished", "5m")]
+    assert failed.endswith(f"or on (topology, model_name) 0 * {finished}")
 
 
 def test_windows_cover_the_spec_and_the_alerts() -> None:
