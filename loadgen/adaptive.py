@@ -38,7 +38,7 @@ ANSWERS = ("crossing", "capacity")  # the kinds of interval an adaptive sweep ma
 # Why an adaptive sweep stopped: one word each (crossover.json's adaptive.stop_reason), and what the
 # summary says about it.
 STOP_REASONS = {
-    "target": "every interval that matters is narrower than --target-ci",
+    "target": "every interval that matters, and the levels measured either side of it, within --target-ci",
     "nothing-to-narrow": "no crossing of the metric and no capacity inside the range",
     "resolution": "every level inside the remaining intervals is measured already",
     "max-requests": "the next level would overspend --max-requests",
