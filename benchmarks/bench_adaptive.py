@@ -5,7 +5,9 @@
 For each preset the fixed grid runs first; the width of its crossing interval (relative to the
 estimate) becomes the adaptive sweep's --target-ci, over the same range, so the two reach the same
 width and the table compares what it cost: requests, traffic seconds and wall time. The simulator's
-ground truth (crossover.sim.truth, the same model in virtual time) must lie inside both intervals.
+ground truth (crossover.sim.truth, the same model in virtual time) must lie inside both intervals;
+the table also shows each sweep's bracket (the measured levels either side of its estimate), which
+the adaptive sweep narrows to --target-ci before it accepts a crossing.
 
 - seed: compose/specs/seed-70b-h100.yaml, closed loop (concurrency 1-64, doubling, 4 rounds a
   level), the crossing of output tokens/s per GPU (tp2x2 overtakes tp4x1); truth:
@@ -32,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 
-from crossover.loadgen.adaptive import AdaptivePlan, Interval, intervals  # noqa: E402
+from crossover.loadgen.adaptive import AdaptivePlan, Interval, bracket, intervals  # noqa: E402
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import SweepResult, run_sweep  # noqa: E402
 from crossover.netutil import spec_on_free_ports  # noqa: E402
@@ -157,19 +159,28 @@ def _inside(interval: Interval | None, x: float) -> str:
     return "yes" if interval.low <= x <= interval.high else "NO"
 
 
+def _bracket(o: Outcome, x: float) -> str:
+    """The measured levels either side of the estimate, and whether the truth lies between them
+    (a jump between two levels is invisible to the bootstrap interval, never to the bracket)."""
+    found = bracket(o.interval, o.levels) if o.interval is not None else None
+    if found is None:
+        return "-"
+    return f"{found[0]:.3g}-{found[1]:.3g} ({'yes' if found[0] <= x <= found[1] else 'NO'})"
+
+
 def report(row: dict[str, Any]) -> None:
     grid, found, x = row["grid"], row["adaptive"], row["truth"]
     print(f"\n== {row['preset']} (time_scale {row['scale']:g}); ground truth crossing at {x:.3g}; "
           f"target width {row['target']:.1%}")
     print(f"{'sweep':<10}{'levels':>8}{'requests':>10}{'traffic s':>11}{'wall s':>9}   crossing (95% CI)"
-          f"          width   truth inside   stop")
+          f"          width   truth inside   bracket (truth inside)   stop")
     for label, o in (("grid", grid), ("adaptive", found)):
         i = o.interval
         bounded = i is not None and i.low is not None and i.high is not None
         ci = f"{i.x:.3g} ({i.low:.3g}-{i.high:.3g})" if bounded and i is not None else "-"
         width = f"{i.width:.1%}" if i else "-"
         print(f"{label:<10}{len(o.levels):>8}{o.requests:>10}{o.traffic_s:>11.1f}{o.wall_s:>9.1f}   {ci:<24}"
-              f"{width:>7}   {_inside(i, x):<13}  {o.stop_reason or '-'}")
+              f"{width:>7}   {_inside(i, x):<13}  {_bracket(o, x):<24} {o.stop_reason or '-'}")
     print(f"adaptive / grid: requests {found.requests / grid.requests:.2f}, traffic time "
           f"{found.traffic_s / grid.traffic_s:.2f}, wall time {found.wall_s / grid.wall_s:.2f}; "
           f"adaptive levels {', '.join(f'{v:g}' for v in found.levels)}")
