@@ -25,7 +25,6 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from crossover.netutil import free_port
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import build_rules
 from crossover.rules.prom import PrometheusServer, running_prometheus
@@ -50,8 +49,9 @@ def fleet_spec(targets: int, topologies: int, ports: list[int]) -> FleetSpec:
     return FleetSpec.model_validate(data)
 
 
-async def _serve(ports: list[int], body: bytes) -> None:
-    """A minimal HTTP/1.1 server on every port: any request gets the payload (keep-alive)."""
+async def _serve(count: int, body: bytes) -> None:
+    """A minimal HTTP/1.1 server on `count` ports it binds itself (printed, one line): any request
+    gets the payload (keep-alive)."""
     response = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
                 b"Content-Length: %d\r\n\r\n" % len(body)) + body
 
@@ -67,13 +67,16 @@ async def _serve(ports: list[int], body: bytes) -> None:
                 self.transport.write(response)  # type: ignore[attr-defined]
 
     loop = asyncio.get_running_loop()
-    for port in ports:
-        await loop.create_server(Metrics, "127.0.0.1", port, backlog=64)
+    ports = []
+    for _ in range(count):
+        server = await loop.create_server(Metrics, "127.0.0.1", 0, backlog=64)
+        ports.append(server.sockets[0].getsockname()[1])
+    print(" ".join(map(str, ports)), flush=True)
     await asyncio.Event().wait()
 
 
-def serve_forever(ports: list[int]) -> None:
-    asyncio.run(_serve(ports, PAYLOAD.read_bytes()))
+def serve_forever(count: int) -> None:
+    asyncio.run(_serve(count, PAYLOAD.read_bytes()))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -101,14 +104,18 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=60.0, help="before measuring")
     parser.add_argument("--servers", type=int, default=4, help="processes serving the fake fleet")
     args = parser.parse_args()
-    ports: list[int] = []
-    while len(ports) < args.targets:  # free_port can hand out a port twice
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    spec = fleet_spec(args.targets, args.topologies, ports)
-    rules = build_rules(spec, source="bench")
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp:
+        ports: list[int] = []
+        for part in range(args.servers):  # the fake fleet's processes, each serving a share of the targets
+            share = len(range(part, args.targets, args.servers))
+            fleet = subprocess.Popen([sys.executable, __file__, "--serve", str(share)],
+                                     stdout=subprocess.PIPE, text=True)
+            stack.callback(fleet.wait, 10)
+            stack.callback(fleet.terminate)
+            assert fleet.stdout is not None
+            ports += [int(p) for p in fleet.stdout.readline().split()]
+        spec = fleet_spec(args.targets, args.topologies, ports)
+        rules = build_rules(spec, source="bench")
         folder = Path(tmp)
         for name, text in outputs(spec, rules, Format.PLAIN, "bench", "bench").items():
             (folder / name).write_text(text)
@@ -116,12 +123,6 @@ def main() -> int:
         config.pop("rule_files", None)
         config.pop("alerting", None)
         (folder / "scrape-only.yml").write_text(yaml.safe_dump(config))
-        for part in range(args.servers):  # the fake fleet's processes, each serving a share of the ports
-            share = map(str, ports[part::args.servers])
-            fleet = subprocess.Popen([sys.executable, __file__, "--serve", *share])
-            stack.callback(fleet.wait, 10)
-            stack.callback(fleet.terminate)
-        time.sleep(2.0)
         bare = stack.enter_context(running_prometheus(folder / "scrape-only.yml", start_timeout=120))
         ruled = stack.enter_context(running_prometheus(folder / "prometheus.yml", start_timeout=120))
         time.sleep(args.warmup)
@@ -151,6 +152,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        serve_forever([int(p) for p in sys.argv[2:]])
+        serve_forever(int(sys.argv[2]))
     else:
         raise SystemExit(main())
