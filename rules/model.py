@@ -344,6 +344,7 @@ def requests_source_name() -> str:
 
 
 GPUS_NAME = "topology:gpus:sum"
+FAILURES_COUNTED_NAME = f"topology:vllm_{slo.FAILURES_COUNTED}:min"
 SLI_ERROR_PREFIX = "slo:sli_error:ratio_rate"
 OBJECTIVE_NAME = "slo:objective:ratio"
 BUDGET_REMAINING_NAME = "slo:error_budget_remaining:ratio"
@@ -531,6 +532,16 @@ class _Builder:
             branches.append(f'label_replace(group by (topology) ({series}), "source", "{source}", "", "")')
         return RecordingRule(requests_source_name(), "\nor on (topology)\n".join(branches))
 
+    def failures_counted(self) -> RecordingRule:
+        """1 per topology when every vLLM target exposes finished_reason, so failed requests count;
+        0 when one does not (older vLLM: its attainment is the histogram share alone, docs/slo.md)."""
+        success = self.sel(catalog.REQUEST_SUCCESS.promql_name, f'{NOT_ENTRYPOINT},finished_reason=~".+"')
+        up = self.sel("up", NOT_ENTRYPOINT)
+        counted = f"group by (topology, instance) ({success})"
+        return RecordingRule(FAILURES_COUNTED_NAME,
+                             f"min by (topology) (\n  {counted}\n  or on (topology, instance)\n"
+                             f"  0 * group by (topology, instance) ({up} == 1)\n)")
+
     def topology_rules(self, windows: tuple[str, ...],
                        dashboard_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = [
@@ -538,6 +549,7 @@ class _Builder:
             for t in self.spec.topologies
         ]
         rules.append(self.requests_source())
+        rules.append(self.failures_counted())
         for metric in GAUGES_SUMMED:
             rules.append(RecordingRule(gauge_sum_name(metric), f"sum by ({_by(TOPOLOGY_BY)}) "
                                        f"({self.sel(metric.promql_name)})"))
