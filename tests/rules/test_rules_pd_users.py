@@ -53,7 +53,12 @@ def test_rules_count_each_request_once_with_the_users_ttft() -> None:
             time.sleep(3)  # a few scrapes of every counter at zero before the traffic
             timed = asyncio.run(send([entrypoint], spec.model.name, REQUESTS, concurrency=4,
                                      prompt_tokens=(PROMPT_TOKENS,), max_tokens=16))
-            time.sleep(4)  # the last scrapes and a rule evaluation after the traffic
+            # Prometheus has stored the proxy's final count (a loaded machine delays scrapes), then a
+            # rule evaluation or two after it.
+            finished = f'sum({catalog.REQUEST_SUCCESS.promql_name}{{role="entrypoint",topology="pd1p1d"}})'
+            prometheus.wait_until(lambda: [s.value for s in prometheus.query(finished)] == [REQUESTS],
+                                  60, "the proxy's final request count scraped")
+            time.sleep(3)
 
             def one(name: str) -> float:
                 (sample,) = prometheus.query(f'{name}{{topology="pd1p1d"}}')
