@@ -17,6 +17,7 @@ is a small state machine:
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import threading
 import time
@@ -32,6 +33,7 @@ import pandas as pd
 from crossover.errors import UserError
 from crossover.loadgen.adaptive import AdaptivePlan
 from crossover.loadgen.plan import SweepPlan
+from crossover.loadgen.results import CROSSOVER_FILE
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec
 
@@ -159,6 +161,7 @@ class SweepRunner:
             sweep(out_dir, self._on_level, stop)
         except BaseException as exc:
             error = describe_failure(exc)
+        final = _final_crossover(out_dir)  # an adaptive sweep decides to stop after its last level
         with self._lock:
             if error is not None:
                 state = RunState.FAILED
@@ -167,7 +170,17 @@ class SweepRunner:
             else:
                 state = RunState.FINISHED
             self._status = replace(self._status, state=state, error=error, ended_at=time.time(),
-                                   generation=self._status.generation + 1)
+                                   generation=self._status.generation + 1,
+                                   crossover=final if final is not None else self._status.crossover)
+
+
+def _final_crossover(out_dir: Path) -> dict[str, Any] | None:
+    """crossover.json as the sweep left it, or None when it wrote none (or it cannot be read)."""
+    try:
+        data = json.loads((out_dir / CROSSOVER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _child_main(sweep: SweepFunction, out_dir: Path, events: Connection, stop: Any) -> None:

@@ -159,9 +159,8 @@ def _uid(stem: str, kind: str) -> str:
     return f"xo-{stem}-{kind}"[:40]
 
 
-def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
-    spec = rules.spec
-    objective = spec.slos.objective
+def _goodput_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    objective = rules.spec.slos.objective
     slo_queries = tuple(_requests(m.attainment_name(b.slo, WINDOW), f"{SOURCE_LEGEND} {b.slo}")
                         for b in rules.slo_buckets)
     request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
@@ -205,7 +204,11 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                               "that decides the crossover between topologies of equal GPU count.",
                   unit="short", queries=(_requests(m.goodput_tokens_name(WINDOW, per_gpu=True)),), min=0),
         ]
-    throughput = (
+    return tuple(goodput_rows)
+
+
+def _throughput_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    return (
         Panel(title="Output tokens/s",
               description="Generated tokens per second, summed over the topology's instances (a P/D "
                           "topology's decode role: its prefill role's one token per request is no output).",
@@ -226,7 +229,10 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                              f"{{{rules.config.selector},{FILTERS}}}[{RATE_INTERVAL}]))",
                              "{{topology}} {{replica}}"),), min=0),
     )
-    latency = (
+
+
+def _latency_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    return (
         _latency_panel(rules, catalog.TTFT, "ttft", "Time to first token", "Time to first token"),
         _latency_panel(rules, catalog.TPOT, "tpot", "Time per output token (per request)",
                        "Per-request time per output token (decode time / (tokens - 1))"),
@@ -235,8 +241,11 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
         _latency_panel(rules, catalog.E2E_LATENCY, "e2el", "End-to-end request latency",
                        "End-to-end request latency"),
     )
+
+
+def _load_panels(rules: RuleSet) -> tuple[Panel, ...]:
     up = f"up{{{rules.config.selector},{TOPOLOGY_FILTER}}}"
-    load = (
+    return (
         Panel(title="Running and waiting requests",
               description="Requests in the running batch and in the waiting queue, summed per topology.",
               unit="short",
@@ -255,13 +264,16 @@ def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                           "in the spec.",
               unit="short", queries=(Query(f"sum by (topology) ({up})", "{{topology}}"),), min=0),
     )
+
+
+def overlay_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
     return DashboardModel(
         uid=_uid(stem, "overlay"),
         title=f"vLLM crossover: topology overlay ({stem})",
         description="Every topology of the fleet spec on the same panels, so the crossover between one big "
                     "tensor-parallel replica, several small ones and P/D disaggregation shows at a glance.",
-        rows=(Row("Goodput", tuple(goodput_rows)), Row("Throughput", throughput), Row("Latency", latency),
-              Row("Load", load)),
+        rows=(Row("Goodput", _goodput_panels(rules)), Row("Throughput", _throughput_panels(rules)),
+              Row("Latency", _latency_panels(rules)), Row("Load", _load_panels(rules))),
         windows=rules.dashboard_windows)
 
 
@@ -318,11 +330,16 @@ def slo_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
         windows=rules.dashboard_windows)
 
 
-def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
-    if not m.disaggregated_topologies(rules.spec):
-        return None
+ROLE_LEVEL = "topology_role"
+
+
+def _on_role(name: str, role: str) -> Query:
+    return Query(f'{name}{{{FILTERS},role="{role}"}}', f"{{{{topology}}}} {role} p99")
+
+
+def _kv_transfer_panels(rules: RuleSet) -> tuple[Panel, ...]:
     xfer = m.KV_TIME
-    kv = (
+    return (
         Panel(title="KV-transfer time", scope="pd",
               description="KV-cache transfer duration p50 and p99 per P/D topology, from whichever connector "
                           "(NIXL or Mooncake) the decode instances expose; pooled over TP ranks.",
@@ -345,14 +362,13 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
                                      "{{topology}} failed")),
               min=0),
     )
+
+
+def _stage_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    """What a P/D request's user waited for, beside its three stages: prefill, KV transfer, decode."""
     itl_slo = next((b for b in rules.slo_buckets if b.slo == "itl"), None)
     ttft_slo = next((b for b in rules.slo_buckets if b.slo == "ttft"), None)
-    role_level = "topology_role"
-
-    def on_role(name: str, role: str) -> Query:
-        return Query(f'{name}{{{FILTERS},role="{role}"}}', f"{{{{topology}}}} {role} p99")
-
-    stages = (
+    return (
         Panel(title="What users waited for: TTFT p99", scope="pd", width=6,
               description="p99 time to first token per topology as its users see it: from the entrypoint "
                           "(prefill + KV transfer + first decode step), or decode-side without one.",
@@ -363,7 +379,7 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
               description="p99 time to first token on the prefill instances: the prefill itself (and its "
                           "queue), the first stage of a P/D request.",
               unit="s",
-              queries=(on_role(m.quantile_name(catalog.TTFT, 0.99, WINDOW, role_level), "prefill"),),
+              queries=(_on_role(m.quantile_name(catalog.TTFT, 0.99, WINDOW, ROLE_LEVEL), "prefill"),),
               min=0),
         Panel(title="KV transfer: time p99", scope="pd", width=6,
               description="p99 KV-cache transfer time, prefill to decode (NIXL or Mooncake): the second "
@@ -374,10 +390,14 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
         Panel(title="Decode: ITL p99 on the decode role", scope="pd", width=6,
               description="p99 inter-token latency on the decode instances: the third stage, free of "
                           "prefill chunks.",
-              unit="s", queries=(on_role(m.quantile_name(catalog.ITL, 0.99, WINDOW, role_level), "decode"),),
+              unit="s", queries=(_on_role(m.quantile_name(catalog.ITL, 0.99, WINDOW, ROLE_LEVEL), "decode"),),
               lines=(Line(itl_slo.le),) if itl_slo else (), min=0),
     )
-    decode = (
+
+
+def _decode_panels(rules: RuleSet) -> tuple[Panel, ...]:
+    itl_slo = next((b for b in rules.slo_buckets if b.slo == "itl"), None)
+    return (
         Panel(title="Decode ITL p99: P/D next to colocated",
               description="p99 inter-token latency of every topology: with 8K-token prompts, prefill chunks "
                           "stall colocated decode steps; a P/D decode instance never runs a prefill.",
@@ -387,9 +407,12 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
         Panel(title="Queue depth: prefill vs decode",
               description="Waiting requests per role (prefill, decode, colocated) of each topology.",
               unit="short",
-              queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, "topology_role")),
+              queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
     )
+
+
+def _per_role_panels(rules: RuleSet) -> tuple[Panel, ...]:
     request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     twice = ("A P/D request is one request on the prefill instance (max_tokens 1), one on the decode "
              "instance and one at the entrypoint; the overlay counts it once (entrypoint, else decode-side), "
@@ -398,19 +421,19 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
         Panel(title="Finished requests/s per role", scope="pd",
               description=f"Requests finished per second on each role of each topology. {twice}",
               unit="reqps",
-              queries=(Query(_sel(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, role_level)),
+              queries=(Query(_sel(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
         Panel(title="TTFT p99 per role", scope="pd",
               description="p99 time to first token per role. On the decode role it covers the wait for the "
                           "KV transfer, on the prefill role the prefill itself; a user sees about their "
                           f"sum. {twice}",
               unit="s",
-              queries=(Query(_sel(m.quantile_name(catalog.TTFT, 0.99, WINDOW, role_level)),
+              queries=(Query(_sel(m.quantile_name(catalog.TTFT, 0.99, WINDOW, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
         Panel(title="End-to-end latency p99 per role", scope="pd",
               description=f"p99 end-to-end request latency per role. {twice}",
               unit="s",
-              queries=(Query(_sel(m.quantile_name(catalog.E2E_LATENCY, 0.99, WINDOW, role_level)),
+              queries=(Query(_sel(m.quantile_name(catalog.E2E_LATENCY, 0.99, WINDOW, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
     ]
     if request_slos:
@@ -419,16 +442,23 @@ def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
             description="Share of requests within each per-request SLO on each role (rate of the SLO "
                         f"bucket over the rate of the count, summed per role first). {twice}",
             unit="percentunit",
-            queries=tuple(Query(_sel(m.attainment_name(b.slo, WINDOW, role_level)),
+            queries=tuple(Query(_sel(m.attainment_name(b.slo, WINDOW, ROLE_LEVEL)),
                                 f"{{{{topology}}}} {{{{role}}}} {b.slo}") for b in request_slos),
             lines=(Line(rules.spec.slos.objective),), min=0, max=1))
+    return tuple(per_role)
+
+
+def pd_dashboard(rules: RuleSet, stem: str) -> DashboardModel | None:
+    if not m.disaggregated_topologies(rules.spec):
+        return None
     return DashboardModel(
         uid=_uid(stem, "pd"),
         title=f"vLLM crossover: P/D disaggregation ({stem})",
         description="KV-cache transfers between prefill and decode instances and what they buy: decode "
                     "inter-token latency beside the colocated topology's.",
-        rows=(Row("Prefill, KV transfer and decode side by side", stages), Row("KV transfer", kv),
-              Row("Decode", decode), Row("Per role", tuple(per_role))),
+        rows=(Row("Prefill, KV transfer and decode side by side", _stage_panels(rules)),
+              Row("KV transfer", _kv_transfer_panels(rules)), Row("Decode", _decode_panels(rules)),
+              Row("Per role", _per_role_panels(rules))),
         windows=rules.dashboard_windows)
 
 

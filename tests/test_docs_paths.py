@@ -106,3 +106,20 @@ def test_the_readme_lists_every_command() -> None:
     listed = set(re.findall(r"^\| `crossover ([a-z]+)", (ROOT / "README.md").read_text(), re.M))
     assert listed == set(SUBCOMMANDS), (f"missing from README's table: {set(SUBCOMMANDS) - listed}; "
                                         f"not commands: {listed - set(SUBCOMMANDS)}")
+
+
+def test_performance_has_one_section_per_benchmark_with_its_command() -> None:
+    """docs/performance.md: a section per benchmark (`## ...: `benchmarks/NAME``), each with the command
+    that made its figures."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    sections = {}
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        named = re.search(r"`benchmarks/([\w.]+\.py)`", section.splitlines()[0])
+        assert named, f"a section of docs/performance.md names no benchmark: {section.splitlines()[0]!r}"
+        sections[named.group(1)] = section
+    mains = {path.name for path in (ROOT / "benchmarks").glob("*.py") if "__main__" in path.read_text()
+             and (path.name.startswith("bench_") or path.name in {"soak.py", "gpu_profile.py"})}
+    assert mains <= set(sections), f"benchmarks without a section: {mains - set(sections)}"
+    for name, section in sections.items():
+        assert re.search(rf"`(\.venv/bin/)?python3? benchmarks/{re.escape(name)}\b[^`]*`", section), \
+            f"docs/performance.md, {name}: no command that made the figures"

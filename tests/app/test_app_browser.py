@@ -99,3 +99,52 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
     keep = os.environ.get("CROSSOVER_APP_SCREENSHOT")
     if keep:
         shutil.copyfile(screenshot, Path(keep))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_chromium_watches_an_adaptive_sweep_add_levels(tmp_path):
+    chromium = require_binary("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require(False, "the playwright Python package is not installed")
+        raise
+    spec, spec_path = spec_file_on_free_ports(tmp_path, time_scale=0.5, scrape_fast=True)
+    screenshot = tmp_path / "app.png"
+    with running_fleet(spec), running_app(spec_path, tmp_path / "results", tmp_path / "app.log") as url, \
+            sync_playwright() as playwright:
+        browser = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1500, "height": 2400})
+        page = browser.new_page()
+        try:
+            page.goto(url, wait_until="domcontentloaded")
+            page.get_by_text("press Start sweep").wait_for(timeout=30_000)
+            fill(page, "Concurrency levels", "1,32")
+            fill(page, "Requests per level", "32")
+            fill(page, "Output tokens", "16")
+            page.get_by_text("Advanced", exact=True).click()
+            fill(page, "Bootstrap resamples (crossover interval; 0: none)", "50")
+            # the switch redraws the form with the target's box: fill it once it is there
+            page.get_by_text("Adaptive levels", exact=True).click()
+            target = page.get_by_label("Target interval width (share of the estimate)", exact=True)
+            target.wait_for(timeout=30_000)
+            page.wait_for_timeout(1000)
+            fill(page, "Target interval width (share of the estimate)", "0.50")
+            page.wait_for_timeout(1000)
+            page.get_by_role("button", name="Start sweep").click()
+            # while it runs, the status line names the levels so far (the coarse start: 1 and 6)
+            wait_for_text(page, page.get_by_text("adaptive sweep: levels 1").first, 90_000, screenshot)
+            wait_for_text(page, page.get_by_text("Sweep finished").first, 180_000, screenshot)
+            wait_for_text(page, page.get_by_text("adaptive sweep stopped:").first, 30_000, screenshot)
+            page.screenshot(path=str(screenshot), full_page=True)
+            text = page.inner_text("body")
+        except Exception:
+            page.screenshot(path=str(screenshot), full_page=True)
+            raise
+        finally:
+            browser.close()
+    steps = re.search(r"Sweep finished: (\d+) of (\d+) \(topology, level\) steps", text)
+    assert steps and steps.group(1) == steps.group(2) and int(steps.group(1)) >= 4, text
+    assert "levels measured: 1, 6" in text, text

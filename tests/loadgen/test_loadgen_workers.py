@@ -13,11 +13,12 @@ import pytest
 
 from crossover.cli import main
 from crossover.errors import UserError
-from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
+from crossover.loadgen.plan import Endpoint, LengthDist, Mode, SweepPlan
 from crossover.loadgen.results import level_path, load_run, merge_runs
 from crossover.loadgen.sweep import Traffic, run_sweep
 from crossover.loadgen.workers import Share, parse_shard, shares
-from crossover.spec import FleetSpec
+from crossover.spec import FleetSpec, load_spec
+from tests.helpers import SPECS
 from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer, fake_fleet
 
 CLOSED = SweepPlan(levels=(1, 3, 8), rounds=3, input_len=LengthDist.parse("uniform:4-12"),
@@ -148,3 +149,16 @@ def test_shards_from_the_cli_merge_with_crossover_analyze(
     assert sorted(run.requests[run.requests["level"] == 4]["index"].tolist()[:8]) == list(range(8))
     assert main(["analyze", str(tmp_path / "m0"), "--out", str(tmp_path / "half")]) == 2
     assert capsys.readouterr().err.startswith("crossover analyze: shards: want each of 0/2 to 1/2 once")
+
+
+@pytest.mark.parametrize(("plan", "traffic", "message"), [
+    (SweepPlan(levels=(4,), duration_s=5), Traffic(workers=2), "^--workers: a closed-loop level that runs"),
+    (SweepPlan(levels=(4,), rounds=2, turns=3, endpoint=Endpoint.CHAT), Traffic(shard=(0, 2)),
+     "^--workers, --shard: a multi-turn"),
+])
+def test_what_cannot_be_split_is_refused_before_traffic(plan: SweepPlan, traffic: Traffic, message: str,
+                                                        tmp_path: Path) -> None:
+    spec = load_spec(SPECS / "cpu-real-vllm.yaml")  # nothing listens there: traffic would fail
+    with pytest.raises(UserError, match=message):
+        run_sweep(spec, plan, tmp_path / "run", n_boot=0, traffic=traffic)
+    assert not (tmp_path / "run").exists()

@@ -15,25 +15,31 @@ import yaml
 
 from crossover.netutil import free_port, spec_on_free_ports
 from crossover.sim.fleet import running_fleet
-from crossover.spec import load_spec
+from crossover.spec import FleetSpec, load_spec
 from tests.helpers import SPECS
 
 SEED = SPECS / "seed-70b-h100.yaml"
+
+
+def pd_fleet_and_moved_entrypoint(tmp_path: Path) -> tuple[FleetSpec, int, Path]:
+    """The P/D seed on free ports (what the simulator serves, its own entrypoint included), its P/D
+    entrypoint's free port for ours, and a spec file naming that port (what the proxy reads)."""
+    spec = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
+    data = spec.model_dump(mode="json")
+    proxy_port = free_port()
+    for topology in data["topologies"]:
+        if topology["name"] == "pd1p1d":
+            topology["entrypoint"]["url"] = f"http://127.0.0.1:{proxy_port}"
+    path = tmp_path / "pd.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return spec, proxy_port, path
 
 
 @pytest.mark.timeout(90)
 def test_pd_proxy_routes_prefill_then_decode(tmp_path: Path) -> None:
     """The compose stack's pd-proxy against simulated prefill and decode instances: the prefill gets
     the one-token request, the decode gets the whole generation, the client gets every token."""
-    spec = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
-    # The simulator serves its own entrypoint on the spec's port; ours listens on another.
-    data = spec.model_dump(mode="json")
-    proxy_port = free_port()
-    for topology in data["topologies"]:
-        if topology["name"] == "pd1p1d":
-            topology["entrypoint"]["url"] = f"http://127.0.0.1:{proxy_port}"
-    proxy_spec = tmp_path / "pd.yaml"
-    proxy_spec.write_text(yaml.safe_dump(data))
+    spec, proxy_port, proxy_spec = pd_fleet_and_moved_entrypoint(tmp_path)
     with running_fleet(spec) as fleet:
         proxy = subprocess.Popen([sys.executable, "-m", "crossover", "pdproxy", str(proxy_spec)],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -70,14 +76,7 @@ def test_pd_proxy_refuses_a_spec_without_pd(tmp_path: Path) -> None:
 def test_demo_serves_a_real_fleets_missing_entrypoint_with_pdproxy(tmp_path: Path) -> None:
     """`crossover demo --no-sim` on a fleet whose P/D entrypoint nothing serves starts `crossover
     pdproxy` for it, and the sweep's P/D requests go through it to the prefill and decode instances."""
-    spec = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
-    data = spec.model_dump(mode="json")
-    proxy_port = free_port()
-    for topology in data["topologies"]:
-        if topology["name"] == "pd1p1d":
-            topology["entrypoint"]["url"] = f"http://127.0.0.1:{proxy_port}"
-    demo_spec = tmp_path / "pd.yaml"
-    demo_spec.write_text(yaml.safe_dump(data))
+    spec, _, demo_spec = pd_fleet_and_moved_entrypoint(tmp_path)
     out = tmp_path / "run"
     with running_fleet(spec) as fleet:
         result = subprocess.run(

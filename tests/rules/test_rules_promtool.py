@@ -107,3 +107,23 @@ def test_promtool_unit_test_fails_when_topology_absent_is_blind(tmp_path: Path) 
     (tmp_path / "rules.test.yml").write_text(files["rules.test.yml"])
     result = _promtool("test", "rules", "rules.test.yml", cwd=tmp_path)
     assert result.returncode != 0 and "VllmTopologyAbsent" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("metrics_url", [True, False], ids=["entrypoint", "decode-side"])
+def test_promtool_unit_tests_pass_with_mooncake_and_without_entrypoint_metrics(tmp_path: Path,
+                                                                              metrics_url: bool) -> None:
+    """The P/D example with its decode instance on the Mooncake connector (KV rules read either
+    connector's families), with and without the proxy's metrics (the requests source falls back to
+    the decode role, each request still counted once)."""
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    data["simulator"]["kv_connector"] = "mooncake"
+    if not metrics_url:
+        for topology in data["topologies"]:
+            topology["entrypoint"].pop("metrics_url", None)
+    spec = parse_spec(data, "mooncake")
+    for name, text in outputs(spec, build_rules(spec), Format.PLAIN, "mooncake", "mooncake").items():
+        (tmp_path / name).write_text(text)
+    result = _promtool("test", "rules", "rules.test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    source = "entrypoint" if metrics_url else "decode"
+    assert f'source="{source}"' in (tmp_path / "rules.test.yml").read_text()

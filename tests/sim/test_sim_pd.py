@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover import catalog
 from crossover.contract import check_metrics_contract
+from crossover.exporter.service import Exporter
 from crossover.netutil import spec_on_free_ports
 from crossover.pdproxy.proxy import _Stream
 from crossover.sim.fleet import SimFleet, running_fleet
@@ -197,12 +200,16 @@ def test_decode_instances_speak_the_connector_of_the_spec() -> None:
     data["simulator"]["kv_connector"] = "mooncake"
     spec = FleetSpec.model_validate(data)
     topology = spec.topology("pd1p1d")
+    exporter = Exporter(spec)
     with running_fleet(spec):
         assert topology.entrypoint.url is not None
+        start = time.time()
+        asyncio.run(_cycle(exporter, start))
         stream(topology.entrypoint.url + "/v1/completions", {
             "model": spec.model.name, "prompt": " ".join(["w"] * PROMPT_TOKENS), "max_tokens": 2,
             "ignore_eos": True})
         decode_text = get_text(topology.instances[1].url + "/metrics")
+        asyncio.run(_cycle(exporter, start + 10.0))
     on_decode = _samples(decode_text)
     model = PerfModel.for_instance(spec, 1)
     assert on_decode[catalog.MOONCAKE_XFER_TIME.name + "_count"] == 1
@@ -210,3 +217,14 @@ def test_decode_instances_speak_the_connector_of_the_spec() -> None:
     assert catalog.MOONCAKE_FAILED_RECVS.name + "_total" in on_decode
     assert not [name for name in on_decode if name.startswith(catalog.NIXL_XFER_TIME.name)]
     assert check_metrics_contract(decode_text) == []
+    # The exporter reads KV transfer from whichever connector's families the instances expose.
+    (figures,) = [v.windows["1m"] for v in exporter.snapshot.topologies if v.topology == "pd1p1d"]
+    assert figures.kv_transfer is not None and figures.kv_transfer.time is not None
+    assert figures.kv_transfer.time.observations == 1
+    moved = model.kv_transfer_bytes(PROMPT_TOKENS)
+    assert figures.kv_transfer.bytes_per_second == pytest.approx(moved / 10.0)
+
+
+async def _cycle(exporter: Exporter, now: float) -> None:
+    async with aiohttp.ClientSession() as session:
+        await exporter.cycle(session, now=now)
