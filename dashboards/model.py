@@ -171,7 +171,14 @@ def _goodput_panels(rules: RuleSet) -> tuple[Panel, ...]:
                     "served, so failed requests (errors, rejections, cut streams) count as missed. "
                     f"The red line is the objective ({objective:g}).",
         unit="percentunit", queries=slo_queries, lines=(Line(objective),), min=0, max=1),
-        _failed_per_topology(), _failed_per_instance(rules)]
+        _failed_per_topology(), _failed_per_instance(rules),
+        Panel(title="Failures counted",
+              description="1: every instance exposes finished_reason, so attainment counts failed requests; "
+                          "0: an instance does not (vLLM before finished_reason): its attainment is the "
+                          "histogram share alone and failures go unseen (docs/slo.md).",
+              unit="short", kind="stat", min=0, max=1,
+              queries=(Query(f"{m.FAILURES_COUNTED_NAME}{{{TOPOLOGY_FILTER}}}", "{{topology}}"),),
+              width=6, height=4)]
     if request_slos:
         goodput_rows.insert(0, Panel(
             title="Attainment (every SLO met)",

@@ -13,8 +13,10 @@ Naming follows Prometheus practice `level:metric:operations`:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -344,6 +346,7 @@ def requests_source_name() -> str:
 
 
 GPUS_NAME = "topology:gpus:sum"
+FAILURES_COUNTED_NAME = f"topology:vllm_{slo.FAILURES_COUNTED}:min"
 SLI_ERROR_PREFIX = "slo:sli_error:ratio_rate"
 OBJECTIVE_NAME = "slo:objective:ratio"
 BUDGET_REMAINING_NAME = "slo:error_budget_remaining:ratio"
@@ -531,6 +534,16 @@ class _Builder:
             branches.append(f'label_replace(group by (topology) ({series}), "source", "{source}", "", "")')
         return RecordingRule(requests_source_name(), "\nor on (topology)\n".join(branches))
 
+    def failures_counted(self) -> RecordingRule:
+        """1 per topology when every vLLM target exposes finished_reason, so failed requests count;
+        0 when one does not (older vLLM: its attainment is the histogram share alone, docs/slo.md)."""
+        success = self.sel(catalog.REQUEST_SUCCESS.promql_name, f'{NOT_ENTRYPOINT},finished_reason=~".+"')
+        up = self.sel("up", NOT_ENTRYPOINT)
+        counted = f"group by (topology, instance) ({success})"
+        return RecordingRule(FAILURES_COUNTED_NAME,
+                             f"min by (topology) (\n  {counted}\n  or on (topology, instance)\n"
+                             f"  0 * group by (topology, instance) ({up} == 1)\n)")
+
     def topology_rules(self, windows: tuple[str, ...],
                        dashboard_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = [
@@ -538,6 +551,7 @@ class _Builder:
             for t in self.spec.topologies
         ]
         rules.append(self.requests_source())
+        rules.append(self.failures_counted())
         for metric in GAUGES_SUMMED:
             rules.append(RecordingRule(gauge_sum_name(metric), f"sum by ({_by(TOPOLOGY_BY)}) "
                                        f"({self.sel(metric.promql_name)})"))
@@ -547,28 +561,43 @@ class _Builder:
         # Instances of one topology have equal KV pools, so the mean of their usage is the pool's usage.
         rules.append(RecordingRule(kv_usage_name("max"), f"max by ({_by(TOPOLOGY_BY)}) ({kv})"))
         rules.append(RecordingRule(kv_usage_name("avg"), f"avg by ({_by(TOPOLOGY_BY)}) ({kv})"))
+        # Raw series are read over the shortest window only; the longer ones average its recordings.
+        base = windows[0]
         for window in windows:
+            source = None if window == base else base
             for metric in RATE_COUNTERS:
-                rules.append(RecordingRule(rate_name(metric, window),
-                                           self.summed_rate(self.sel(metric.promql_name), window)))
+                raw = self.summed_rate(self.sel(metric.promql_name), window)
+                rules.append(RecordingRule(rate_name(metric, window), self.averaged(
+                    functools.partial(rate_name, metric), window, source, raw)))
             rules.append(RecordingRule(
                 per_gpu_name(catalog.GENERATION_TOKENS, window),
                 f"{rate_name(catalog.GENERATION_TOKENS, window)} / on (topology) group_left {GPUS_NAME}"))
             for metric in LATENCY_HISTOGRAMS:
-                rules.extend(self.histogram_rules(metric, window, quantiles=window in dashboard_windows))
-            rules.extend(self.outcome_rates(window))
+                rules.extend(self.histogram_rules(metric, window, quantiles=window in dashboard_windows,
+                                                  source=source))
+            rules.extend(self.outcome_rates(window, source=source))
         return tuple(rules)
 
-    def histogram_rules(self, metric: Metric | KvFamily, window: str,
-                        quantiles: bool = True) -> list[RecordingRule]:
+    @staticmethod
+    def averaged(name_at: Callable[[str], str], window: str, source: str | None, raw: str) -> str:
+        """The raw expression, or with a source window the average of its recording (`name_at`
+        that window) over `window`: a rate over a window is the average of a shorter one's rates."""
+        return raw if source is None else f"avg_over_time({name_at(source)}[{window}])"
+
+    def histogram_rules(self, metric: Metric | KvFamily, window: str, quantiles: bool = True,
+                        source: str | None = None) -> list[RecordingRule]:
         bucket = histogram_rate_name(metric, "bucket", window)
         count = histogram_rate_name(metric, "count", window)
         total = histogram_rate_name(metric, "sum", window)
+
+        def part(name: str, suffix: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+            raw = self.summed_rate(self.raw(metric, suffix), window, by)
+            return self.averaged(lambda w: histogram_rate_name(metric, name, w), window, source, raw)
+
         rules = [
-            RecordingRule(bucket, self.summed_rate(self.raw(metric, "_bucket"), window,
-                                                   (*TOPOLOGY_BY, "le"))),
-            RecordingRule(count, self.summed_rate(self.raw(metric, "_count"), window)),
-            RecordingRule(total, self.summed_rate(self.raw(metric, "_sum"), window)),
+            RecordingRule(bucket, part("bucket", "_bucket", (*TOPOLOGY_BY, "le"))),
+            RecordingRule(count, part("count", "_count")),
+            RecordingRule(total, part("sum", "_sum")),
         ]
         if not quantiles:
             return rules
@@ -587,18 +616,25 @@ class _Builder:
         summed = self.summed_rate(series, window, tuple(label for label in by if label != "model_name"))
         return f'label_replace({summed}, "model_name", {promql_string(self.spec.model.name)}, "", "")'
 
-    def outcome_rates(self, window: str, level: str = "topology",
-                      by: tuple[str, ...] = TOPOLOGY_BY) -> list[RecordingRule]:
-        """The raw rates of the outcome families (slo.OUTCOME_FAMILIES), each recorded once."""
+    def outcome_rates(self, window: str, level: str = "topology", by: tuple[str, ...] = TOPOLOGY_BY,
+                      source: str | None = None) -> list[RecordingRule]:
+        """The raw rates of the outcome families (slo.OUTCOME_FAMILIES), each recorded once (or,
+        with a source window, averaged from its recordings)."""
         by_reason = finished_by_reason_name(window, level)
+        rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
+        api = api_requests_name(window, level)
+        raw_finished = self.summed_rate(self.sel(catalog.REQUEST_SUCCESS.promql_name), window,
+                                        (*by, "finished_reason"))
+        raw_rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)
         return [
-            RecordingRule(by_reason, self.summed_rate(self.sel(catalog.REQUEST_SUCCESS.promql_name), window,
-                                                      (*by, "finished_reason"))),
+            RecordingRule(by_reason, self.averaged(lambda w: finished_by_reason_name(w, level), window,
+                                                   source, raw_finished)),
             RecordingRule(rate_name(catalog.REQUEST_SUCCESS, window, level),
                           f"sum without (finished_reason) ({by_reason})"),
-            RecordingRule(rate_name(catalog.ADMISSION_REJECTIONS, window, level),
-                          self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)),
-            RecordingRule(api_requests_name(window, level), self.fleet_requests(window, by)),
+            RecordingRule(rejected, self.averaged(lambda w: rate_name(catalog.ADMISSION_REJECTIONS, w, level),
+                                                  window, source, raw_rejected)),
+            RecordingRule(api, self.averaged(lambda w: api_requests_name(w, level), window, source,
+                                             self.fleet_requests(window, by))),
         ]
 
     def counted(self, window: str, level: str, by: tuple[str, ...]) -> str:

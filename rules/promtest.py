@@ -238,6 +238,7 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
         gen_rate = GENERATION_TOKENS_PER_S * serving
         expectations: list[tuple[str, dict[str, str], float]] = [
             (m.GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
+            (m.FAILURES_COUNTED_NAME, {"topology": topology.name}, 1.0),
             (m.requests_source_name(), {"topology": topology.name, "source": source}, 1.0),
             (m.rate_name(catalog.REQUEST_SUCCESS, window), key, finished_per_s * serving),
             (m.rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
@@ -384,10 +385,18 @@ def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
         key = {"topology": pd.name, "model_name": spec.model.name}
         for name in ("VllmKvTransferSlow", "VllmKvTransferFailures"):
             expected[name] = [_alert(by_name[name], key)]
+    counted: list[dict[str, Any]] = []
+    if len(spec.topologies) > 1:  # the renamed instance's requests counter has no finished_reason
+        name, labels = m.FAILURES_COUNTED_NAME, {"topology": spec.topologies[1].name}
+        counted.append({"expr": f'{name}{{topology="{labels["topology"]}"}}',
+                        "eval_time": format_duration(eval_s),
+                        "exp_samples": [{"labels": _series_name(name, labels), "value": 0.0}]})
     return {
-        "name": "outage: a target down, a renamed metric, custom buckets without the SLO boundary",
+        "name": "outage: a target down, a renamed metric, custom buckets without the SLO boundary, "
+                "vLLM without finished_reason",
         "interval": format_duration(interval),
         "input_series": data.series,
+        **({"promql_expr_test": counted} if counted else {}),
         "alert_rule_test": [{"eval_time": format_duration(eval_s), "alertname": name, "exp_alerts": alerts}
                             for name, alerts in expected.items()],
     }

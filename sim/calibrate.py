@@ -5,7 +5,7 @@
 
 A spec with two colocated topologies gets the closed-loop throughput table (aggregate output tokens/s
 per concurrency, and the ground-truth crossover); a spec with a P/D topology gets the open-loop
-table (ITL p99 at light load and at the seed's rate, TTFT/TPOT p99, goodput at the spec's SLOs).
+table (ITL p99 at light load and at the seed's rate, TTFT/TPOT p99, attainment at the spec's SLOs).
 Published figures are shown beside the simulated ones where the spec is one of the seeds' presets.
 Everything comes from crossover.sim.truth (the model in virtual time): no servers, a few seconds.
 """
@@ -70,7 +70,7 @@ class OpenLoopRow:
     itl_p99_s: float
     ttft_p99_s: float
     tpot_p99_s: float
-    goodput: float  # share of requests meeting the TTFT and TPOT SLOs
+    attainment: float  # share of requests meeting the TTFT and TPOT SLOs (crossover.slo)
 
 
 def _p99(values: list[float]) -> float:
@@ -90,7 +90,7 @@ def pd_table(spec: FleetSpec, rate: float = PD_RATE, input_len: int = PD_INPUT_L
         rows.append(OpenLoopRow(
             topology.name, light.itl_quantile(0.99), loaded.itl_quantile(0.99),
             _p99([t.ttft for t in loaded.traces]), _p99([t.tpot for t in loaded.traces]),
-            loaded.goodput_fraction(ttft_s, tpot_s)))
+            loaded.attainment(ttft_s, tpot_s)))
     return rows
 
 
@@ -116,7 +116,7 @@ def _format_throughput(rows: list[ThroughputRow], topologies: Sequence[str]) -> 
 def _format_pd(rows: list[OpenLoopRow], spec: FleetSpec, rate: float) -> list[str]:
     slos = f"TTFT<={spec.slos.ttft_ms:g} ms, TPOT<={spec.slos.tpot_ms:g} ms"
     lines = [f"| topology | ITL p99 light ({PD_LIGHT_RATE} req/s) | ITL p99 at {rate} req/s | ratio | "
-             f"TTFT p99 | TPOT p99 | goodput ({slos}) | published ITL p99 light -> loaded |",
+             f"TTFT p99 | TPOT p99 | attainment ({slos}) | published ITL p99 light -> loaded |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         published = PD_PUBLISHED_ITL_P99_MS.get(row.topology)
@@ -124,7 +124,7 @@ def _format_pd(rows: list[OpenLoopRow], spec: FleetSpec, rate: float) -> list[st
         lines.append(f"| {row.topology} | {row.light_itl_p99_s * 1000:.1f} ms | "
                      f"{row.itl_p99_s * 1000:.1f} ms | "
                      f"{row.itl_p99_s / row.light_itl_p99_s:.1f}x | {row.ttft_p99_s * 1000:.0f} ms | "
-                     f"{row.tpot_p99_s * 1000:.1f} ms | {row.goodput:.0%} | {shown} |")
+                     f"{row.tpot_p99_s * 1000:.1f} ms | {row.attainment:.0%} | {shown} |")
     return lines
 
 

@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from crossover import slo
 from crossover.sim.model import PerfModel, StepLoad
 from crossover.sim.scheduler import Scheduler, SimRequest, StepPlan, chained_block_hashes
 from crossover.spec import FleetSpec, Role, Topology
@@ -271,10 +272,11 @@ class OpenLoopResult:
         values = sorted(x for t in self.traces for x in t.itls)
         return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
-    def goodput_fraction(self, ttft_s: float | None, tpot_s: float | None) -> float:
-        """Share of requests meeting every SLO given (vllm bench serve --goodput)."""
-        good = sum(1 for t in self.traces
-                   if (ttft_s is None or t.ttft <= ttft_s) and (tpot_s is None or t.tpot <= tpot_s))
+    def attainment(self, ttft_s: float | None, tpot_s: float | None) -> float:
+        """Share of requests meeting every SLO given (crossover.slo.is_good; every request here
+        finishes, the ground truth has no failures)."""
+        thresholds = {kind: s for kind, s in (("ttft", ttft_s), ("tpot", tpot_s)) if s is not None}
+        good = sum(1 for t in self.traces if slo.is_good(True, {"ttft": t.ttft, "tpot": t.tpot}, thresholds))
         return good / len(self.traces)
 
 

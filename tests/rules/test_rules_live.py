@@ -148,14 +148,15 @@ def _quantile(q: float, buckets: dict[float, float]) -> float:
 
 def _expanded(stack: LiveStack, name: str) -> str:
     """The rule's expression with every recording rule it reads replaced by that rule's expression,
-    down to raw series (the spec-constant GPU counts and recordings read with matchers stay)."""
+    down to raw series (the spec-constant GPU counts and recordings read with matchers or over a
+    range stay)."""
     exprs: dict[str, list[str]] = defaultdict(list)
     for rule in stack.rules.records:
         exprs[rule.record].append(rule.expr)
     unique = {k: v[0] for k, v in exprs.items() if len(v) == 1 and k != m.GPUS_NAME}
-    # A recording read with label matchers (`...:rate1m{le=~"..."}`) stays: its group recorded it at
-    # the same evaluation.
-    pattern = re.compile(r"(?<![\w:])(" + "|".join(re.escape(k) for k in unique) + r")(?![\w:{])")
+    # A recording read with label matchers (`...:rate1m{le=~"..."}`) or over a range (`[5m]`) stays:
+    # its group recorded it at the same evaluation.
+    pattern = re.compile(r"(?<![\w:])(" + "|".join(re.escape(k) for k in unique) + r")(?![\w:{\[])")
     text = unique[name]
     while True:
         expanded = pattern.sub(lambda match: f"({unique[match.group(1)]})", text)

@@ -53,7 +53,22 @@ def test_rules_count_each_request_once_with_the_users_ttft() -> None:
             time.sleep(3)  # a few scrapes of every counter at zero before the traffic
             timed = asyncio.run(send([entrypoint], spec.model.name, REQUESTS, concurrency=4,
                                      prompt_tokens=(PROMPT_TOKENS,), max_tokens=16))
-            time.sleep(4)  # the last scrapes and a rule evaluation after the traffic
+            # Prometheus has stored the proxy's final count (a loaded machine delays scrapes and rule
+            # evaluations), and every rule read below was evaluated after that.
+            finished = f'sum({catalog.REQUEST_SUCCESS.promql_name}{{role="entrypoint",topology="pd1p1d"}})'
+            prometheus.wait_until(lambda: [s.value for s in prometheus.query(finished)] == [REQUESTS],
+                                  60, "the proxy's final request count scraped")
+            counted = time.time()
+            read = (m.rate_name(catalog.REQUEST_SUCCESS, WINDOW), m.mean_name(catalog.TTFT, WINDOW),
+                    m.quantile_name(catalog.TTFT, 0.99, WINDOW),
+                    m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, "topology_role"))
+
+            def evaluated_since_counted() -> bool:
+                stamps = [s.value for name in read
+                          for s in prometheus.query(f'timestamp({name}{{topology="pd1p1d"}})')]
+                return len(stamps) == len(read) + 2 and min(stamps) > counted + 1  # 3 roles
+
+            prometheus.wait_until(evaluated_since_counted, 60, "the rules evaluated after the last scrape")
 
             def one(name: str) -> float:
                 (sample,) = prometheus.query(f'{name}{{topology="pd1p1d"}}')

@@ -59,7 +59,7 @@ def test_pd_preset_reproduces_the_second_seed() -> None:
     assert colocated.itl_p99_s >= 3 * colocated.light_itl_p99_s  # several-fold under 8K prompts
     assert pd.itl_p99_s <= 2 * pd.light_itl_p99_s  # P/D stays within 2x of its own light load
     assert 0.015 < colocated.light_itl_p99_s < 0.035  # the seed's 23 ms light-load ITL, roughly
-    assert pd.goodput > colocated.goodput  # the published direction
+    assert pd.attainment > colocated.attainment  # the published direction
 
 
 def test_live_traffic_agrees_with_the_model() -> None:
