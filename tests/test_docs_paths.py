@@ -123,3 +123,15 @@ def test_performance_has_one_section_per_benchmark_with_its_command() -> None:
     for name, section in sections.items():
         assert re.search(rf"`(\.venv/bin/)?python3? benchmarks/{re.escape(name)}\b[^`]*`", section), \
             f"docs/performance.md, {name}: no command that made the figures"
+
+
+def test_code_cites_only_docs_that_exist() -> None:
+    """A comment or docstring that sends the reader to a page under docs/ sends them somewhere real."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    sources = [path for path in listed.splitlines()
+               if not path.startswith(("docs/", "tests/fixtures/")) and path != "README.md"
+               and (ROOT / path).is_file() and not path.endswith((".png", ".csv"))]
+    cited = {(path, page) for path in sources
+             for page in re.findall(r"\bdocs/[\w-]+\.md\b", (ROOT / path).read_text(errors="replace"))}
+    missing = sorted(f"{path}: {page}" for path, page in cited if not (ROOT / page).exists())
+    assert not missing, f"code cites docs that do not exist: {missing}"
