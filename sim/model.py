@@ -144,7 +144,7 @@ class StepLoad:
     prefill_attention_pairs: float = 0.0  # sum over prefill tokens of the context each attends to
     prefill_seqs: int = 0
     prefill_context_tokens: int = 0  # KV tokens the prefill chunks read (their start plus the chunk)
-    prefill_earlier_pairs: float = 0.0  # the part of prefill_attention_pairs over earlier context (chunk x start)
+    prefill_earlier_pairs: float = 0.0  # of those pairs, the ones over earlier context (chunk x start)
 
 
 @dataclass(frozen=True)

@@ -155,8 +155,9 @@ def test_attention_over_earlier_context_runs_at_its_own_rate() -> None:
     two, one = PerfModel.for_instance(h200, 2), PerfModel.for_instance(one_rate, 2)
     assert two.shard_gpu_seconds(at_zero) == pytest.approx(one.shard_gpu_seconds(at_zero))
     hardware = h200.hardware
+    assert hardware.attention_mfu_after_context is not None
     extra = 80 * 4 * 32 * 128 * 2048 * 6144 / (hardware.bf16_tflops * 1e12) * (
-        1 / hardware.attention_mfu_after_context - 1 / hardware.attention_mfu)  # type: ignore[operator]
+        1 / hardware.attention_mfu_after_context - 1 / hardware.attention_mfu)
     assert two.shard_gpu_seconds(later) - one.shard_gpu_seconds(later) == pytest.approx(extra)
 
 
