@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from crossover import slo
 from crossover.exporter import names
 from crossover.exporter.service import Exporter, running_exporter
 from crossover.loadgen.plan import LengthDist, SweepPlan
@@ -58,7 +59,8 @@ def test_sweep_exporter_and_rules_agree_under_engine_errors(tmp_path: Path) -> N
             started = time.time()
             result = run_sweep(spec, plan, tmp_path / "sweep", [TOPOLOGY], n_boot=0)
             ended = time.time()
-            assert ended - started < window_s - 10 * SCRAPE_S, f"a {ended - started:.0f}s sweep outgrows {window}"
+            took = ended - started
+            assert took < window_s - 10 * SCRAPE_S, f"a {took:.0f}s sweep outgrows the {window} window"
             # read once every group has evaluated after the last scrape that saw the sweep's end
             fast = max(g.interval_s or SCRAPE_S for g in rules.groups if g.name == "crossover-topology")
             at = ended + 3 * SCRAPE_S + fast
@@ -73,20 +75,22 @@ def test_sweep_exporter_and_rules_agree_under_engine_errors(tmp_path: Path) -> N
             failed = client["failed"] / client["requests"]
             assert failed > 0.1, dict(client)  # about half of one instance's requests
             noise = 3 * (failed * (1 - failed) / client["requests"]) ** 0.5  # binomial, three sigma
-            compared = {}
+            compared: dict[str, tuple[float, float, float]] = {}
+            ratio = names.derived_name("topology", f"{slo.ATTAINMENT}_ratio")
             for bucket in rules.slo_buckets:
-                if f"attainment_{bucket.slo}" not in client:
+                column = slo.attainment_column(bucket.slo)
+                if column not in client:
                     continue
-                exported = f'{names.derived_name("topology", "attainment_ratio")}' \
-                           f'{{window="{window}",slo="{bucket.slo}"}}'
-                compared[bucket.slo] = (client[f"attainment_{bucket.slo}"], read(exported),
+                exported = f'{ratio}{{window="{window}",slo="{bucket.slo}"}}'
+                compared[bucket.slo] = (client[column], read(exported),
                                         read(m.attainment_name(bucket.slo, window)))
-            exported_joint = f'{names.derived_name("topology", "attainment_upper_ratio")}{{window="{window}"}}'
-            compared["joint"] = (client["attainment"], read(exported_joint),
+            joint = names.derived_name("topology", f"{slo.ATTAINMENT}_upper_ratio")
+            exported_joint = f'{joint}{{window="{window}"}}'
+            compared["joint"] = (client[slo.attainment_column()], read(exported_joint),
                                  read(m.joint_attainment_name("upper", window)))
     print(f"\nfailed share {failed:.3f} (noise {noise:.3f}); client, exporter, rules: {compared}")
     assert {"ttft", "tpot"} <= set(compared), compared
-    for slo_name, (ours, exporter, recorded) in compared.items():
-        assert exporter == pytest.approx(ours, abs=noise), (slo_name, compared)
-        assert recorded == pytest.approx(ours, abs=noise), (slo_name, compared)
-        assert recorded < 0.95, (slo_name, compared)  # the histogram-only ratio would say 1.0
+    for kind, (ours, exporter, recorded) in compared.items():
+        assert exporter == pytest.approx(ours, abs=noise), (kind, compared)
+        assert recorded == pytest.approx(ours, abs=noise), (kind, compared)
+        assert recorded < 0.95, (kind, compared)  # the histogram-only ratio would say 1.0
