@@ -50,7 +50,6 @@ DEFAULT_METRICS = ("output_tps", slo.GOODPUT_REQUESTS, "ttft_p99", "tpot_p99", "
 # The names before the unit joined them (docs/sweep.md): accepted as metric names, and read from old
 # run folders, for one release.
 RENAMED: dict[str, str] = {"goodput": slo.GOODPUT_REQUESTS, "token_goodput": slo.GOODPUT_TOKENS}
-RENAMED_COLUMNS: dict[str, str] = {**RENAMED, **{per_gpu(old): per_gpu(new) for old, new in RENAMED.items()}}
 
 
 def metric_named(name: str) -> str:

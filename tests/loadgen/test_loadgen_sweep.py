@@ -15,7 +15,6 @@ import pytest
 from crossover import slo
 from crossover.cli import main
 from crossover.errors import UserError
-from crossover.loadgen.crossings import RENAMED_COLUMNS
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
 from crossover.loadgen.results import load_run
 from crossover.loadgen.summary import per_gpu
@@ -88,7 +87,9 @@ def test_a_folder_written_with_the_old_goodput_names_loads_and_resumes(
     text = path.read_text().replace(f'"{slo.GOODPUT_REQUESTS}"', '"goodput"')
     path.write_text(text.replace(f'"{slo.GOODPUT_TOKENS}"', '"token_goodput"'))
     summary = pd.read_parquet(tmp_path / "summary.parquet")
-    old = {new: old for old, new in RENAMED_COLUMNS.items()}
+    old = {slo.GOODPUT_REQUESTS: "goodput", slo.GOODPUT_TOKENS: "token_goodput",
+           per_gpu(slo.GOODPUT_REQUESTS): "goodput_per_gpu",
+           per_gpu(slo.GOODPUT_TOKENS): "token_goodput_per_gpu"}
     summary.rename(columns=old).to_parquet(tmp_path / "summary.parquet", index=False)
     assert '"goodput"' in path.read_text()
     metrics = {c["metric"] for c in load_run(tmp_path).crossover["crossovers"]}
