@@ -39,6 +39,8 @@ from crossover.spec import (
 # Labels every aggregated series keeps: the topology the scrape config attached, and the model.
 TOPOLOGY_BY = ("topology", "model_name")
 ROLE_BY = ("topology", "role", "model_name")
+# The level of the per-role figures: its names start with it (topology_role:...).
+ROLE_LEVEL = "topology_role"
 JOB_NAME = "vllm"
 DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
 REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written for 30 days
@@ -555,7 +557,7 @@ class _Builder:
         for metric in GAUGES_SUMMED:
             rules.append(RecordingRule(gauge_sum_name(metric), f"sum by ({_by(TOPOLOGY_BY)}) "
                                        f"({self.sel(metric.promql_name)})"))
-            rules.append(RecordingRule(gauge_sum_name(metric, "topology_role"), f"sum by ({_by(ROLE_BY)}) "
+            rules.append(RecordingRule(gauge_sum_name(metric, ROLE_LEVEL), f"sum by ({_by(ROLE_BY)}) "
                                        f"({self.sel(metric.promql_name)})"))
         kv = self.sel(catalog.KV_CACHE_USAGE.promql_name)
         # Instances of one topology have equal KV pools, so the mean of their usage is the pool's usage.
@@ -705,7 +707,7 @@ class _Builder:
     def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """Request figures per P/D role: the decode side is what users see after the first token
         (its TTFT covers the KV-transfer wait), the prefill side the prefill work."""
-        level = "topology_role"
+        level = ROLE_LEVEL
         rules: list[RecordingRule] = []
         for window in windows:
             rules.extend(self.outcome_rates(window, level, ROLE_BY))

@@ -264,10 +264,10 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
                 roles[ENTRYPOINT_ROLE] = 1
             for role, count in roles.items():
                 role_key = {"topology": topology.name, "role": role, **model}
-                expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, "topology_role"), role_key,
+                expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, m.ROLE_LEVEL), role_key,
                                      finished_per_s * count))
                 for bucket in request_slos:
-                    name = m.attainment_name(bucket.slo, window, "topology_role")
+                    name = m.attainment_name(bucket.slo, window, m.ROLE_LEVEL)
                     expectations.append((name, role_key, attained))
         for name, labels, value in expectations:
             selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
