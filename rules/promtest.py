@@ -201,10 +201,10 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
     index = 0
     for t_index, topology in enumerate(spec.topologies):
         good = GOOD_SHARE[t_index % len(GOOD_SHARE)]
-        source = ("entrypoint" if topology.entrypoint.metrics_url else
-                  "decode" if topology.disaggregated else "instances")
+        requests_from = ("entrypoint" if topology.entrypoint.metrics_url else
+                         "decode" if topology.disaggregated else "instances")
         # Failures on colocated topologies only: one source of request figures, one count.
-        failed = FAILED_PER_S[t_index % len(FAILED_PER_S)] if source == "instances" else {}
+        failed = FAILED_PER_S[t_index % len(FAILED_PER_S)] if requests_from == "instances" else {}
         every_per_s = REQUESTS_PER_S + sum(failed.values())
         # vLLM observes failed requests in the e2e and TPOT histograms (fast, within the SLO), so
         # every SLO kind comes out at the same attainment: the served share of the good share.
@@ -239,7 +239,7 @@ def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
         expectations: list[tuple[str, dict[str, str], float]] = [
             (m.GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
             (m.FAILURES_COUNTED_NAME, {"topology": topology.name}, 1.0),
-            (m.requests_source_name(), {"topology": topology.name, "source": source}, 1.0),
+            (m.requests_source_name(), {"topology": topology.name, "source": requests_from}, 1.0),
             (m.rate_name(catalog.REQUEST_SUCCESS, window), key, finished_per_s * serving),
             (m.rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
             (m.per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / topology.gpus),
