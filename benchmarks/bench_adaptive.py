@@ -5,7 +5,9 @@
 For each preset the fixed grid runs first; the width of its crossing interval (relative to the
 estimate) becomes the adaptive sweep's --target-ci, over the same range, so the two reach the same
 width and the table compares what it cost: requests, traffic seconds and wall time. The simulator's
-ground truth (crossover.sim.truth, the same model in virtual time) must lie inside both intervals.
+ground truth (crossover.sim.truth, the same model in virtual time) must lie inside both intervals;
+the table also shows each sweep's bracket (the measured levels either side of its estimate), which
+the adaptive sweep narrows to --target-ci before it accepts a crossing.
 
 - seed: compose/specs/seed-70b-h100.yaml, closed loop (concurrency 1-64, doubling, 4 rounds a
   level), the crossing of output tokens/s per GPU (tp2x2 overtakes tp4x1); truth:
@@ -32,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 
-from crossover.loadgen.adaptive import AdaptivePlan, Interval, intervals  # noqa: E402
+from crossover.loadgen.adaptive import AdaptivePlan, Interval, bracket, intervals  # noqa: E402
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import SweepResult, run_sweep  # noqa: E402
 from crossover.netutil import spec_on_free_ports  # noqa: E402
@@ -98,6 +100,21 @@ def _pd_truth(spec: FleetSpec, plan: SweepPlan, scale: float, requests: int = 10
     return (low + high) / 2 * scale
 
 
+def pd_short_level_reads(spec: FleetSpec, scale: float, seeds: int = 20) -> list[tuple[float, float]]:
+    """(wall-clock rate, share of seeds) for which one level as long as the sweep's (PD_SECONDS of
+    simulated arrivals) reads colocated's p99 ITL above pd1p1d's, on the simulator's model: the
+    jump is a probability in a short level (its 1% tail holds a stall or not), so this band, not
+    the long-run truth alone, says how closely any sweep of such levels can place the crossing."""
+    found = []
+    for rate in (0.2, 0.22, 0.246, 0.26, 0.282, 0.3, 0.32):
+        n = round(rate * PD_SECONDS)
+        above = sum(truth.open_loop(spec, "colocated", rate, PD_IN, PD_OUT, n, seed=s).itl_quantile(0.99)
+                    > truth.open_loop(spec, "pd1p1d", rate, PD_IN, PD_OUT, n, seed=s).itl_quantile(0.99)
+                    for s in range(1, seeds + 1))
+        found.append((rate * scale, above / seeds))
+    return found
+
+
 PRESETS = {
     "seed": Preset("compose/specs/seed-70b-h100.yaml", ("tp4x1", "tp2x2"), "output_tps", _seed_plan,
                    _seed_truth),
@@ -147,8 +164,9 @@ def bench(name: str, scale: float, folder: Path) -> dict[str, Any]:
         search_plan = replace(plan, levels=(plan.levels[0], plan.levels[-1]))
         adaptive = AdaptivePlan(target_ci=target, metric=preset.metric, answers=("crossing",))
         found = _run(spec, search_plan, folder / "adaptive", preset.pair, adaptive, search=True)
+    short_reads = pd_short_level_reads(spec, scale) if name == "pd" else []
     return {"preset": name, "scale": scale, "truth": true_x, "grid": grid, "adaptive": found,
-            "target": target}
+            "target": target, "short_reads": short_reads}
 
 
 def _inside(interval: Interval | None, x: float) -> str:
@@ -157,19 +175,31 @@ def _inside(interval: Interval | None, x: float) -> str:
     return "yes" if interval.low <= x <= interval.high else "NO"
 
 
+def _bracket(o: Outcome, x: float) -> str:
+    """The measured levels either side of the estimate, and whether the truth lies between them
+    (a jump between two levels is invisible to the bootstrap interval, never to the bracket)."""
+    found = bracket(o.interval, o.levels) if o.interval is not None else None
+    if found is None:
+        return "-"
+    return f"{found[0]:.3g}-{found[1]:.3g} ({'yes' if found[0] <= x <= found[1] else 'NO'})"
+
+
 def report(row: dict[str, Any]) -> None:
     grid, found, x = row["grid"], row["adaptive"], row["truth"]
     print(f"\n== {row['preset']} (time_scale {row['scale']:g}); ground truth crossing at {x:.3g}; "
           f"target width {row['target']:.1%}")
     print(f"{'sweep':<10}{'levels':>8}{'requests':>10}{'traffic s':>11}{'wall s':>9}   crossing (95% CI)"
-          f"          width   truth inside   stop")
+          f"          width   truth inside   bracket (truth inside)   stop")
     for label, o in (("grid", grid), ("adaptive", found)):
         i = o.interval
         bounded = i is not None and i.low is not None and i.high is not None
         ci = f"{i.x:.3g} ({i.low:.3g}-{i.high:.3g})" if bounded and i is not None else "-"
         width = f"{i.width:.1%}" if i else "-"
         print(f"{label:<10}{len(o.levels):>8}{o.requests:>10}{o.traffic_s:>11.1f}{o.wall_s:>9.1f}   {ci:<24}"
-              f"{width:>7}   {_inside(i, x):<13}  {o.stop_reason or '-'}")
+              f"{width:>7}   {_inside(i, x):<13}  {_bracket(o, x):<24} {o.stop_reason or '-'}")
+    if row["preset"] == "pd":
+        reads = ", ".join(f"{rate:.3g}: {share:.0%}" for rate, share in row["short_reads"])
+        print(f"one {PD_SECONDS:g}-s level reads colocated above pd1p1d (share of 20 seeds) at rate {reads}")
     print(f"adaptive / grid: requests {found.requests / grid.requests:.2f}, traffic time "
           f"{found.traffic_s / grid.traffic_s:.2f}, wall time {found.wall_s / grid.wall_s:.2f}; "
           f"adaptive levels {', '.join(f'{v:g}' for v in found.levels)}")

@@ -177,6 +177,9 @@ class Hardware(_Strict):
         default=None, description="GPU time of one short elementwise kernel (norm, rotary, cache write)")
     attention_mfu: Annotated[float, Field(gt=0, le=1)] = Field(
         default=0.7, description="share of bf16_tflops a prefill attention kernel achieves")
+    attention_mfu_after_context: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        default=None, description="share of bf16_tflops a prefill chunk's attention over its earlier context "
+                                  "achieves; default attention_mfu")
     decode_attention_ns_per_token: PositiveFloat | None = Field(
         default=None, description="decode attention's time per context token of one sequence when the batch "
                                   "is too small to fill the GPU (split-KV's serial walk)")

@@ -7,9 +7,14 @@ only while an answer may lie there (a pair of topologies that does not cross bel
 that meets the objective at every level so far): at the middle of what is left, then the end.
 Then each next level goes inside the widest interval that matters: a crossing of the chosen
 metric between two topologies, or a topology's capacity at the SLO objective (both with their
-bootstrap intervals from loadgen.crossings). The sweep stops when every such interval is
-narrower than `target_ci` (a width relative to its estimate), when the request or time budget
-would be overspent by the next level, or when no unmeasured level is left inside the intervals.
+bootstrap intervals from loadgen.crossings). An estimate counts as narrow only once the measured
+levels either side of it (its bracket) are also within `target_ci` of it: interpolation between far
+levels cannot see a jump of the curves (p99 ITL once prefills stall decodes), and the bootstrap
+holds each level's noise, not the curve's shape between levels. A wide bracket gets its estimate
+measured when that lies in the bracket's middle half, else its log middle: bisection, which finds
+a jump wherever it is. The sweep stops when every such interval and bracket is narrower than
+`target_ci` (a width relative to its estimate), when the request or time budget would be
+overspent by the next level, or when no unmeasured level is left inside them.
 Levels given beyond the two ends are all measured first, as the user's own coarse start.
 Pure functions of crossover.json's content and the levels measured: no I/O, no traffic.
 """
@@ -33,7 +38,7 @@ ANSWERS = ("crossing", "capacity")  # the kinds of interval an adaptive sweep ma
 # Why an adaptive sweep stopped: one word each (crossover.json's adaptive.stop_reason), and what the
 # summary says about it.
 STOP_REASONS = {
-    "target": "every interval that matters is narrower than --target-ci",
+    "target": "every interval that matters, and the levels measured either side of it, within --target-ci",
     "nothing-to-narrow": "no crossing of the metric and no capacity inside the range",
     "resolution": "every level inside the remaining intervals is measured already",
     "max-requests": "the next level would overspend --max-requests",
@@ -218,20 +223,41 @@ def level_inside(interval: Interval, measured: Sequence[float], plan: SweepPlan)
     return None
 
 
-def level_at(interval: Interval, measured: Sequence[float], plan: SweepPlan) -> float | None:
-    """The level that anchors an estimate, if it is not measured yet: closed loop, the whole
-    concurrencies either side of it (the finest bracket there is); open loop, a rate inside the
-    interval (the estimate itself) unless one is measured there already."""
-    if plan.mode is Mode.CLOSED:
-        below, above = math.floor(interval.x), math.ceil(interval.x)
-        return next((float(c) for c in (round(interval.x), below, above)
-                     if c not in measured and plan.levels[0] <= c <= plan.levels[-1]), None)
-    low = interval.low if interval.low is not None else interval.x
-    high = interval.high if interval.high is not None else interval.x
-    if any(low <= m <= high for m in measured):
+def bracket(interval: Interval, measured: Sequence[float]) -> tuple[float, float] | None:
+    """The measured levels nearest the estimate either side of it: where the curves were seen on
+    each side of the crossing. None when the estimate lies outside the measured levels."""
+    below = [m for m in measured if m <= interval.x]
+    above = [m for m in measured if m >= interval.x]
+    return (max(below), min(above)) if below and above else None
+
+
+def bracket_width(interval: Interval, measured: Sequence[float]) -> float:
+    """The bracket's width relative to the estimate: how far the estimate may be from where the
+    curves really cross when they jump between the two levels (interpolation cannot see a step)."""
+    found = bracket(interval, measured)
+    if found is None or not interval.x > 0:
+        return math.inf
+    return (found[1] - found[0]) / interval.x
+
+
+def bracket_level(interval: Interval, measured: Sequence[float], plan: SweepPlan) -> float | None:
+    """The next level inside a bracket too wide to trust: the estimate (closed loop: a whole
+    concurrency beside it) when it lies in the bracket's middle half on the axis, else the bracket's
+    middle. Either way the bracket shrinks by at least a quarter, so a step is found wherever it is,
+    however smooth the interpolation looks. None when no level fits between the two."""
+    found = bracket(interval, measured)
+    if found is None:
         return None
-    level = _round_rate(interval.x)
-    return level if level not in measured else None
+    u_low, u_high = _to_axis(found[0], plan.mode), _to_axis(found[1], plan.mode)
+    quarter = (u_high - u_low) / 4
+    near = ((round(interval.x), math.floor(interval.x), math.ceil(interval.x)) if plan.mode is Mode.CLOSED
+            else (_round_rate(interval.x),))
+    for level in (*(float(c) for c in near if c >= 1), _log_middle(found[0], found[1], plan.mode)):
+        inside = u_low + quarter <= _to_axis(level, plan.mode) <= u_high - quarter
+        if found[0] < level < found[1] and level not in measured and (inside or not quarter):
+            return level
+    middle = _log_middle(found[0], found[1], plan.mode)
+    return middle if found[0] < middle < found[1] and middle not in measured else None
 
 
 @dataclass(frozen=True)
@@ -260,21 +286,20 @@ def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan
         return Decision(above, "", None, found)
     if not found:
         return Decision(None, "nothing-to-narrow", None, found)
+    # An estimate is only as sure as the measured levels either side of it: the bootstrap holds each
+    # level's noise, not a jump of the curves between two far levels.
     wide = sorted((i for i in found if i.width > adaptive.target_ci), key=lambda i: i.width, reverse=True)
-    for interval in wide:
-        level = level_inside(interval, measured, plan)
+    far = sorted((i for i in found if bracket_width(i, measured) > adaptive.target_ci),
+                 key=lambda i: bracket_width(i, measured), reverse=True)
+    for interval in [*wide, *(i for i in far if i not in wide)]:
+        level = bracket_level(interval, measured, plan) if interval in far else None
+        if level is None and interval in wide:
+            level = level_inside(interval, measured, plan)
         if level is not None:
             return Decision(level, "", interval, found)
-    # Narrow (or narrower than the levels can go), but only interpolated: the bootstrap holds the
-    # measurements' noise, not the curve's shape between two far levels. A level beside the
-    # estimate confirms it.
-    for interval in found:
-        level = level_at(interval, measured, plan)
-        if level is not None:
-            return Decision(level, "", interval, found)
-    if not wide:
+    if not wide and not far:
         return Decision(None, "target", max(found, key=lambda i: i.width), found)
-    return Decision(None, "resolution", wide[0], found)
+    return Decision(None, "resolution", (far or wide)[0], found)
 
 
 def adaptive_line(state: Mapping[str, Any], axis: str) -> str:

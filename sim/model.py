@@ -65,6 +65,7 @@ class Shard:
     small_kernel_s: float
     attention_flops_per_s: float
     decode_attention_s_per_token: float = 0.0
+    attention_after_context_flops_per_s: float | None = None  # default attention_flops_per_s
 
     OUTPUT_COPY_KERNELS = 1  # per attention kind: its output's copy back to token-major order
     CACHE_WRITE_KERNELS = 2  # per attention kind: its K and V written into the cache
@@ -100,13 +101,21 @@ class Shard:
                                                      per_seq * self.decode_attention_s_per_token)
             attention += self.OUTPUT_COPY_KERNELS * self.small_kernel_s
         if load.prefill_tokens:
-            attention += (2 * self.kernel_s + 4.0 * self.heads * d * load.prefill_attention_pairs
-                          / self.attention_flops_per_s + load.prefill_context_tokens * kv_token_bytes / hbm)
+            attention += (2 * self.kernel_s + self.prefill_attention_flops_s(load)
+                          + load.prefill_context_tokens * kv_token_bytes / hbm)
             attention += self.OUTPUT_COPY_KERNELS * self.small_kernel_s
         kinds = (load.decode_seqs > 0) + (load.prefill_tokens > 0)  # decode rows and a chunk write apart
         if kinds == 2:
             attention += self.small_kernel_s  # the two attention outputs joined into one
         return gemms + attention + self.elementwise_s(tokens, hbm, kinds)
+
+    def prefill_attention_flops_s(self, load: StepLoad) -> float:
+        """The chunks' causal pairs at the start-0 kernel's rate, their pairs over earlier context at the
+        slower rate the `attn_prefill` rows after earlier context measure."""
+        after = self.attention_after_context_flops_per_s or self.attention_flops_per_s
+        within = load.prefill_attention_pairs - load.prefill_earlier_pairs
+        return 4.0 * self.heads * self.head_dim * (within / self.attention_flops_per_s
+                                                    + load.prefill_earlier_pairs / after)
 
     def elementwise_s(self, tokens: int, hbm: float, attention_kinds: int = 1) -> float:
         """The short kernels of a layer: each group's fixed cost overlapped with its HBM traffic."""
@@ -135,6 +144,7 @@ class StepLoad:
     prefill_attention_pairs: float = 0.0  # sum over prefill tokens of the context each attends to
     prefill_seqs: int = 0
     prefill_context_tokens: int = 0  # KV tokens the prefill chunks read (their start plus the chunk)
+    prefill_earlier_pairs: float = 0.0  # of those pairs, the ones over earlier context (chunk x start)
 
 
 @dataclass(frozen=True)
@@ -180,7 +190,10 @@ class PerfModel:
                 dtype_bytes=model.dtype_bytes, kernel_s=hardware.kernel_us * 1e-6,
                 small_kernel_s=(hardware.small_kernel_us or hardware.kernel_us) * 1e-6,
                 attention_flops_per_s=hardware.bf16_tflops * 1e12 * hardware.attention_mfu,
-                decode_attention_s_per_token=(hardware.decode_attention_ns_per_token or 0.0) * 1e-9)
+                decode_attention_s_per_token=(hardware.decode_attention_ns_per_token or 0.0) * 1e-9,
+                attention_after_context_flops_per_s=(None if hardware.attention_mfu_after_context is None
+                                                     else hardware.bf16_tflops * 1e12
+                                                     * hardware.attention_mfu_after_context))
         return cls(
             tensor_parallel_size=tp,
             layers=model.layers,

@@ -97,7 +97,8 @@ def merge_profile(base: Path, new: Path) -> tuple[int, int]:
 def load_of(batch: int, context: int, chunk: int, start: int) -> StepLoad:
     return StepLoad(decode_seqs=batch, decode_context_tokens=batch * context, prefill_tokens=chunk,
                     prefill_attention_pairs=prefill_attention_pairs(start, chunk) if chunk else 0.0,
-                    prefill_seqs=1 if chunk else 0, prefill_context_tokens=start + chunk if chunk else 0)
+                    prefill_seqs=1 if chunk else 0, prefill_context_tokens=start + chunk if chunk else 0,
+                    prefill_earlier_pairs=float(chunk * start))
 
 
 def _spec_for(spec: FleetSpec, shape: str) -> FleetSpec:

@@ -248,7 +248,7 @@ class Scheduler:
         if not work:
             return None
         decode_seqs = decode_context = prefill_tokens = prefill_seqs = prefill_context = 0
-        pairs = 0.0
+        pairs = earlier_pairs = 0.0
         for request, tokens in work:
             if request.computed >= request.prefill_target:
                 decode_seqs += 1
@@ -257,8 +257,10 @@ class Scheduler:
                 prefill_seqs += 1
                 prefill_tokens += tokens
                 pairs += prefill_attention_pairs(request.computed, tokens)
+                earlier_pairs += float(tokens * request.computed)
                 prefill_context += request.computed + tokens
-        load = StepLoad(decode_seqs, decode_context, prefill_tokens, pairs, prefill_seqs, prefill_context)
+        load = StepLoad(decode_seqs, decode_context, prefill_tokens, pairs, prefill_seqs, prefill_context,
+                        earlier_pairs)
         return StepPlan(work, load, model.step_seconds(load))
 
     def complete(self, plan: StepPlan, end: float) -> StepOutcome:

@@ -3,6 +3,7 @@ loopback servers whose curves cross (resumed level for level, the stop reason in
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -70,9 +71,11 @@ def test_next_level_goes_inside_the_widest_interval() -> None:
     crossover = {"crossovers": [_crossing(9.0, 6.0, 14.0), _crossing(3.0, 2.9, 3.1, metric="output_tps")],
                  "capacities": [_capacity(40.0, 30.0, 50.0), _capacity(None, None, None, censored="below")]}
     decision = decide(crossover, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128])
-    # the crossing's 8/9 wide interval is wider than the capacity's 20/40; the other metric is ignored
+    # the crossing's 8/9 wide interval is wider than the capacity's 20/40; the other metric is ignored;
+    # its estimate 9 lies near the edge of the measured bracket 1-11: the bracket's log middle first
     assert decision.widest is not None and decision.widest.what == "goodput crossing a/b"
-    assert decision.level == 9.0 and not decision.stop_reason
+    assert decision.level == 3.0 and not decision.stop_reason
+    assert decide(crossover, AdaptivePlan(target_ci=0.1), CLOSED, [1, 6, 11, 128]).level == 9.0
     assert [i.what for i in decision.intervals] == ["goodput crossing a/b", "capacity a"]
     # the estimate already measured: the middle of the widest unmeasured gap inside the interval
     decision = decide(crossover, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 11, 128])
@@ -81,11 +84,15 @@ def test_next_level_goes_inside_the_widest_interval() -> None:
 
 def test_the_sweep_stops_at_the_target_or_when_nothing_is_left() -> None:
     narrow = {"crossovers": [_crossing(9.2, 8.8, 9.3)], "capacities": [_capacity(40.0, 39.0, 41.0)]}
-    # narrow, but interpolated between far levels: one level at each estimate first
-    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128]).level == 9.0
-    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 11, 128]).level == 10.0
-    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 10, 11, 128]).level == 40.0
-    decision = decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 10, 11, 40, 128])
+    # narrow, but interpolated between far levels: the widest bracket first (the capacity's 11-128,
+    # its estimate well inside), then the crossing's 1-11 until measured levels close in on it
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128]).level == 40.0
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 40, 128]).level == 3.0
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 6, 11, 40, 128]).level == 9.0
+    assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 6, 9, 11, 40, 128]).level == 10.0
+    decision = decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 6, 9, 10, 11, 40, 128])
+    assert decision.stop_reason == "resolution" and decision.level is None  # 9-10 is 11% of 9.2
+    decision = decide(narrow, AdaptivePlan(target_ci=0.15), CLOSED, [1, 6, 9, 10, 11, 40, 128])
     assert decision.stop_reason == "target" and decision.level is None
     assert decide({"crossovers": [], "capacities": []}, AdaptivePlan(), CLOSED, [1, 11, 128]).stop_reason \
         == "nothing-to-narrow"
@@ -214,3 +221,54 @@ def test_an_interval_between_two_whole_concurrencies_is_anchored_by_both() -> No
     assert decide(between, plan, CLOSED, [1, 6, 14]).level == 9.0  # the nearest whole concurrency
     assert decide(between, plan, CLOSED, [1, 6, 9, 14]).level == 8.0
     assert decide(between, plan, CLOSED, [1, 6, 8, 9, 14]).stop_reason == "resolution"
+
+
+def _step_sweep(plan: SweepPlan, step: float, adaptive: AdaptivePlan) -> tuple[list[float], Interval | None]:
+    """An adaptive sweep over a synthetic jump: topology a's p99 ITL is 10 ms below `step` and 60
+    ms above it, b's a flat 20 ms. The crossing is interpolated between the levels where the sign
+    changes, with the narrow bootstrap interval that per-request noise alone would give."""
+    def lead(level: float) -> float:
+        return (10.0 if level < step else 60.0) - 20.0
+
+    measured = list(coarse_levels(plan))
+    for _ in range(30):
+        ordered = sorted(measured)
+        changes = [(lo, hi) for lo, hi in itertools.pairwise(ordered) if lead(lo) < 0 < lead(hi)]
+        crossovers: list[dict[str, Any]] = []
+        if changes:
+            lo, hi = changes[0]
+            x = lo + (hi - lo) * -lead(lo) / (lead(hi) - lead(lo))
+            crossovers = [_crossing(x, x * 0.98, x * 1.02, metric="itl_p99")]
+        elif lead(ordered[-1]) < 0:
+            crossovers = [{"metric": "itl_p99", "kind": "none", "topology_a": "a", "topology_b": "b"}]
+        decision = decide({"crossovers": crossovers, "capacities": []}, adaptive, plan, measured)
+        if decision.level is None:
+            return measured, (decision.intervals[0] if decision.intervals else None)
+        measured.append(decision.level)
+    raise AssertionError(f"no stop after {measured}")
+
+
+@pytest.mark.parametrize("step", [0.62, 1.23, 1.5, 3.1])
+def test_a_jump_between_far_levels_is_bracketed_before_the_sweep_stops(step: float) -> None:
+    # the P/D preset's shape: colocated p99 ITL jumps once prefills stall decodes; interpolating
+    # between far rates puts the crossing anywhere between them with a narrow bootstrap interval
+    plan = SweepPlan(mode=Mode.OPEN, levels=(0.5, 4.0), requests_per_level=20)
+    adaptive = AdaptivePlan(target_ci=0.2, metric="itl_p99", answers=("crossing",))
+    measured, found = _step_sweep(plan, step, adaptive)
+    assert found is not None
+    below = max(m for m in measured if m < step)
+    above = min(m for m in measured if m > step)
+    assert (above - below) / found.x <= 0.2, measured  # the step itself lies between close levels
+    assert below <= found.x <= above
+    assert len(measured) <= 8, measured
+
+
+def test_a_jump_on_the_seed_axis_keeps_the_seed_levels() -> None:
+    # a smooth crossing near concurrency 6.4 (the seed preset): 1, 8, then 3, 6, 7 as before
+    crossing = {"crossovers": [_crossing(6.4, 6.2, 6.6)], "capacities": []}
+    plan = SweepPlan(levels=(1, 64), rounds=4)
+    adaptive = AdaptivePlan(target_ci=0.198, answers=("crossing",))
+    measured = list(coarse_levels(plan))
+    while (decision := decide(crossing, adaptive, plan, measured)).level is not None:
+        measured.append(decision.level)
+    assert measured == [1.0, 8.0, 3.0, 6.0, 7.0] and decision.stop_reason == "target"

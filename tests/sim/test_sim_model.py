@@ -140,3 +140,33 @@ def test_pd_closed_loop_ttft_includes_prefill_and_transfer() -> None:
     assert point.ttft_s > prefill + model.kv_transfer_seconds(2048)
     assert point.ttft_s < 2 * (prefill + model.kv_transfer_seconds(2048)) + 0.1
     assert point.output_tokens_per_s > 0
+
+
+def test_attention_over_earlier_context_runs_at_its_own_rate() -> None:
+    """Only the pairs over earlier context take attention_mfu_after_context; without it one rate holds."""
+    h200 = load_spec(SPECS / "llama70b-h200.yaml")
+    data = h200.model_dump(mode="json")
+    del data["hardware"]["attention_mfu_after_context"]
+    one_rate = FleetSpec.model_validate(data)
+    at_zero = StepLoad(prefill_tokens=2048, prefill_attention_pairs=2048 * 2049 / 2, prefill_seqs=1,
+                       prefill_context_tokens=2048)
+    later = StepLoad(prefill_tokens=2048, prefill_attention_pairs=2048 * 6144 + 2048 * 2049 / 2,
+                     prefill_seqs=1, prefill_context_tokens=8192, prefill_earlier_pairs=2048 * 6144)
+    two, one = PerfModel.for_instance(h200, 2), PerfModel.for_instance(one_rate, 2)
+    assert two.shard_gpu_seconds(at_zero) == pytest.approx(one.shard_gpu_seconds(at_zero))
+    hardware = h200.hardware
+    assert hardware.attention_mfu_after_context is not None
+    extra = 80 * 4 * 32 * 128 * 2048 * 6144 / (hardware.bf16_tflops * 1e12) * (
+        1 / hardware.attention_mfu_after_context - 1 / hardware.attention_mfu)
+    assert two.shard_gpu_seconds(later) - one.shard_gpu_seconds(later) == pytest.approx(extra)
+
+
+def test_the_scheduler_counts_a_later_chunks_pairs_over_earlier_context() -> None:
+    scheduler = Scheduler(PerfModel.for_instance(PD, 1))
+    scheduler.add(SimRequest("a", 8192, 4, 0.0))
+    earlier, now = [], 0.0
+    while (plan := scheduler.plan(now)) is not None and not scheduler.running[0].generated:
+        earlier.append(plan.load.prefill_earlier_pairs)
+        now += plan.seconds
+        scheduler.complete(plan, now)
+    assert earlier == [2048 * start for start in (0, 2048, 4096, 6144)]
