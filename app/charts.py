@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import altair as alt
 import pandas as pd
 
+from crossover import slo
+
 
 @dataclass(frozen=True)
 class ChartMetric:
@@ -24,8 +26,8 @@ class ChartMetric:
 
 CHART_METRICS: tuple[ChartMetric, ...] = (
     ChartMetric("output_tps", "Output tokens/s", "tok/s", True, "output_tps"),
-    ChartMetric("goodput", "Goodput (requests/s within SLO)", "req/s", True, "goodput"),
-    ChartMetric("token_goodput", "Goodput (tokens/s within SLO)", "tok/s", True, "token_goodput"),
+    ChartMetric(slo.GOODPUT_REQUESTS, "Goodput (requests/s within SLO)", "req/s", True, slo.GOODPUT_REQUESTS),
+    ChartMetric(slo.GOODPUT_TOKENS, "Goodput (tokens/s within SLO)", "tok/s", True, slo.GOODPUT_TOKENS),
     ChartMetric("ttft_p99_ms", "TTFT p99", "ms", False),
     ChartMetric("tpot_p99_ms", "TPOT p99", "ms", False),
     ChartMetric("itl_p99_ms", "ITL p99", "ms", False),

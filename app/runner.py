@@ -32,6 +32,7 @@ import pandas as pd
 
 from crossover.errors import UserError
 from crossover.loadgen.adaptive import AdaptivePlan
+from crossover.loadgen.crossings import current_names
 from crossover.loadgen.plan import SweepPlan
 from crossover.loadgen.results import CROSSOVER_FILE
 from crossover.loadgen.sweep import LevelDone, run_sweep
@@ -180,7 +181,7 @@ def _final_crossover(out_dir: Path) -> dict[str, Any] | None:
         data = json.loads((out_dir / CROSSOVER_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return current_names(data) if isinstance(data, dict) else None
 
 
 def _child_main(sweep: SweepFunction, out_dir: Path, events: Connection, stop: Any) -> None:

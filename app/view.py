@@ -15,19 +15,20 @@ from typing import Any
 
 import pandas as pd
 
+from crossover import slo
 from crossover.app.charts import CrossoverMark
 from crossover.app.runner import RunStatus
 from crossover.loadgen.results import Run, read_server_views
-from crossover.loadgen.summary import turn_summary
+from crossover.loadgen.summary import per_gpu, turn_summary
 
 # the order sentences are listed in: the question the app answers first
-METRIC_ORDER = ("goodput", "token_goodput", "output_tps", "ttft_p99", "tpot_p99", "itl_p99")
+METRIC_ORDER = (slo.GOODPUT_REQUESTS, slo.GOODPUT_TOKENS, "output_tps", "ttft_p99", "tpot_p99", "itl_p99")
 TURN_TABLE_COLUMNS = ("topology", "level", "turn", "requests", "failed", "input_tokens", "ttft_p50_ms",
                       "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
 SUMMARY_TABLE_COLUMNS = (
-    "topology", "level", "gpus", "requests", "failed", "output_tps", "output_tps_per_gpu", "goodput",
-    "goodput_per_gpu", "token_goodput", "attainment", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms",
-    "e2el_p99_ms", "input_tokens_planned", "input_tokens_counted", "top_error",
+    "topology", "level", "gpus", "requests", "failed", "output_tps", "output_tps_per_gpu",
+    slo.GOODPUT_REQUESTS, per_gpu(slo.GOODPUT_REQUESTS), slo.GOODPUT_TOKENS, "attainment", "ttft_p99_ms",
+    "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "input_tokens_planned", "input_tokens_counted", "top_error",
 )
 
 
@@ -77,7 +78,7 @@ def crossing_sentences(crossover: dict[str, Any]) -> list[str]:
     return [str(c["sentence"]) for c in sorted(items, key=_rank) if c.get("sentence")]
 
 
-def headline_sentences(crossover: dict[str, Any], metric: str = "goodput") -> list[str]:
+def headline_sentences(crossover: dict[str, Any], metric: str = slo.GOODPUT_REQUESTS) -> list[str]:
     """The crossover the page leads with: per pair, the goodput crossing the bootstrap supports most
     (the later one on a tie, since it decides who wins under more load)."""
     best: dict[tuple[str, str], tuple[float, float, str]] = {}

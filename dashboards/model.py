@@ -330,9 +330,6 @@ def slo_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
         windows=rules.dashboard_windows)
 
 
-ROLE_LEVEL = "topology_role"
-
-
 def _on_role(name: str, role: str) -> Query:
     return Query(f'{name}{{{FILTERS},role="{role}"}}', f"{{{{topology}}}} {role} p99")
 
@@ -379,7 +376,7 @@ def _stage_panels(rules: RuleSet) -> tuple[Panel, ...]:
               description="p99 time to first token on the prefill instances: the prefill itself (and its "
                           "queue), the first stage of a P/D request.",
               unit="s",
-              queries=(_on_role(m.quantile_name(catalog.TTFT, 0.99, WINDOW, ROLE_LEVEL), "prefill"),),
+              queries=(_on_role(m.quantile_name(catalog.TTFT, 0.99, WINDOW, m.ROLE_LEVEL), "prefill"),),
               min=0),
         Panel(title="KV transfer: time p99", scope="pd", width=6,
               description="p99 KV-cache transfer time, prefill to decode (NIXL or Mooncake): the second "
@@ -390,7 +387,8 @@ def _stage_panels(rules: RuleSet) -> tuple[Panel, ...]:
         Panel(title="Decode: ITL p99 on the decode role", scope="pd", width=6,
               description="p99 inter-token latency on the decode instances: the third stage, free of "
                           "prefill chunks.",
-              unit="s", queries=(_on_role(m.quantile_name(catalog.ITL, 0.99, WINDOW, ROLE_LEVEL), "decode"),),
+              unit="s",
+              queries=(_on_role(m.quantile_name(catalog.ITL, 0.99, WINDOW, m.ROLE_LEVEL), "decode"),),
               lines=(Line(itl_slo.le),) if itl_slo else (), min=0),
     )
 
@@ -407,7 +405,7 @@ def _decode_panels(rules: RuleSet) -> tuple[Panel, ...]:
         Panel(title="Queue depth: prefill vs decode",
               description="Waiting requests per role (prefill, decode, colocated) of each topology.",
               unit="short",
-              queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, ROLE_LEVEL)),
+              queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, m.ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
     )
 
@@ -421,19 +419,19 @@ def _per_role_panels(rules: RuleSet) -> tuple[Panel, ...]:
         Panel(title="Finished requests/s per role", scope="pd",
               description=f"Requests finished per second on each role of each topology. {twice}",
               unit="reqps",
-              queries=(Query(_sel(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, ROLE_LEVEL)),
+              queries=(Query(_sel(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, m.ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
         Panel(title="TTFT p99 per role", scope="pd",
               description="p99 time to first token per role. On the decode role it covers the wait for the "
                           "KV transfer, on the prefill role the prefill itself; a user sees about their "
                           f"sum. {twice}",
               unit="s",
-              queries=(Query(_sel(m.quantile_name(catalog.TTFT, 0.99, WINDOW, ROLE_LEVEL)),
+              queries=(Query(_sel(m.quantile_name(catalog.TTFT, 0.99, WINDOW, m.ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
         Panel(title="End-to-end latency p99 per role", scope="pd",
               description=f"p99 end-to-end request latency per role. {twice}",
               unit="s",
-              queries=(Query(_sel(m.quantile_name(catalog.E2E_LATENCY, 0.99, WINDOW, ROLE_LEVEL)),
+              queries=(Query(_sel(m.quantile_name(catalog.E2E_LATENCY, 0.99, WINDOW, m.ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
     ]
     if request_slos:
@@ -442,7 +440,7 @@ def _per_role_panels(rules: RuleSet) -> tuple[Panel, ...]:
             description="Share of requests within each per-request SLO on each role (rate of the SLO "
                         f"bucket over the rate of the count, summed per role first). {twice}",
             unit="percentunit",
-            queries=tuple(Query(_sel(m.attainment_name(b.slo, WINDOW, ROLE_LEVEL)),
+            queries=tuple(Query(_sel(m.attainment_name(b.slo, WINDOW, m.ROLE_LEVEL)),
                                 f"{{{{topology}}}} {{{{role}}}} {b.slo}") for b in request_slos),
             lines=(Line(rules.spec.slos.objective),), min=0, max=1))
     return tuple(per_role)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crossover.errors import UserError
-from crossover.rules.prom import die_with_parent
+from crossover.processes import die_with_parent, signal_group, stop_group
 
 
 def crossover_command(*args: str) -> list[str]:
@@ -65,19 +65,11 @@ class Child:
         return self.process.poll() is None
 
     def signal_group(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signum)
+        signal_group(self.pid, signum)
 
     def stop(self, grace: float = 8.0) -> None:
         """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds."""
-        if self.running():
-            self.signal_group(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=grace)
-        # The leader may be gone while a grandchild of its group lingers: sweep the group too.
-        self.signal_group(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=grace)
+        stop_group(self.process, grace)
 
 
 @dataclass

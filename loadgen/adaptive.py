@@ -27,11 +27,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from crossover import slo
 from crossover.errors import UserError
-from crossover.loadgen.crossings import METRICS
+from crossover.loadgen.crossings import METRICS, metric_named
 from crossover.loadgen.plan import Mode, SweepPlan
 
-DEFAULT_METRIC = "goodput"
+DEFAULT_METRIC = slo.GOODPUT_REQUESTS
 DEFAULT_TARGET_CI = 0.1
 ANSWERS = ("crossing", "capacity")  # the kinds of interval an adaptive sweep may narrow
 
@@ -59,6 +60,7 @@ class AdaptivePlan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "answers", tuple(self.answers))
+        object.__setattr__(self, "metric", metric_named(self.metric))  # an old run.json's, or --metric's
         if not self.answers or any(a not in ANSWERS for a in self.answers):
             raise UserError(f"--narrow: want one or both of {','.join(ANSWERS)}, "
                             f"got {','.join(self.answers)}")
@@ -85,7 +87,7 @@ class AdaptivePlan:
 class Interval:
     """One answer the sweep is narrowing, on the load axis."""
 
-    what: str  # e.g. "goodput crossing tp4x1/tp2x2" or "capacity tp4x1"
+    what: str  # e.g. "goodput_requests_per_second crossing tp4x1/tp2x2" or "capacity tp4x1"
     x: float
     low: float | None
     high: float | None

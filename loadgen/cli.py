@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from crossover import slo
 from crossover.errors import UserError
 
 
@@ -146,6 +147,11 @@ def _add_search_and_scale_arguments(parser: argparse.ArgumentParser) -> None:
 def _adaptive(args: argparse.Namespace) -> Any:
     """The adaptive plan, or None; the adaptive-only flags without --adaptive are a mistake."""
     from crossover.loadgen.adaptive import ANSWERS, DEFAULT_METRIC, DEFAULT_TARGET_CI, AdaptivePlan
+    from crossover.loadgen.crossings import RENAMED
+
+    if args.metric in RENAMED:
+        print(f"crossover sweep: --metric {args.metric} is deprecated and goes in the next release; "
+              f"use --metric {RENAMED[args.metric]}", file=sys.stderr)
 
     given = [flag for flag, value in (("--target-ci", args.target_ci), ("--metric", args.metric),
                                       ("--narrow", args.narrow),
@@ -215,7 +221,7 @@ def _plan(args: argparse.Namespace) -> Any:
 
 _TABLE_COLUMNS = (("topology", "topology", "{}"), ("level", "level", "{:g}"), ("requests", "n", "{:.0f}"),
                   ("failed", "failed", "{:.0f}"), ("output_tps", "out tok/s", "{:.1f}"),
-                  ("output_tps_per_gpu", "/GPU", "{:.1f}"), ("goodput", "goodput r/s", "{:.2f}"),
+                  ("output_tps_per_gpu", "/GPU", "{:.1f}"), (slo.GOODPUT_REQUESTS, "goodput r/s", "{:.2f}"),
                   ("attainment", "attain", "{:.0%}"), ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
                   ("tpot_p99_ms", "TPOT p99 ms", "{:.1f}"), ("itl_p99_ms", "ITL p99 ms", "{:.1f}"))
 
@@ -296,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         first = row.iloc[0]
         line = (f"{event.topology} {plan.axis} {event.level:g}: {first['requests']:.0f} requests, "
                 f"{first['failed']:.0f} failed, {first['output_tps']:.1f} output tok/s, goodput "
-                f"{first['goodput']:.2f} req/s, attainment {first['attainment']:.0%}, input "
+                f"{first[slo.GOODPUT_REQUESTS]:.2f} req/s, attainment {first['attainment']:.0%}, input "
                 f"{first.get('input_tokens_counted', float('nan')):.0f} tokens"
                 + (" (resumed)" if event.resumed else ""))
         lines = [line] + [f"warning: {w}" for w in input_len_warnings(row)]

@@ -21,8 +21,9 @@ import pandas as pd
 from scipy.interpolate import PchipInterpolator
 from scipy.optimize import brentq
 
+from crossover import slo
 from crossover.loadgen.plan import SweepPlan
-from crossover.loadgen.summary import mark_requests
+from crossover.loadgen.summary import mark_requests, per_gpu
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,34 @@ class ComparedMetric:
 
 
 METRICS: dict[str, ComparedMetric] = {m.name: m for m in (
-    ComparedMetric("output_tps", "output_tps_per_gpu", True, "output tokens/s per GPU"),
-    ComparedMetric("goodput", "goodput_per_gpu", True, "goodput"),
-    ComparedMetric("token_goodput", "token_goodput_per_gpu", True, "token goodput"),
+    ComparedMetric("output_tps", per_gpu("output_tps"), True, "output tokens/s per GPU"),
+    ComparedMetric(slo.GOODPUT_REQUESTS, per_gpu(slo.GOODPUT_REQUESTS), True, "goodput"),
+    ComparedMetric(slo.GOODPUT_TOKENS, per_gpu(slo.GOODPUT_TOKENS), True, "token goodput"),
     ComparedMetric("ttft_p99", "ttft_p99_ms", False, "p99 TTFT"),
     ComparedMetric("tpot_p99", "tpot_p99_ms", False, "p99 TPOT"),
     ComparedMetric("itl_p99", "itl_p99_ms", False, "p99 ITL"),
 )}
-DEFAULT_METRICS = ("output_tps", "goodput", "ttft_p99", "tpot_p99", "itl_p99")
+DEFAULT_METRICS = ("output_tps", slo.GOODPUT_REQUESTS, "ttft_p99", "tpot_p99", "itl_p99")
+
+# The names before the unit joined them (docs/sweep.md): accepted as metric names, and read from old
+# run folders, for one release.
+RENAMED: dict[str, str] = {"goodput": slo.GOODPUT_REQUESTS, "token_goodput": slo.GOODPUT_TOKENS}
+
+
+def metric_named(name: str) -> str:
+    """A metric's name, its old name (RENAMED) read as the new one."""
+    return RENAMED.get(name, name)
+
+
+def current_names(crossover: dict[str, Any]) -> dict[str, Any]:
+    """crossover.json as this version writes it, from any version's: old metric names renamed."""
+    crossovers = [{**c, "metric": metric_named(c["metric"])} if isinstance(c, dict) and "metric" in c else c
+                  for c in crossover.get("crossovers", [])]
+    upgraded = {**crossover, "crossovers": crossovers} if "crossovers" in crossover else dict(crossover)
+    adaptive = crossover.get("adaptive")
+    if isinstance(adaptive, dict) and "metric" in adaptive:
+        upgraded["adaptive"] = {**adaptive, "metric": metric_named(adaptive["metric"])}
+    return upgraded
 
 
 @dataclass(frozen=True)
@@ -169,10 +190,11 @@ def _metric_replicates(group: pd.DataFrame, metric: ComparedMetric, duration: fl
     if len(group) == 0:
         return np.full(len(indices), np.nan)
     ok = group["ok"].to_numpy(bool)
-    if metric.name in ("output_tps", "goodput", "token_goodput"):
+    if metric.name in ("output_tps", slo.GOODPUT_REQUESTS, slo.GOODPUT_TOKENS):
         tokens = group["output_tokens"].to_numpy(float) * ok
         good = group["good"].to_numpy(float)
-        amount = {"output_tps": tokens, "goodput": good, "token_goodput": tokens * good}[metric.name]
+        amounts = {"output_tps": tokens, slo.GOODPUT_REQUESTS: good, slo.GOODPUT_TOKENS: tokens * good}
+        amount = amounts[metric.name]
         if closed_loop:
             # Little's law, as in the summary: level x resampled work / resampled time in flight.
             elapsed = (group["end_time"] - group["send_time"]).to_numpy(float)
@@ -252,6 +274,7 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
     """Every crossing of every pair of topologies' `metric` curves (see METRICS), with bootstrap
     intervals from the per-request data (pass requests=None to skip the bootstrap), and one
     "none"/"insufficient" result for a pair that does not cross in the range."""
+    metric = metric_named(metric)
     if metric not in METRICS:
         raise KeyError(f"unknown metric {metric!r} (have {', '.join(METRICS)})")
     spec = METRICS[metric]

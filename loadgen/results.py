@@ -203,12 +203,13 @@ def load_run(out_dir: str | os.PathLike[str]) -> Run:
         info = RunInfo.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: cannot read it ({exc})") from None
+    from crossover.loadgen.crossings import current_names
     from crossover.loadgen.summary import summarize, turn_summary  # recomputed, never trusted stale
 
     requests = read_requests(folder)
     summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
     crossover_path = folder / CROSSOVER_FILE
-    crossover = json.loads(crossover_path.read_text()) if crossover_path.exists() else {}
+    crossover = current_names(json.loads(crossover_path.read_text())) if crossover_path.exists() else {}
     return Run(folder, info, requests, summary, crossover, turn_summary(requests), read_server_views(folder))
 
 

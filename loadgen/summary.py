@@ -71,6 +71,11 @@ def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
     return row
 
 
+def per_gpu(column: str) -> str:
+    """The summary column of `column` over the topology's GPUs."""
+    return f"{column}_per_gpu"
+
+
 def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, level: float,
                closed_loop: bool) -> dict[str, float]:
     counted = group[group["counted"]]
@@ -95,14 +100,14 @@ def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, lev
         "output_tps": output_tokens * rate,
         "output_tps_window": output_tokens * window_rate,
         "total_tps": (output_tokens + float(finished["input_tokens"].sum())) * rate,
-        "goodput": len(good) * rate, "token_goodput": float(good["output_tokens"].sum()) * rate,
+        slo.GOODPUT_REQUESTS: len(good) * rate, slo.GOODPUT_TOKENS: float(good["output_tokens"].sum()) * rate,
         slo.attainment_column(): len(good) / n if n else float("nan"),
         "client_errors": int((group["in_window"] & ~group["counted"]).sum()),
     }
     for kind in slos_ms:
         row[slo.attainment_column(kind)] = float(counted[f"good_{kind}"].sum()) / n if n else float("nan")
-    for name in ("output_tps", "total_tps", "goodput", "token_goodput"):
-        row[f"{name}_per_gpu"] = row[name] / gpus
+    for name in ("output_tps", "total_tps", slo.GOODPUT_REQUESTS, slo.GOODPUT_TOKENS):
+        row[per_gpu(name)] = row[name] / gpus
     row.update(_percentiles(finished["ttft"].to_numpy(float), "ttft"))
     row.update(_percentiles(finished.loc[finished["output_tokens"] > 1, "tpot"].to_numpy(float), "tpot"))
     itl = np.concatenate([np.asarray(v, float) for v in finished["itl"]]) if len(finished) else np.array([])
@@ -166,7 +171,7 @@ def summarize(requests: pd.DataFrame, slos_ms: Mapping[str, float], gpus: Mappin
               plan: SweepPlan | None = None) -> pd.DataFrame:
     """One row per (topology, level), sorted; columns documented in docs/sweep.md."""
     if requests.empty:
-        return pd.DataFrame(columns=["topology", "level", "gpus", "requests", "goodput"])
+        return pd.DataFrame(columns=["topology", "level", "gpus", "requests", slo.GOODPUT_REQUESTS])
     marked = mark_requests(requests, slos_ms, plan)
     closed_loop = plan is None or plan.mode is Mode.CLOSED
     rows = []

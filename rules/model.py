@@ -39,6 +39,8 @@ from crossover.spec import (
 # Labels every aggregated series keeps: the topology the scrape config attached, and the model.
 TOPOLOGY_BY = ("topology", "model_name")
 ROLE_BY = ("topology", "role", "model_name")
+# The level of the per-role figures: its names start with it (topology_role:...).
+ROLE_LEVEL = "topology_role"
 JOB_NAME = "vllm"
 DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
 REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written for 30 days
@@ -555,7 +557,7 @@ class _Builder:
         for metric in GAUGES_SUMMED:
             rules.append(RecordingRule(gauge_sum_name(metric), f"sum by ({_by(TOPOLOGY_BY)}) "
                                        f"({self.sel(metric.promql_name)})"))
-            rules.append(RecordingRule(gauge_sum_name(metric, "topology_role"), f"sum by ({_by(ROLE_BY)}) "
+            rules.append(RecordingRule(gauge_sum_name(metric, ROLE_LEVEL), f"sum by ({_by(ROLE_BY)}) "
                                        f"({self.sel(metric.promql_name)})"))
         kv = self.sel(catalog.KV_CACHE_USAGE.promql_name)
         # Instances of one topology have equal KV pools, so the mean of their usage is the pool's usage.
@@ -710,7 +712,7 @@ class _Builder:
     def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """Request figures per P/D role: the decode side is what users see after the first token
         (its TTFT covers the KV-transfer wait), the prefill side the prefill work."""
-        level = "topology_role"
+        level = ROLE_LEVEL
         rules: list[RecordingRule] = []
         for window in windows:
             rules.extend(self.outcome_rates(window, level, ROLE_BY))
@@ -850,9 +852,18 @@ class _Builder:
         return tuple(alerts)
 
     def fleet_alerts(self) -> tuple[AlertRule, ...]:
-        up = self.sel("up", NOT_ENTRYPOINT)  # vLLM instances; an entrypoint serves no engine families
+        """Alerts on the fleet itself: targets down or missing, metric families or SLO buckets missing,
+        the entrypoint without request metrics, slow or failing KV transfers."""
+        return (*self.target_alerts(), self.metrics_absent_alert(), self.slo_bucket_missing_alert(),
+                *self.entrypoint_alerts(), *self.kv_transfer_alerts())
+
+    def _vllm_up(self) -> str:
+        return self.sel("up", NOT_ENTRYPOINT)  # vLLM instances; an entrypoint serves no engine families
+
+    def target_alerts(self) -> tuple[AlertRule, ...]:
+        up = self._vllm_up()
         scaled = self.config.window_scale
-        alerts = [
+        return (
             AlertRule(
                 "VllmTargetDown", f"{up} == 0", float(round(60 * scaled)), "warning",
                 summary="vLLM instance {{ $labels.instance }} of topology {{ $labels.topology }} is down",
@@ -879,51 +890,66 @@ class _Builder:
                             "(crossover.vllm.io/topology) or --selector do not match the fleet, so every "
                             "other alert about this topology stays silent.",
                 runbook_url=self.runbook("VllmTopologyAbsent")),
-        ]
+        )
+
+    def metrics_absent_alert(self) -> AlertRule:
+        up = self._vllm_up()
+        scaled = self.config.window_scale
         absent = []
         for metric in WATCHED_FAMILIES:
             histogram = metric.type is catalog.MetricType.HISTOGRAM
             series = metric.name + "_count" if histogram else metric.promql_name
             absent.append(f'label_replace(({up} == 1) unless on (instance) {self.sel(series)}, '
                           f'"metric", "{metric.name}", "", "")')
-        alerts.append(AlertRule(
+        return AlertRule(
             "VllmMetricsAbsent", "\nor\n".join(absent), float(round(300 * scaled)), "warning",
             summary="{{ $labels.instance }} is up but exposes no {{ $labels.metric }}",
             description="The target answers scrapes but lacks {{ $labels.metric }}: vLLM probably renamed "
                         "it (see crossover/catalog.py aliases); rules and dashboards built on it show "
                         "no data.",
-            runbook_url=self.runbook("VllmMetricsAbsent")))
+            runbook_url=self.runbook("VllmMetricsAbsent"))
+
+    def slo_bucket_missing_alert(self) -> AlertRule:
+        scaled = self.config.window_scale
         missing = []
         for bucket in self.buckets:
             count = self.sel(bucket.metric.name + "_count")
             good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
             missing.append(f'label_replace({count} unless on (instance) {good}, '
                            f'"slo", "{bucket.slo}", "", "")')
-        alerts.append(AlertRule(
+        return AlertRule(
             "VllmSloBucketMissing", "\nor\n".join(missing), float(round(300 * scaled)), "warning",
             summary="{{ $labels.instance }} has no histogram bucket at the {{ $labels.slo }} SLO",
             description="The target exposes the histogram but no bucket whose boundary is the SLO threshold "
                         "(custom --custom-histogram-buckets?): goodput for {{ $labels.slo }} cannot be "
                         "computed there. Regenerate the rules for the target's buckets.",
-            runbook_url=self.runbook("VllmSloBucketMissing")))
-        if any(t.entrypoint.metrics_url for t in self.spec.topologies):
-            families = promql_string("|".join(re.escape(m.promql_name if m.type is catalog.MetricType.COUNTER
-                                                        else m.name + "_count")
-                                              for m in catalog.ENTRYPOINT_FAMILIES))
-            entry = f'role="{ENTRYPOINT_ROLE}"'
-            alerts.append(AlertRule(
-                "VllmEntrypointMetricsAbsent",
-                f"({self.sel('up', entry)} == 1)\nunless on (instance)\n"
-                f"count by (instance) ({self.sel('', f'__name__=~{families},{entry}')})",
-                float(round(300 * scaled)), "warning",
-                summary="The entrypoint of topology {{ $labels.topology }} exposes no request metrics",
-                description="The entrypoint target {{ $labels.instance }} answers scrapes but exposes none "
-                            "of vLLM's request families, so the topology's request figures fall back to "
-                            "its decode role: decode-side, TTFT excludes the prefill.",
-                runbook_url=self.runbook("VllmEntrypointMetricsAbsent")))
-        if any(t.disaggregated for t in self.spec.topologies):
-            threshold_s = self.config.kv_transfer_p99_ms / 1000.0
-            alerts.append(AlertRule(
+            runbook_url=self.runbook("VllmSloBucketMissing"))
+
+    def entrypoint_alerts(self) -> tuple[AlertRule, ...]:
+        if not any(t.entrypoint.metrics_url for t in self.spec.topologies):
+            return ()
+        families = promql_string("|".join(re.escape(m.promql_name if m.type is catalog.MetricType.COUNTER
+                                                    else m.name + "_count")
+                                          for m in catalog.ENTRYPOINT_FAMILIES))
+        entry = f'role="{ENTRYPOINT_ROLE}"'
+        return (AlertRule(
+            "VllmEntrypointMetricsAbsent",
+            f"({self.sel('up', entry)} == 1)\nunless on (instance)\n"
+            f"count by (instance) ({self.sel('', f'__name__=~{families},{entry}')})",
+            float(round(300 * self.config.window_scale)), "warning",
+            summary="The entrypoint of topology {{ $labels.topology }} exposes no request metrics",
+            description="The entrypoint target {{ $labels.instance }} answers scrapes but exposes none "
+                        "of vLLM's request families, so the topology's request figures fall back to "
+                        "its decode role: decode-side, TTFT excludes the prefill.",
+            runbook_url=self.runbook("VllmEntrypointMetricsAbsent")),)
+
+    def kv_transfer_alerts(self) -> tuple[AlertRule, ...]:
+        if not any(t.disaggregated for t in self.spec.topologies):
+            return ()
+        scaled = self.config.window_scale
+        threshold_s = self.config.kv_transfer_p99_ms / 1000.0
+        return (
+            AlertRule(
                 "VllmKvTransferSlow",
                 f"{quantile_name(KV_TIME, 0.99, self.kv_window)} > {threshold_s!r}",
                 float(round(300 * scaled)), "warning",
@@ -932,8 +958,8 @@ class _Builder:
                 description=f"The p99 KV-transfer time (NIXL or Mooncake) over {self.kv_window} exceeds "
                             f"{self.config.kv_transfer_p99_ms:g} ms; decode instances wait on the prefill "
                             "side and TTFT grows.",
-                runbook_url=self.runbook("VllmKvTransferSlow")))
-            alerts.append(AlertRule(
+                runbook_url=self.runbook("VllmKvTransferSlow")),
+            AlertRule(
                 "VllmKvTransferFailures",
                 f"{rate_name(KV_FAILURES, self.kv_window)} > 0",
                 float(round(60 * scaled)), "critical",
@@ -941,9 +967,8 @@ class _Builder:
                 description="The KV connector reports failed KV-cache transfers over the last "
                             f"{self.kv_window}; the "
                             "affected requests are recomputed or aborted.",
-                runbook_url=self.runbook("VllmKvTransferFailures")))
-        return tuple(alerts)
-
+                runbook_url=self.runbook("VllmKvTransferFailures")),
+        )
 
 def disaggregated_topologies(spec: FleetSpec) -> tuple[str, ...]:
     return tuple(t.name for t in spec.topologies if any(i.role is not Role.COLOCATED for i in t.instances))

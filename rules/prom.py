@@ -8,10 +8,8 @@ temporary storage folder and stops it on exit; `PrometheusServer.query(expr)` ru
 
 from __future__ import annotations
 
-import ctypes
 import json
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -26,6 +24,7 @@ from typing import Any, TypeVar
 
 from crossover.errors import UserError
 from crossover.netutil import free_port
+from crossover.processes import die_with_parent, stop_group
 
 D = TypeVar("D", bound="Daemon")
 
@@ -107,16 +106,6 @@ class PrometheusServer(Daemon):
         return list(self._get("/api/v1/alerts", {})["alerts"])
 
 
-def die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent dies, so a killed run never leaves a
-    server behind (Linux prctl PR_SET_PDEATHSIG; elsewhere a no-op)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def prometheus_binary() -> str:
     path = shutil.which("prometheus")
     if path is None:
@@ -138,25 +127,13 @@ def running_daemon(server: type[D], argv: list[str], port: int, log: Path,
     """Run argv (which listens on 127.0.0.1:port) until it answers /-/ready; always stopped on exit."""
     with log.open("wb") as log_file:
         process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   preexec_fn=die_with_parent)
+                                   start_new_session=True, preexec_fn=die_with_parent)
     daemon = server(f"http://127.0.0.1:{port}", process, log)
     try:
         daemon.wait_until(lambda: _ready(daemon.url), start_timeout, "/-/ready")
         yield daemon
     finally:
-        stop_process(process)
-
-
-def stop_process(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`; waits for the exit either way."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(grace_s)
+        stop_group(process)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from crossover import catalog, slo
 from crossover.catalog import Metric, MetricType
 from crossover.exporter.quantile import histogram_quantile
 from crossover.rules import model as m
-from crossover.rules.model import AlertRule, RuleSet
+from crossover.rules.model import AlertRule, RuleSet, SloBucket
 from crossover.rules.render import dump, expand_annotation, header
 from crossover.spec import ENTRYPOINT_ROLE, Instance, Role, Topology, entrypoint_replica, format_duration
 
@@ -183,98 +183,153 @@ def m_parse(window: str) -> float:
     return parse_duration(window)
 
 
-def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
-    spec = rules.spec
+@dataclass(frozen=True)
+class _Load:
+    """The traffic the attainment test gives one topology, per instance."""
+
+    good: float  # share of served requests within every SLO
+    requests_from: str  # where the topology's request figures come from (m.requests_source_name)
+    failed: dict[str, float]  # failed requests/s by reason
+
+    @classmethod
+    def of(cls, t_index: int, topology: Topology) -> _Load:
+        requests_from = ("entrypoint" if topology.entrypoint.metrics_url else
+                         "decode" if topology.disaggregated else "instances")
+        # Failures on colocated topologies only: one source of request figures, one count.
+        failed = FAILED_PER_S[t_index % len(FAILED_PER_S)] if requests_from == "instances" else {}
+        return cls(GOOD_SHARE[t_index % len(GOOD_SHARE)], requests_from, failed)
+
+    @property
+    def every_per_s(self) -> float:
+        return REQUESTS_PER_S + sum(self.failed.values())
+
+    @property
+    def attained(self) -> float:
+        # vLLM observes failed requests in the e2e and TPOT histograms (fast, within the SLO), so
+        # every SLO kind comes out at the same attainment: the served share of the good share.
+        return self.good * REQUESTS_PER_S / self.every_per_s
+
+    @property
+    def finished_per_s(self) -> float:
+        return REQUESTS_PER_S + sum(self.failed.get(r, 0.0) for r in slo.FAILED_REASONS)
+
+
+Expectation = tuple[str, dict[str, str], float]  # recording rule, its labels, its value
+
+
+def _steps(rules: RuleSet) -> tuple[float, float, float]:
+    """Sample interval, evaluation step and evaluation time of the tests."""
     interval = _sample_interval(rules)
     longest_for = max((a.for_s for a in rules.alerts), default=0.0)
     # Rule evaluation steps dominate promtool's time: take about 20 of them over the longest `for`.
     step = max(interval, min(300.0, math.floor((longest_for + 300) / 20 / interval) * interval))
     eval_s = math.ceil((longest_for + max(10 * interval, 300) + 2 * step) / step) * step
-    samples = int(eval_s / interval) + 1
-    data = _Input(interval, samples)
+    return interval, step, eval_s
+
+
+def _topology_key(rules: RuleSet, topology: Topology) -> dict[str, str]:
+    return {"topology": topology.name, "model_name": rules.spec.model.name}
+
+
+def _topology_series(data: _Input, rules: RuleSet, topology: Topology, load: _Load, index: int,
+                     spell: Any) -> int:
+    """Input series of the topology's instances and entrypoint; returns the next instance index."""
+    model = {"model_name": rules.spec.model.name}
+    for instance in topology.instances:
+        labels = _instance_labels(topology, instance, index)
+        index += 1
+        engine = {**labels, **model, "engine": "0"}
+        _serving_instance(data, rules, instance.role, labels, engine, load.good, spell, failed=load.failed)
+    if topology.entrypoint.metrics_url is not None:
+        labels = {**_instance_labels(topology, topology.instances[0], index), "role": ENTRYPOINT_ROLE,
+                  "gpus": "0", "replica": entrypoint_replica(topology.name)}
+        index += 1
+        _entrypoint(data, rules, labels, {**labels, **model, "engine": "0"}, load.good, spell)
+    return index
+
+
+def _request_slos(rules: RuleSet) -> list[SloBucket]:
+    return [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
+
+
+def _ttft_p99(rules: RuleSet, good: float, instances: int) -> float:
+    ttft_shape = _latency_shape(catalog.TTFT, good, rules)
+    cumulative = [0.0]
+    for per_s in ttft_shape.per_second:
+        cumulative.append(cumulative[-1] + per_s * instances)
+    return histogram_quantile(0.99, zip(ttft_shape.bounds, cumulative[1:], strict=True))
+
+
+def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) -> list[Expectation]:
+    """What the topology-level recording rules must come out at under `load`."""
+    key = _topology_key(rules, topology)
+    n = len(topology.instances)
+    request_slos = _request_slos(rules)
+    lower, upper = slo.joint_bounds([load.attained] * len(request_slos))
+    # Each request once: from the entrypoint or the decode role of a P/D topology; tokens
+    # generated on the decode role only.
+    serving = 1 if topology.disaggregated else n
+    gen_rate = GENERATION_TOKENS_PER_S * serving
+    expectations: list[Expectation] = [
+        (m.GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
+        (m.FAILURES_COUNTED_NAME, {"topology": topology.name}, 1.0),
+        (m.requests_source_name(), {"topology": topology.name, "source": load.requests_from}, 1.0),
+        (m.rate_name(catalog.REQUEST_SUCCESS, window), key, load.finished_per_s * serving),
+        (m.rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
+        (m.per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / topology.gpus),
+        (m.gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), key, RUNNING * n),
+        (m.kv_usage_name("max"), key, KV_USAGE),
+        (m.quantile_name(catalog.TTFT, 0.99, window), key, _ttft_p99(rules, load.good, n)),
+    ]
+    for bucket in rules.slo_buckets:
+        expectations.append((m.attainment_name(bucket.slo, window), key, load.attained))
+    for reason, per_s in load.failed.items():
+        expectations.append((m.failed_requests_name(window), {**key, "reason": reason}, per_s * serving))
+    if request_slos:
+        expectations.append((m.joint_attainment_name("lower", window), key, lower))
+        expectations.append((m.joint_attainment_name("upper", window), key, upper))
+        expectations.append((m.goodput_requests_name(window), key, load.every_per_s * serving * lower))
+        expectations.append((m.goodput_tokens_name(window), key, gen_rate * lower))
+    if topology.disaggregated:
+        expectations.append((m.kv_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
+    if m.disaggregated_topologies(rules.spec):  # the per-role rules exist for every topology
+        expectations.extend(_role_expectations(rules, topology, load, window))
+    return expectations
+
+
+def _role_expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) -> list[Expectation]:
+    roles = Counter(i.role.value for i in topology.instances)
+    if topology.entrypoint.metrics_url is not None:
+        roles[ENTRYPOINT_ROLE] = 1
+    expectations: list[Expectation] = []
+    for role, count in roles.items():
+        role_key = {"topology": topology.name, "role": role, "model_name": rules.spec.model.name}
+        expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, m.ROLE_LEVEL), role_key,
+                             load.finished_per_s * count))
+        for bucket in _request_slos(rules):
+            name = m.attainment_name(bucket.slo, window, m.ROLE_LEVEL)
+            expectations.append((name, role_key, load.attained))
+    return expectations
+
+
+def build_promtest(rules: RuleSet, rule_file: str, source: str) -> str:
+    interval, step, eval_s = _steps(rules)
+    data = _Input(interval, int(eval_s / interval) + 1)
     window = rules.dashboard_windows[0]
-    window_s = m_parse(window)
-    if window_s < 2 * interval:
+    if m_parse(window) < 2 * interval:
         raise ValueError(f"window {window} too short for sample interval {interval}")
     promql_tests: list[dict[str, Any]] = []
     expected_alerts: dict[str, list[dict[str, Any]]] = {a.alert: [] for a in rules.alerts}
     index = 0
-    for t_index, topology in enumerate(spec.topologies):
-        good = GOOD_SHARE[t_index % len(GOOD_SHARE)]
-        source = ("entrypoint" if topology.entrypoint.metrics_url else
-                  "decode" if topology.disaggregated else "instances")
-        # Failures on colocated topologies only: one source of request figures, one count.
-        failed = FAILED_PER_S[t_index % len(FAILED_PER_S)] if source == "instances" else {}
-        every_per_s = REQUESTS_PER_S + sum(failed.values())
-        # vLLM observes failed requests in the e2e and TPOT histograms (fast, within the SLO), so
-        # every SLO kind comes out at the same attainment: the served share of the good share.
-        attained = good * REQUESTS_PER_S / every_per_s
-        finished_per_s = REQUESTS_PER_S + sum(failed.get(r, 0.0) for r in slo.FAILED_REASONS)
+    for t_index, topology in enumerate(rules.spec.topologies):
+        load = _Load.of(t_index, topology)
         spell = _python_spelling if t_index % 2 == 0 else _go_spelling
-        model = {"model_name": spec.model.name}
-        n = len(topology.instances)
-        ttft_p99 = 0.0
-        for instance in topology.instances:
-            labels = _instance_labels(topology, instance, index)
-            index += 1
-            engine = {**labels, **model, "engine": "0"}
-            _serving_instance(data, rules, instance.role, labels, engine, good, spell, failed=failed)
-        if topology.entrypoint.metrics_url is not None:
-            labels = {**_instance_labels(topology, topology.instances[0], index), "role": ENTRYPOINT_ROLE,
-                      "gpus": "0", "replica": entrypoint_replica(topology.name)}
-            index += 1
-            _entrypoint(data, rules, labels, {**labels, **model, "engine": "0"}, good, spell)
-        ttft_shape = _latency_shape(catalog.TTFT, good, rules)
-        cumulative = [0.0]
-        for per_s in ttft_shape.per_second:
-            cumulative.append(cumulative[-1] + per_s * n)
-        ttft_p99 = histogram_quantile(0.99, zip(ttft_shape.bounds, cumulative[1:], strict=True))
-        key = {"topology": topology.name, **model}
-        request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
-        lower, upper = slo.joint_bounds([attained] * len(request_slos))
-        # Each request once: from the entrypoint or the decode role of a P/D topology; tokens
-        # generated on the decode role only.
-        serving = 1 if topology.disaggregated else n
-        gen_rate = GENERATION_TOKENS_PER_S * serving
-        expectations: list[tuple[str, dict[str, str], float]] = [
-            (m.GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
-            (m.FAILURES_COUNTED_NAME, {"topology": topology.name}, 1.0),
-            (m.requests_source_name(), {"topology": topology.name, "source": source}, 1.0),
-            (m.rate_name(catalog.REQUEST_SUCCESS, window), key, finished_per_s * serving),
-            (m.rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
-            (m.per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / topology.gpus),
-            (m.gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), key, RUNNING * n),
-            (m.kv_usage_name("max"), key, KV_USAGE),
-            (m.quantile_name(catalog.TTFT, 0.99, window), key, ttft_p99),
-        ]
-        for bucket in rules.slo_buckets:
-            expectations.append((m.attainment_name(bucket.slo, window), key, attained))
-        for reason, per_s in failed.items():
-            expectations.append((m.failed_requests_name(window), {**key, "reason": reason}, per_s * serving))
-        if request_slos:
-            expectations.append((m.joint_attainment_name("lower", window), key, lower))
-            expectations.append((m.joint_attainment_name("upper", window), key, upper))
-            expectations.append((m.goodput_requests_name(window), key, every_per_s * serving * lower))
-            expectations.append((m.goodput_tokens_name(window), key, gen_rate * lower))
-        if topology.disaggregated:
-            expectations.append((m.kv_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
-        if m.disaggregated_topologies(spec):  # the per-role rules exist for every topology
-            roles = Counter(i.role.value for i in topology.instances)
-            if topology.entrypoint.metrics_url is not None:
-                roles[ENTRYPOINT_ROLE] = 1
-            for role, count in roles.items():
-                role_key = {"topology": topology.name, "role": role, **model}
-                expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, "topology_role"), role_key,
-                                     finished_per_s * count))
-                for bucket in request_slos:
-                    name = m.attainment_name(bucket.slo, window, "topology_role")
-                    expectations.append((name, role_key, attained))
-        for name, labels, value in expectations:
-            selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
-            promql_tests.append({"expr": f"{name}{{{selector}}}", "eval_time": format_duration(eval_s),
+        index = _topology_series(data, rules, topology, load, index, spell)
+        for name, labels, value in _expectations(rules, topology, load, window):
+            promql_tests.append({"expr": _series_name(name, labels), "eval_time": format_duration(eval_s),
                                  "exp_samples": [{"labels": _series_name(name, labels), "value": value}]})
-        if attained < 1.0:
-            _expect_burn(rules, expected_alerts, key, attained)
+        if load.attained < 1.0:
+            _expect_burn(rules, expected_alerts, _topology_key(rules, topology), load.attained)
     tests = [{
         "name": "attainment per topology: one fails half of its requests within the latency SLOs, one "
                 "serves all and misses the SLOs for half",

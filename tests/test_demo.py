@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from crossover import slo
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.truth import ground_truth_crossover
 from crossover.spec import FleetSpec, load_spec
@@ -214,7 +215,7 @@ def test_headless_demo_on_real_vllm_servers_does_not_simulate(real_vllm_fleet: A
     assert set(pids) == {"sweep"}, pids  # no simulator
     assert "sweep summary" in result.stdout and "big1x2c" in result.stdout and "small2x1c" in result.stdout
     crossings = json.loads((out / "sweep" / "crossover.json").read_text())["crossovers"]
-    assert any(c["metric"] == "goodput" for c in crossings)
+    assert any(c["metric"] == slo.GOODPUT_REQUESTS for c in crossings)
 
 
 def test_alert_webhook_prints_each_alert_and_refuses_garbage(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from crossover.netutil import free_port
+from crossover.processes import stop_group
 from tests.helpers import REPO, SPECS
 
 # The folders pyproject.toml maps into the crossover namespace: everything the wheel ships.
@@ -117,8 +118,7 @@ def test_installed_servers_start_from_an_empty_folder(installed: dict[str, str],
                 time.sleep(1)
         assert answer, f"crossover {command} did not answer {path} (exit {server.poll()})"
     finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
+        stop_group(server, 30)
 
 
 def test_no_shipped_module_reads_the_source_tree() -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from crossover import slo
+from crossover.loadgen.summary import per_gpu
 from crossover.netutil import spec_on_free_ports
 from crossover.spec import FleetSpec, load_spec
 from tests.helpers import SPECS
@@ -25,8 +27,8 @@ def seed_summary() -> pd.DataFrame:
             rows.append({
                 "topology": topology, "level": float(level), "gpus": 4, "requests": 64, "failed": 0,
                 "output_tps": float(value), "output_tps_per_gpu": value / 4.0,
-                "goodput": value / 128.0, "goodput_per_gpu": value / 512.0,
-                "token_goodput": value * 0.9, "attainment": 1.0,
+                slo.GOODPUT_REQUESTS: value / 128.0, per_gpu(slo.GOODPUT_REQUESTS): value / 512.0,
+                slo.GOODPUT_TOKENS: value * 0.9, "attainment": 1.0,
                 "ttft_p99_ms": 50.0 * level, "tpot_p99_ms": 20.0 + level / 4, "itl_p99_ms": 25.0 + level / 3,
                 "e2el_p99_ms": 1000.0 + level, "top_error": "",
             })

@@ -4,6 +4,7 @@ from typing import Any
 
 import pandas as pd
 
+from crossover import slo
 from crossover.app import charts, view
 from tests.app.app_fixtures import seed_summary
 
@@ -11,10 +12,10 @@ CROSSOVER: dict[str, Any] = {
     "crossovers": [
         {"metric": "ttft_p99", "kind": "crossing", "x": 3.0, "ci_low": 2.0, "ci_high": 5.0,
          "sentence": "tp2x2 overtakes tp4x1 in p99 TTFT at concurrency about 3 (95% CI 2-5)"},
-        {"metric": "goodput", "kind": "crossing", "x": 11.2, "ci_low": 8.1, "ci_high": 14.3,
+        {"metric": slo.GOODPUT_REQUESTS, "kind": "crossing", "x": 11.2, "ci_low": 8.1, "ci_high": 14.3,
          "topology_a": "tp2x2", "topology_b": "tp4x1", "support": 0.9,
          "sentence": "tp2x2 overtakes tp4x1 in goodput at concurrency about 11 (95% CI 8-14)"},
-        {"metric": "goodput", "kind": "crossing", "x": 1.1, "ci_low": 1.0, "ci_high": 1.3,
+        {"metric": slo.GOODPUT_REQUESTS, "kind": "crossing", "x": 1.1, "ci_low": 1.0, "ci_high": 1.3,
          "topology_a": "tp2x2", "topology_b": "tp4x1", "support": 0.4,
          "sentence": "tp4x1 overtakes tp2x2 in goodput at concurrency about 1.1 (95% CI 1-1.3)"},
         {"metric": "itl_p99", "kind": "none", "x": None, "ci_low": None, "ci_high": None,
@@ -48,12 +49,12 @@ def test_per_gpu_divides_rates_by_the_spec_gpus_but_never_latencies():
 
 
 def test_chart_frame_of_an_empty_or_partial_summary_is_empty_not_an_error():
-    assert charts.chart_frame(pd.DataFrame(), metric("goodput"), {}, False).empty
+    assert charts.chart_frame(pd.DataFrame(), metric(slo.GOODPUT_REQUESTS), {}, False).empty
     partial = seed_summary().drop(columns=["itl_p99_ms"])
     assert charts.chart_frame(partial, metric("itl_p99_ms"), {}, False).empty
     nan_row = seed_summary()
-    nan_row.loc[0, "goodput"] = float("nan")
-    assert len(charts.chart_frame(nan_row, metric("goodput"), {}, False)) == 11
+    nan_row.loc[0, slo.GOODPUT_REQUESTS] = float("nan")
+    assert len(charts.chart_frame(nan_row, metric(slo.GOODPUT_REQUESTS), {}, False)) == 11
 
 
 def _layers(chart) -> list[dict]:
@@ -62,8 +63,9 @@ def _layers(chart) -> list[dict]:
 
 def test_the_crossover_is_a_rule_and_a_band_on_its_own_metric_only():
     marks = view.crossover_marks(CROSSOVER)
-    assert [m.metric for m in marks] == ["ttft_p99", "goodput", "goodput"]  # "none" is no marker
-    goodput = metric("goodput")
+    # "none" is no marker
+    assert [m.metric for m in marks] == ["ttft_p99", slo.GOODPUT_REQUESTS, slo.GOODPUT_REQUESTS]
+    goodput = metric(slo.GOODPUT_REQUESTS)
     frame = charts.chart_frame(seed_summary(), goodput, {}, False)
     spec = charts.metric_chart(frame, goodput, "concurrency", False, marks).to_dict()
     kinds = [layer["mark"]["type"] for layer in spec["layer"]]
@@ -82,7 +84,7 @@ def test_the_crossover_is_a_rule_and_a_band_on_its_own_metric_only():
 
 
 def test_chart_titles_say_per_gpu_only_for_rates():
-    goodput, ttft = metric("goodput"), metric("ttft_p99_ms")
+    goodput, ttft = metric(slo.GOODPUT_REQUESTS), metric("ttft_p99_ms")
     empty = charts.chart_frame(pd.DataFrame(), goodput, {}, True)
     assert charts.metric_chart(empty, goodput, "rate", True).to_dict()["title"] == \
         "Goodput (requests/s within SLO) (req/s per GPU)"

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from crossover.netutil import free_port
-from crossover.rules.prom import stop_process
+from crossover.processes import stop_group
 from crossover.sim.fleet import running_fleet
 from crossover.spec import FleetSpec
 from tests.faults.faults_exporter import (
@@ -84,7 +84,7 @@ class Heavy:
 def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as sink:
         return subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +110,9 @@ def heavy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Heavy]:
                 yield Heavy(spec, url, heavy_url, exporter.pid)
                 assert exporter.poll() is None, (folder / "exporter.log").read_text()[-3000:]
             finally:
-                stop_process(exporter)
+                stop_group(exporter)
     finally:
-        stop_process(server)
+        stop_group(server)
 
 
 def test_50mb_payloads_are_refused_and_the_fleet_keeps_its_data(heavy: Heavy) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from crossover.processes import stop_group
 from crossover.spec import FleetSpec
 
 
@@ -58,13 +58,7 @@ def sim_process(spec: FleetSpec, folder: Path, time_scale: float = 1.0, start_ti
             time.sleep(0.2)
         yield process
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+        stop_group(process)
         log.close()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from crossover import slo
 from crossover.cli import main
 from crossover.errors import UserError
 from crossover.loadgen.adaptive import (
@@ -29,7 +30,8 @@ from tests.helpers import SPECS
 from tests.loadgen.loadgen_fake_server import Behaviour, fake_fleet
 
 
-def _crossing(x: float, low: float | None, high: float | None, metric: str = "goodput") -> dict[str, Any]:
+def _crossing(x: float, low: float | None, high: float | None,
+              metric: str = slo.GOODPUT_REQUESTS) -> dict[str, Any]:
     return {"metric": metric, "kind": "crossing", "x": x, "ci_low": low, "ci_high": high,
             "topology_a": "a", "topology_b": "b"}
 
@@ -52,7 +54,7 @@ def test_coarse_start_is_the_low_end_and_the_log_middle() -> None:
 
 
 def test_the_range_above_is_measured_only_while_an_answer_may_lie_there() -> None:
-    none = {"metric": "goodput", "kind": "none", "topology_a": "a", "topology_b": "b"}
+    none = {"metric": slo.GOODPUT_REQUESTS, "kind": "none", "topology_a": "a", "topology_b": "b"}
     no_crossing = {"crossovers": [none], "capacities": [_capacity(5.0, 4.0, 6.0)]}
     decision = decide(no_crossing, AdaptivePlan(), CLOSED, [1, 11])
     assert decision.level == 38.0 and decision.widest is None  # the log middle of 11-128
@@ -73,10 +75,10 @@ def test_next_level_goes_inside_the_widest_interval() -> None:
     decision = decide(crossover, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128])
     # the crossing's 8/9 wide interval is wider than the capacity's 20/40; the other metric is ignored;
     # its estimate 9 lies near the edge of the measured bracket 1-11: the bracket's log middle first
-    assert decision.widest is not None and decision.widest.what == "goodput crossing a/b"
+    assert decision.widest is not None and decision.widest.what == f"{slo.GOODPUT_REQUESTS} crossing a/b"
     assert decision.level == 3.0 and not decision.stop_reason
     assert decide(crossover, AdaptivePlan(target_ci=0.1), CLOSED, [1, 6, 11, 128]).level == 9.0
-    assert [i.what for i in decision.intervals] == ["goodput crossing a/b", "capacity a"]
+    assert [i.what for i in decision.intervals] == [f"{slo.GOODPUT_REQUESTS} crossing a/b", "capacity a"]
     # the estimate already measured: the middle of the widest unmeasured gap inside the interval
     decision = decide(crossover, AdaptivePlan(target_ci=0.1), CLOSED, [1, 9, 11, 128])
     assert decision.level is not None and 6 <= decision.level <= 14 and decision.level not in (9, 11)
@@ -120,6 +122,21 @@ def test_bad_targets_and_budgets_name_their_flag() -> None:
     check_budget(CLOSED, AdaptivePlan(max_requests=48), 2)
     with pytest.raises(UserError, match=r"^--max-duration: "):
         check_budget(OPEN, AdaptivePlan(max_duration_s=20), 2)  # 20/0.5 + 20/2 s per topology
+
+
+def test_the_old_goodput_names_are_read_as_the_new_ones() -> None:
+    assert AdaptivePlan(metric="goodput").metric == slo.GOODPUT_REQUESTS
+    old_run_json = {**AdaptivePlan().to_json(), "metric": "token_goodput"}
+    assert AdaptivePlan.from_json(old_run_json).metric == slo.GOODPUT_TOKENS
+
+
+def test_an_old_metric_name_is_accepted_with_a_deprecation_note(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _cli("--concurrency", "1,64", "--out", str(tmp_path / "run"), "--adaptive",
+                     "--metric", "goodput", "--target-ci", "1", capsys=capsys)
+    note, error = err.splitlines()
+    assert "--metric goodput is deprecated" in note and f"use --metric {slo.GOODPUT_REQUESTS}" in note
+    assert code == 2 and error.startswith("crossover sweep: --target-ci: "), err
 
 
 @pytest.fixture
@@ -205,9 +222,9 @@ def test_the_status_line_says_the_next_level_or_why_it_stopped() -> None:
     from crossover.loadgen.adaptive import adaptive_line
 
     running = {"levels": [1.0, 8.0], "next_level": 6.0, "stop_reason": "",
-               "widest": {"what": "goodput crossing a/b", "x": 5.5, "width": None}}
+               "widest": {"what": f"{slo.GOODPUT_REQUESTS} crossing a/b", "x": 5.5, "width": None}}
     assert adaptive_line(running, "concurrency") == ("adaptive sweep: levels 1, 8 so far; next concurrency 6 "
-                                                     "(to narrow the goodput crossing a/b)")
+                                                     f"(to narrow the {slo.GOODPUT_REQUESTS} crossing a/b)")
     done = {**running, "next_level": None, "stop_reason": "max-requests",
             "widest": {"what": "capacity a", "x": 40.0, "width": 0.25}}
     assert adaptive_line(done, "concurrency") == (

@@ -41,7 +41,7 @@ def test_latency_metric_winner_is_the_lower_curve() -> None:
 
 def test_no_crossing_and_several_crossings_are_said_plainly() -> None:
     summary = _summary({"a": [5, 6, 7, 8, 9, 10], "b": [1, 2, 3, 4, 5, 6]})
-    (none,) = find_crossovers(summary, None, "goodput".replace("goodput", "output_tps"))
+    (none,) = find_crossovers(summary, None, "output_tps")
     assert none.kind == "none" and none.x is None and none.winner == "a"
     assert "no crossing in range" in none.sentence and "concurrency 1-32" in none.sentence
     wavy = _summary({"a": [5, 1, 5, 1, 5, 1], "b": [3, 3, 3, 3, 3, 3]})

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from crossover import slo
 from crossover.loadgen.plan import Mode, SweepPlan
-from crossover.loadgen.summary import mark_requests, summarize
+from crossover.loadgen.summary import mark_requests, per_gpu, summarize
 
 OPEN = SweepPlan(mode=Mode.OPEN, levels=(1.0,), requests_per_level=1)
 
@@ -56,9 +57,9 @@ def test_goodput_counts_like_vllm_bench_serve() -> None:
     row = summary.iloc[0]
     good = _vllm_bench_good(frame, slos)
     assert 50 < good < 350  # the SLOs split the sample; the check is not vacuous
-    assert row["goodput"] * row["duration_s"] == pytest.approx(good)
+    assert row[slo.GOODPUT_REQUESTS] * row["duration_s"] == pytest.approx(good)
     assert row["attainment"] == pytest.approx(good / len(frame))
-    assert row["goodput_per_gpu"] == pytest.approx(row["goodput"] / 4)
+    assert row[per_gpu(slo.GOODPUT_REQUESTS)] == pytest.approx(row[slo.GOODPUT_REQUESTS] / 4)
     assert row["failed"] == (~frame["ok"]).sum()
 
 
@@ -101,7 +102,7 @@ def test_closed_loop_rates_follow_littles_law_despite_the_drain() -> None:
     row = summarize(pd.DataFrame(rows), {"e2el": 2000.0}, {"a": 1}).iloc[0]
     assert row["output_tps"] == pytest.approx(2 * 70 / 9)
     assert row["output_tps_window"] == pytest.approx(70 / 5)
-    assert row["goodput"] == pytest.approx(2 * 6 / 9)
+    assert row[slo.GOODPUT_REQUESTS] == pytest.approx(2 * 6 / 9)
     assert math.isnan(row["offered_rate"])
 
 

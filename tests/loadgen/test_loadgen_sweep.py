@@ -12,10 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from crossover import slo
 from crossover.cli import main
 from crossover.errors import UserError
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
 from crossover.loadgen.results import load_run
+from crossover.loadgen.summary import per_gpu
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec, load_spec, parse_spec
 from tests.helpers import SPECS
@@ -75,6 +77,29 @@ def test_sweep_writes_every_level_and_resumes(fleet: tuple[FleetSpec, dict[str, 
         run_sweep(spec, SweepPlan(levels=(1,), rounds=1), tmp_path)
 
 
+def test_a_folder_written_with_the_old_goodput_names_loads_and_resumes(
+        fleet: tuple[FleetSpec, dict[str, FakeServer]], tmp_path: Path) -> None:
+    spec, _ = fleet
+    plan = SweepPlan(levels=(1, 2), rounds=1, input_len=LengthDist.fixed(4), output_len=LengthDist.fixed(3))
+    run_sweep(spec, plan, tmp_path, n_boot=0)
+    # as the release before the rename wrote them: crossings of "goodput", columns "goodput_per_gpu"...
+    path = tmp_path / "crossover.json"
+    text = path.read_text().replace(f'"{slo.GOODPUT_REQUESTS}"', '"goodput"')
+    path.write_text(text.replace(f'"{slo.GOODPUT_TOKENS}"', '"token_goodput"'))
+    summary = pd.read_parquet(tmp_path / "summary.parquet")
+    old = {slo.GOODPUT_REQUESTS: "goodput", slo.GOODPUT_TOKENS: "token_goodput",
+           per_gpu(slo.GOODPUT_REQUESTS): "goodput_per_gpu",
+           per_gpu(slo.GOODPUT_TOKENS): "token_goodput_per_gpu"}
+    summary.rename(columns=old).to_parquet(tmp_path / "summary.parquet", index=False)
+    assert '"goodput"' in path.read_text()
+    metrics = {c["metric"] for c in load_run(tmp_path).crossover["crossovers"]}
+    assert slo.GOODPUT_REQUESTS in metrics and "goodput" not in metrics
+    (tmp_path / "levels" / "big1x2c" / "c2.parquet").unlink()
+    again = run_sweep(spec, plan, tmp_path, n_boot=0)
+    assert again.measured_levels == [("big1x2c", 2.0)] and again.resumed_levels == 3
+    assert per_gpu(slo.GOODPUT_REQUESTS) in pd.read_parquet(tmp_path / "summary.parquet")
+
+
 def test_stop_event_ends_the_sweep_quickly_and_discards_the_partial_level(tmp_path: Path) -> None:
     spec = load_spec(SPECS / "cpu-real-vllm.yaml")
     data = spec.model_dump(mode="json")
@@ -108,7 +133,7 @@ def test_open_loop_errors_and_timeouts_count_as_failed(tmp_path: Path) -> None:
         result = run_sweep(parse_spec(data), plan, tmp_path, n_boot=0)
     rows = result.summary.set_index("topology")
     assert rows.at["big1x2c", "failed"] == 0 and rows.at["big1x2c", "attainment"] == 1.0
-    assert rows.at["small2x1c", "failed"] == 6 and rows.at["small2x1c", "goodput"] == 0
+    assert rows.at["small2x1c", "failed"] == 6 and rows.at["small2x1c", slo.GOODPUT_REQUESTS] == 0
     assert rows.at["small2x1c", "attainment"] == 0 and rows.at["small2x1c", "offered_rate"] == 20.0
     errors = set(result.requests.loc[result.requests["topology"] == "small2x1c", "error"])
     assert any("HTTP 500" in e for e in errors) and "timeout after 0.5 s" in errors

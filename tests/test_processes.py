@@ -1,0 +1,52 @@
+"""crossover.processes: a stopped group leaves no descendant behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from crossover.processes import die_with_parent, stop_group
+
+
+def _group_alive(pgid: int, within_s: float = 5.0) -> bool:
+    """Whether the group still has a member after `within_s` (a killed orphan lingers until its
+    new parent reaps it)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+
+
+def _start(script: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=die_with_parent)
+
+
+@pytest.mark.parametrize("script", [
+    "trap '' TERM; sleep 60 & wait",  # a leader that ignores SIGTERM: SIGKILL after the grace
+    "sleep 60 & exit 0",  # the leader gone, its child lingering: the group is swept anyway
+])
+def test_stop_group_leaves_no_descendant(script: str) -> None:
+    process = _start(script)
+    try:
+        assert _group_alive(process.pid, within_s=0.0)
+        stop_group(process, grace_s=1.0)
+        assert process.poll() is not None
+        assert not _group_alive(process.pid)
+    finally:
+        stop_group(process, grace_s=1.0)
+
+
+def test_stop_group_of_a_finished_process_is_no_error() -> None:
+    process = _start("exit 3")
+    process.wait(10)
+    stop_group(process, grace_s=1.0)
+    assert process.returncode == 3
