@@ -609,14 +609,19 @@ class _Builder:
         rules.append(RecordingRule(mean_name(metric, window), f"{total} / {count}"))
         return rules
 
-    def fleet_requests(self, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
+    def fleet_requests(self, window: str, served: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
         """The API server's requests the fleet should have served (slo.is_fleet_request). The
-        counter has no model label: one spec serves one model, so it is added here."""
+        counter has no model label: one spec serves one model, so it is added here. `served`: the
+        recorded finished-requests rate of the same window and labels."""
         handlers = promql_string("|".join(re.escape(h) for h in slo.SERVING_HANDLERS))
         series = self.sel(catalog.HTTP_REQUESTS.promql_name,
                           f"handler=~{handlers},status!={promql_string(slo.CLIENT_ERROR_STATUS)}")
         summed = self.summed_rate(series, window, tuple(label for label in by if label != "model_name"))
-        return f'label_replace({summed}, "model_name", {promql_string(self.spec.model.name)}, "", "")'
+        # vLLM creates the HTTP series at a handler's first response but the finished-reason series
+        # at start: a 0 while the first is absent keeps the long windows' averages (avg_over_time of
+        # these recordings) over the same samples, or a new series would look like lost requests.
+        named = f'label_replace({summed}, "model_name", {promql_string(self.spec.model.name)}, "", "")'
+        return f"{named} or on ({', '.join(by)}) (0 * {served})"
 
     def outcome_rates(self, window: str, level: str = "topology", by: tuple[str, ...] = TOPOLOGY_BY,
                       source: str | None = None) -> list[RecordingRule]:
@@ -624,6 +629,7 @@ class _Builder:
         with a source window, averaged from its recordings)."""
         by_reason = finished_by_reason_name(window, level)
         rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
+        served = rate_name(catalog.REQUEST_SUCCESS, window, level)
         api = api_requests_name(window, level)
         raw_finished = self.summed_rate(self.sel(catalog.REQUEST_SUCCESS.promql_name), window,
                                         (*by, "finished_reason"))
@@ -631,12 +637,11 @@ class _Builder:
         return [
             RecordingRule(by_reason, self.averaged(lambda w: finished_by_reason_name(w, level), window,
                                                    source, raw_finished)),
-            RecordingRule(rate_name(catalog.REQUEST_SUCCESS, window, level),
-                          f"sum without (finished_reason) ({by_reason})"),
+            RecordingRule(served, f"sum without (finished_reason) ({by_reason})"),
             RecordingRule(rejected, self.averaged(lambda w: rate_name(catalog.ADMISSION_REJECTIONS, w, level),
                                                   window, source, raw_rejected)),
             RecordingRule(api, self.averaged(lambda w: api_requests_name(w, level), window, source,
-                                             self.fleet_requests(window, by))),
+                                             self.fleet_requests(window, served, by))),
         ]
 
     def counted(self, window: str, level: str, by: tuple[str, ...]) -> str:
