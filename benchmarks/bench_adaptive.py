@@ -7,7 +7,8 @@ estimate) becomes the adaptive sweep's --target-ci, over the same range, so the 
 width and the table compares what it cost: requests, traffic seconds and wall time. The simulator's
 ground truth (crossover.sim.truth, the same model in virtual time) must lie inside both intervals;
 the table also shows each sweep's bracket (the measured levels either side of its estimate), which
-the adaptive sweep narrows to --target-ci before it accepts a crossing.
+the adaptive sweep narrows to --target-ci, and whose end levels it confirms with repeats (fresh
+seeds, up to --max-repeats 3: "(x2)" after a level), before it accepts a crossing.
 
 - seed: compose/specs/seed-70b-h100.yaml, closed loop (concurrency 1-64, doubling, 4 rounds a
   level), the crossing of output tokens/s per GPU (tp2x2 overtakes tp4x1); truth:
@@ -130,6 +131,8 @@ class Outcome:
     levels: list[float]
     interval: Interval | None
     stop_reason: str
+    repeats: dict[float, int]  # measurements of each level (1 unless repeated)
+    order: list[float]  # the levels in the order they were first measured
 
 
 def _crossing(result: SweepResult, adaptive: AdaptivePlan) -> Interval | None:
@@ -143,10 +146,13 @@ def _run(spec: FleetSpec, plan: SweepPlan, folder: Path, pair: tuple[str, str], 
     result = run_sweep(spec, plan, folder, list(pair), n_boot=N_BOOT, adaptive=adaptive if search else None)
     wall = time.monotonic() - started
     frame = result.requests
-    traffic = float(frame.groupby(["topology", "level"]).apply(
+    traffic = float(frame.groupby(["topology", "level", "repeat"]).apply(
         lambda g: g["end_time"].max() - g["send_time"].min()).sum())
     levels = sorted(set(frame["level"]))
-    return Outcome(len(frame), traffic, wall, levels, _crossing(result, adaptive), result.stop_reason)
+    repeats = {float(x): int(n) for x, n in frame.groupby("level")["repeat"].max().items()}
+    order = [float(x) for x in (result.crossover.get("adaptive") or {}).get("levels", levels)]
+    return Outcome(len(frame), traffic, wall, levels, _crossing(result, adaptive), result.stop_reason,
+                   repeats, order)
 
 
 def bench(name: str, scale: float, folder: Path) -> dict[str, Any]:
@@ -202,7 +208,11 @@ def report(row: dict[str, Any]) -> None:
         print(f"one {PD_SECONDS:g}-s level reads colocated above pd1p1d (share of 20 seeds) at rate {reads}")
     print(f"adaptive / grid: requests {found.requests / grid.requests:.2f}, traffic time "
           f"{found.traffic_s / grid.traffic_s:.2f}, wall time {found.wall_s / grid.wall_s:.2f}; "
-          f"adaptive levels {', '.join(f'{v:g}' for v in found.levels)}")
+          f"adaptive levels {_levels(found)}")
+
+
+def _levels(o: Outcome) -> str:
+    return ", ".join(f"{v:g}" + (f" (x{o.repeats[v]})" if o.repeats.get(v, 1) > 1 else "") for v in o.order)
 
 
 def main() -> int:
