@@ -1,6 +1,7 @@
 """Adaptive sweep vs the full fixed grid, side by side in one run against the simulator.
 
     python benchmarks/bench_adaptive.py [--preset seed|pd|both] [--time-scale-seed 0.25] [--time-scale-pd 5]
+                                        [--seed 1]
 
 For each preset the fixed grid runs first; the width of its crossing interval (relative to the
 estimate) becomes the adaptive sweep's --target-ci, over the same range, so the two reach the same
@@ -155,10 +156,10 @@ def _run(spec: FleetSpec, plan: SweepPlan, folder: Path, pair: tuple[str, str], 
                    repeats, order)
 
 
-def bench(name: str, scale: float, folder: Path) -> dict[str, Any]:
+def bench(name: str, scale: float, folder: Path, seed: int = 1) -> dict[str, Any]:
     preset = PRESETS[name]
     spec = sim_fleet.with_overrides(spec_on_free_ports(load_spec(REPO / preset.spec)), time_scale=scale)
-    plan = preset.plan(scale)
+    plan = replace(preset.plan(scale), seed=seed)  # the arrival times and prompts of both sweeps
     true_x = preset.truth(spec, plan, scale)
     crossing_only = AdaptivePlan(metric=preset.metric, answers=("crossing",))
     folder.mkdir(parents=True)
@@ -171,7 +172,7 @@ def bench(name: str, scale: float, folder: Path) -> dict[str, Any]:
         adaptive = AdaptivePlan(target_ci=target, metric=preset.metric, answers=("crossing",))
         found = _run(spec, search_plan, folder / "adaptive", preset.pair, adaptive, search=True)
     short_reads = pd_short_level_reads(spec, scale) if name == "pd" else []
-    return {"preset": name, "scale": scale, "truth": true_x, "grid": grid, "adaptive": found,
+    return {"preset": name, "scale": scale, "seed": seed, "truth": true_x, "grid": grid, "adaptive": found,
             "target": target, "short_reads": short_reads}
 
 
@@ -192,8 +193,8 @@ def _bracket(o: Outcome, x: float) -> str:
 
 def report(row: dict[str, Any]) -> None:
     grid, found, x = row["grid"], row["adaptive"], row["truth"]
-    print(f"\n== {row['preset']} (time_scale {row['scale']:g}); ground truth crossing at {x:.3g}; "
-          f"target width {row['target']:.1%}")
+    print(f"\n== {row['preset']} (time_scale {row['scale']:g}, seed {row['seed']}); ground truth crossing at "
+          f"{x:.3g}; target width {row['target']:.1%}")
     print(f"{'sweep':<10}{'levels':>8}{'requests':>10}{'traffic s':>11}{'wall s':>9}   crossing (95% CI)"
           f"          width   truth inside   bracket (truth inside)   stop")
     for label, o in (("grid", grid), ("adaptive", found)):
@@ -220,12 +221,16 @@ def main() -> int:
     parser.add_argument("--preset", choices=["seed", "pd", "both"], default="both")
     parser.add_argument("--time-scale-seed", type=float, default=0.25)
     parser.add_argument("--time-scale-pd", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=1,
+                        help="the sweeps' seed: the simulator is deterministic, so a rerun with the same "
+                             "seed sends the same arrivals and reads the same levels; another seed "
+                             "samples another arrival sequence")
     args = parser.parse_args()
     names = ["seed", "pd"] if args.preset == "both" else [args.preset]
     scales = {"seed": args.time_scale_seed, "pd": args.time_scale_pd}
     with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
         for name in names:
-            report(bench(name, scales[name], Path(tmp) / name))
+            report(bench(name, scales[name], Path(tmp) / name, args.seed))
     return 0
 
 
