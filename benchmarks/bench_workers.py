@@ -1,12 +1,14 @@
-"""Load generation across cores: SSE events per second with 1 and N `--workers`, side by side in one
-run against one time-scaled simulator, and the client's stamp error with each.
+"""Load generation across cores: SSE events per second with 1, 2, ... `--workers`, side by side in
+one run against time-scaled simulators, and the client's stamp error with each.
 
-    python benchmarks/bench_workers.py [--workers 2] [--streams 256] [--requests 1024] [--time-scale 8]
-                                       [--rounds 2]
+    python benchmarks/bench_workers.py [--workers 1,2] [--replicas 1] [--pin] [--streams 256]
+                                       [--requests 1024] [--time-scale 8] [--rounds 2]
 
-The simulator (`crossover sim`, its own process) serves seed-70b-h100's `tp4x1` faster than real
-time, so that one client process cannot read the events as fast as they are written; the same
-closed-loop level then runs with 1 and with N worker processes, alternating, `--rounds` times.
+The simulator serves seed-70b-h100's model as `--replicas` TP=4 replicas, each from its own
+`crossover sim` process, faster than real time, so that one client process cannot read the events
+as fast as they are written; the same closed-loop level then runs with each worker count in turn,
+`--rounds` times. `--pin` gives the client (the sweep and its worker processes) the first cores,
+as many as the most workers, and the simulators the rest, so that neither takes the other's turns.
 Events per second: token events the client recorded / the level's traffic time (first send to last
 end), for the machine as a whole. Stamp error: each token's client stamp minus the time the
 simulator wrote it (`/admin/requests`, matched by completion id), as in bench_loadgen.py.
@@ -15,6 +17,7 @@ simulator wrote it (`/admin/requests`, matched by completion id), as in bench_lo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -31,12 +34,12 @@ from bench_loadgen import _all_emitted, _quantiles  # noqa: E402
 
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import Traffic, run_sweep  # noqa: E402
-from crossover.netutil import spec_on_free_ports  # noqa: E402
+from crossover.netutil import free_port  # noqa: E402
 from crossover.sim import fleet as sim_fleet  # noqa: E402
 from crossover.spec import FleetSpec, load_spec  # noqa: E402
 from tests.loadgen.loadgen_sim_process import sim_process  # noqa: E402
 
-TOPOLOGY = "tp4x1"
+TOPOLOGY = "tp4xN"
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -44,12 +47,33 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path, sim_pid: int) -> dict[str, float]:
-    sim_cpu = _cpu_seconds(sim_pid)
+def replicated(spec: FleetSpec, replicas: int) -> FleetSpec:
+    """The seed's tp4x1 as `replicas` TP=4 replicas of one topology, each on a free port."""
+    data = spec.model_dump(mode="json")
+    one = next(t for t in data["topologies"] if t["name"] == "tp4x1")
+    instance = one["instances"][0]
+    data["topologies"] = [{**one, "name": TOPOLOGY, "gpus": one["gpus"] * replicas,
+                           "instances": [{**instance, "name": f"tp4-{i}", "url": f"http://127.0.0.1:{free_port()}"}
+                                         for i in range(replicas)]}]
+    return FleetSpec.model_validate(data)
+
+
+def one_replica(spec: FleetSpec, index: int) -> FleetSpec:
+    """The fleet one simulator process serves: replica `index` alone."""
+    data = spec.model_dump(mode="json")
+    topology = data["topologies"][0]
+    data["topologies"] = [{**topology, "gpus": topology["gpus"] // len(topology["instances"]),
+                           "instances": [topology["instances"][index]]}]
+    return FleetSpec.model_validate(data)
+
+
+def one(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path,
+        sim_pids: list[int]) -> dict[str, float]:
+    sim_cpu = sum(_cpu_seconds(pid) for pid in sim_pids)
     started = time.monotonic()
     result = run_sweep(spec, plan, folder, [TOPOLOGY], n_boot=0, traffic=Traffic(workers=workers))
     wall = time.monotonic() - started
-    sim_cpu = _cpu_seconds(sim_pid) - sim_cpu
+    sim_cpu = sum(_cpu_seconds(pid) for pid in sim_pids) - sim_cpu
     frame = result.requests
     served = {r["id"]: r for r in _all_emitted(spec, TOPOLOGY)}
     first, itl = [], []
@@ -64,47 +88,70 @@ def one(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path, sim_pid: i
         first.append(stamped[0] - server[0])
         itl.extend(np.diff(stamped) - np.diff(server))
     traffic = float(frame["end_time"].max() - frame["send_time"].min())
+    first_q, itl_q = _quantiles(np.abs(np.asarray(first))), _quantiles(np.abs(np.asarray(itl)))
     return {"workers": workers, "ok": int(frame["ok"].sum()), "requests": len(frame), "events": events,
             "traffic_s": traffic, "wall_s": wall, "events_per_s": events / traffic,
-            "sim_cpu_share": sim_cpu / traffic,
-            "first_p50": _quantiles(np.abs(np.asarray(first)))["p50_ms"],
-            "first_p99": _quantiles(np.abs(np.asarray(first)))["p99_ms"],
-            "itl_p50": _quantiles(np.abs(np.asarray(itl)))["p50_ms"],
-            "itl_p99": _quantiles(np.abs(np.asarray(itl)))["p99_ms"]}
+            "sim_cpu": sim_cpu / traffic, "first_p50": first_q["p50_ms"], "first_p99": first_q["p99_ms"],
+            "itl_p50": itl_q["p50_ms"], "itl_p99": itl_q["p99_ms"]}
+
+
+def cores(pin: bool, client: int, replicas: int) -> tuple[set[int] | None, set[int] | None]:
+    """(the client's cores, the simulators' cores) when pinned and the machine has enough."""
+    available = sorted(os.sched_getaffinity(0))
+    if not pin:
+        return None, None
+    if len(available) <= client:
+        sys.exit(f"--pin: {client} client cores leave none of this machine's {len(available)} "
+                 f"for the simulators")
+    return set(available[:client]), set(available[client:client + max(replicas, 1)])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--workers", default=f"1,{len(os.sched_getaffinity(0))}",
+                        help="worker counts to compare, comma-separated (default: 1 and the cores)")
+    parser.add_argument("--replicas", type=int, default=1, help="TP=4 replicas, one simulator process each")
+    parser.add_argument("--pin", action="store_true",
+                        help="the client and the simulators on cores of their own")
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--requests", type=int, default=1024)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--time-scale", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    spec = sim_fleet.with_overrides(spec_on_free_ports(load_spec(REPO / "compose/specs/seed-70b-h100.yaml")),
+    counts = sorted({int(w) for w in args.workers.split(",")})
+    client_cpus, sim_cpus = cores(args.pin, max(counts), args.replicas)
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)  # the worker processes inherit it
+    base = sim_fleet.with_overrides(load_spec(REPO / "compose/specs/seed-70b-h100.yaml"),
                                     time_scale=args.time_scale)
-    spec = spec.model_copy(update={"topologies": [spec.topology(TOPOLOGY)]})
+    spec = replicated(base, args.replicas)
     plan = SweepPlan(levels=(args.streams,), requests_per_level=args.requests, input_len=LengthDist.fixed(32),
                      output_len=LengthDist.fixed(args.output_len), timeout_s=300)
-    print(f"load {os.getloadavg()[0]:.1f}; {args.streams} streams, {args.requests} requests of "
-          f"{args.output_len} tokens, simulator time_scale {args.time_scale:g}")
+    print(f"load {os.getloadavg()[0]:.1f}; {os.cpu_count()} cores; client on {sorted(client_cpus or [])}, "
+          f"{args.replicas} simulator(s) on {sorted(sim_cpus or [])}; {args.streams} streams, "
+          f"{args.requests} requests of {args.output_len} tokens, simulator time_scale {args.time_scale:g}")
     print(f"{'workers':>7} {'ok':>6} {'events':>8} {'traffic s':>9} {'events/s':>9} {'sim CPU':>8} "
           f"{'first p50/p99 ms':>18} {'ITL p50/p99 ms':>16}")
-    rows: dict[int, list[dict[str, float]]] = {1: [], args.workers: []}
-    with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp, \
-            sim_process(spec, Path(tmp), args.time_scale) as sim:
+    rows: dict[int, list[dict[str, float]]] = {w: [] for w in counts}
+    with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp, contextlib.ExitStack() as stack:
+        sims = []
+        for i in range(args.replicas):
+            folder = Path(tmp) / f"sim-{i}"
+            folder.mkdir()
+            sims.append(stack.enter_context(sim_process(one_replica(spec, i), folder, args.time_scale,
+                                                        cpus=sim_cpus)))
         for round_ in range(args.rounds):
-            for workers in (1, args.workers):
-                row = one(spec, plan, workers, Path(tmp) / f"r{round_}-w{workers}", sim.pid)
+            for workers in counts:
+                row = one(spec, plan, workers, Path(tmp) / f"r{round_}-w{workers}", [s.pid for s in sims])
                 rows[workers].append(row)
                 print(f"{workers:>7} {row['ok']:>6} {row['events']:>8} {row['traffic_s']:>9.1f} "
-                      f"{row['events_per_s']:>9.0f} {row['sim_cpu_share']:>7.0%} "
+                      f"{row['events_per_s']:>9.0f} {row['sim_cpu']:>7.0%} "
                       f"{row['first_p50']:>8.3f}/{row['first_p99']:<8.3f} "
                       f"{row['itl_p50']:>7.3f}/{row['itl_p99']:<8.3f}")
-    ratios = [b["events_per_s"] / a["events_per_s"] for a, b in zip(rows[1], rows[args.workers], strict=True)]
-    print(f"events/s with {args.workers} workers / with 1, per round: "
-          f"{', '.join(f'{r:.2f}' for r in ratios)}")
+    for workers in counts[1:]:
+        ratios = [b["events_per_s"] / a["events_per_s"] for a, b in zip(rows[1], rows[workers], strict=True)]
+        print(f"events/s with {workers} workers / with 1, per round: {', '.join(f'{r:.2f}' for r in ratios)}")
     print(f"load {os.getloadavg()[0]:.1f} at the end")
     return 0
 
