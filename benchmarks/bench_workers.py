@@ -10,8 +10,11 @@ as fast as they are written; the same closed-loop level then runs with each work
 `--rounds` times. `--pin` gives the client (the sweep and its worker processes) the first cores,
 as many as the most workers, and the simulators the rest, so that neither takes the other's turns.
 Events per second: token events the client recorded / the level's traffic time (first send to last
-end), for the machine as a whole. Stamp error: each token's client stamp minus the time the
-simulator wrote it (`/admin/requests`, matched by completion id), as in bench_loadgen.py.
+end), for the machine as a whole; per client CPU-second: the same events / the CPU time of the
+sweep and its worker processes, less what the same sweep costs with one short request per worker
+(their start and imports): what one more core buys, whoever supplies the events. Stamp
+error: each token's client stamp minus the time the simulator wrote it (`/admin/requests`,
+matched by completion id), as in bench_loadgen.py.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +52,12 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _client_cpu_seconds() -> float:
+    # this process and its reaped children: the worker pool's processes, joined when a sweep ends
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def replicated(spec: FleetSpec, replicas: int) -> FleetSpec:
     """The seed's tp4x1 as `replicas` TP=4 replicas of one topology, each on a free port."""
     data = spec.model_dump(mode="json")
@@ -67,13 +78,26 @@ def one_replica(spec: FleetSpec, index: int) -> FleetSpec:
     return FleetSpec.model_validate(data)
 
 
+def _start_cpu_seconds(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path) -> float:
+    """What a sweep costs the client besides its traffic (worker processes' start, imports, the
+    summary): the client CPU of the same sweep with one short request per worker."""
+    tiny = replace(plan, levels=(workers,), requests_per_level=workers,
+                   output_len=LengthDist.fixed(1))
+    before = _client_cpu_seconds()
+    run_sweep(spec, tiny, folder.with_name(folder.name + "-start"), [TOPOLOGY], n_boot=0,
+              traffic=Traffic(workers=workers))
+    return _client_cpu_seconds() - before
+
+
 def one(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path,
         sim_pids: list[int]) -> dict[str, float]:
     sim_cpu = sum(_cpu_seconds(pid) for pid in sim_pids)
+    client_cpu = _client_cpu_seconds()
     started = time.monotonic()
     result = run_sweep(spec, plan, folder, [TOPOLOGY], n_boot=0, traffic=Traffic(workers=workers))
     wall = time.monotonic() - started
     sim_cpu = sum(_cpu_seconds(pid) for pid in sim_pids) - sim_cpu
+    client_cpu = _client_cpu_seconds() - client_cpu - _start_cpu_seconds(spec, plan, workers, folder)
     frame = result.requests
     served = {r["id"]: r for r in _all_emitted(spec, TOPOLOGY)}
     first, itl = [], []
@@ -91,7 +115,8 @@ def one(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path,
     first_q, itl_q = _quantiles(np.abs(np.asarray(first))), _quantiles(np.abs(np.asarray(itl)))
     return {"workers": workers, "ok": int(frame["ok"].sum()), "requests": len(frame), "events": events,
             "traffic_s": traffic, "wall_s": wall, "events_per_s": events / traffic,
-            "sim_cpu": sim_cpu / traffic, "first_p50": first_q["p50_ms"], "first_p99": first_q["p99_ms"],
+            "sim_cpu": sim_cpu / traffic, "events_per_client_cpu_s": events / client_cpu,
+            "first_p50": first_q["p50_ms"], "first_p99": first_q["p99_ms"],
             "itl_p50": itl_q["p50_ms"], "itl_p99": itl_q["p99_ms"]}
 
 
@@ -131,7 +156,8 @@ def main() -> int:
     print(f"load {os.getloadavg()[0]:.1f}; {os.cpu_count()} cores; client on {sorted(client_cpus or [])}, "
           f"{args.replicas} simulator(s) on {sorted(sim_cpus or [])}; {args.streams} streams, "
           f"{args.requests} requests of {args.output_len} tokens, simulator time_scale {args.time_scale:g}")
-    print(f"{'workers':>7} {'ok':>6} {'events':>8} {'traffic s':>9} {'events/s':>9} {'sim CPU':>8} "
+    print(f"{'workers':>7} {'ok':>6} {'events':>8} {'traffic s':>9} {'events/s':>9} {'/client CPU-s':>13} "
+          f"{'sim CPU':>8} "
           f"{'first p50/p99 ms':>18} {'ITL p50/p99 ms':>16}")
     rows: dict[int, list[dict[str, float]]] = {w: [] for w in counts}
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp, contextlib.ExitStack() as stack:
@@ -146,7 +172,8 @@ def main() -> int:
                 row = one(spec, plan, workers, Path(tmp) / f"r{round_}-w{workers}", [s.pid for s in sims])
                 rows[workers].append(row)
                 print(f"{workers:>7} {row['ok']:>6} {row['events']:>8} {row['traffic_s']:>9.1f} "
-                      f"{row['events_per_s']:>9.0f} {row['sim_cpu']:>7.0%} "
+                      f"{row['events_per_s']:>9.0f} {row['events_per_client_cpu_s']:>13.0f} "
+                      f"{row['sim_cpu']:>7.0%} "
                       f"{row['first_p50']:>8.3f}/{row['first_p99']:<8.3f} "
                       f"{row['itl_p50']:>7.3f}/{row['itl_p99']:<8.3f}")
     for workers in counts[1:]:
