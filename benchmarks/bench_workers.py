@@ -14,7 +14,8 @@ end), for the machine as a whole; per client CPU-second: the same events / the C
 sweep and its worker processes, less what the same sweep costs with one short request per worker
 (their start and imports): what one more core buys, whoever supplies the events. Stamp
 error: each token's client stamp minus the time the simulator wrote it (`/admin/requests`,
-matched by completion id), as in bench_loadgen.py.
+matched by completion id), as in bench_loadgen.py; shared reads: the share of token events that came
+in one socket read with another (their stamps are that read's, the last arrival's).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def one(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path,
     return {"workers": workers, "ok": int(frame["ok"].sum()), "requests": len(frame), "events": events,
             "traffic_s": traffic, "wall_s": wall, "events_per_s": events / traffic,
             "sim_cpu": sim_cpu / traffic, "events_per_client_cpu_s": events / client_cpu,
+            "shared": float(frame["shared_reads"].sum()) / events,
             "first_p50": first_q["p50_ms"], "first_p99": first_q["p99_ms"],
             "first_signed_p50": float(np.median(first) * 1000) if first else float("nan"),
             "itl_p50": itl_q["p50_ms"], "itl_p99": itl_q["p99_ms"]}
@@ -159,7 +161,7 @@ def main() -> int:
           f"{args.requests} requests of {args.output_len} tokens, simulator time_scale {args.time_scale:g}")
     print(f"{'workers':>7} {'ok':>6} {'events':>8} {'traffic s':>9} {'events/s':>9} {'/client CPU-s':>13} "
           f"{'sim CPU':>8} "
-          f"{'first p50/p99 ms':>18} {'(signed p50)':>12} {'ITL p50/p99 ms':>16}")
+          f"{'shared reads':>12} {'first p50/p99 ms':>18} {'(signed p50)':>12} {'ITL p50/p99 ms':>16}")
     rows: dict[int, list[dict[str, float]]] = {w: [] for w in counts}
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp, contextlib.ExitStack() as stack:
         sims = []
@@ -174,7 +176,7 @@ def main() -> int:
                 rows[workers].append(row)
                 print(f"{workers:>7} {row['ok']:>6} {row['events']:>8} {row['traffic_s']:>9.1f} "
                       f"{row['events_per_s']:>9.0f} {row['events_per_client_cpu_s']:>13.0f} "
-                      f"{row['sim_cpu']:>7.0%} "
+                      f"{row['sim_cpu']:>7.0%} {row['shared']:>12.1%} "
                       f"{row['first_p50']:>8.3f}/{row['first_p99']:<8.3f} {row['first_signed_p50']:>12.3f} "
                       f"{row['itl_p50']:>7.3f}/{row['itl_p99']:<8.3f}")
     for workers in counts[1:]:

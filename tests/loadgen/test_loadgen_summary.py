@@ -11,7 +11,7 @@ import pytest
 
 from crossover import slo
 from crossover.loadgen.plan import Mode, SweepPlan
-from crossover.loadgen.summary import mark_requests, per_gpu, summarize
+from crossover.loadgen.summary import level_warnings, mark_requests, per_gpu, summarize
 
 OPEN = SweepPlan(mode=Mode.OPEN, levels=(1.0,), requests_per_level=1)
 
@@ -116,3 +116,29 @@ def test_percentiles_pool_itl_over_tokens() -> None:
 
 def test_empty_requests_give_an_empty_summary() -> None:
     assert summarize(pd.DataFrame(), {"ttft": 1.0}, {}).empty
+
+
+def test_a_level_whose_token_events_shared_reads_is_warned_about() -> None:
+    """Stamps shared by several events of a stream (a client that fell behind) make TTFT and ITL
+    the reads' times: past SHARED_READS_LIMIT of the events the level gets a warning line."""
+    rows = []
+    for level, shared in ((1.0, 0), (2.0, 1), (4.0, 4)):
+        for index in range(4):
+            row = _row("a", level, index, float(index), 0.1, 1.0, 10)
+            rows.append({**row, "chunk_times": [0.1 * k for k in range(1, 11)], "chunk_tokens": [1] * 10,
+                         "shared_reads": shared})
+    summary = summarize(pd.DataFrame(rows), {"ttft": 1000.0}, {"a": 1}, SweepPlan(mode=Mode.CLOSED,
+                                                                                  levels=(1, 2, 4)))
+    assert summary["shared_read_share"].tolist() == [0.0, 0.1, 0.4]
+    warned = level_warnings(summary)
+    assert [line.split(":")[0] for line in warned] == ["a at 2", "a at 4"]
+    assert "10% of the token events came in one socket read with another" in warned[0]
+    assert "add --workers" in warned[0]
+
+
+def test_records_without_shared_read_counts_have_no_share() -> None:
+    """Older runs and imported `vllm bench serve` files did not count them: NaN, and no warning."""
+    summary = summarize(pd.DataFrame([_row("a", 1.0, 0, 0.0, 0.1, 1.0, 10)]), {"ttft": 1000.0}, {"a": 1},
+                        SweepPlan(mode=Mode.CLOSED, levels=(1,)))
+    assert math.isnan(summary["shared_read_share"].iloc[0])
+    assert level_warnings(summary) == []
