@@ -135,10 +135,12 @@ class WorkerPool:
         self.stop.set()
         self.executor.shutdown(wait=True, cancel_futures=True)
 
-    def _drain(self) -> int:
+    def _pass_on(self, on_request: Callable[[int], None] | None) -> None:
+        """The requests finished since the last call, to `on_request`."""
         done = sum(self.progress)
         new, self.counted = done - self.counted, done
-        return new
+        if new and on_request is not None:
+            on_request(new)
 
     async def run_level(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
                         prepared: list[Any], stop: Any,
@@ -149,17 +151,13 @@ class WorkerPool:
             _run_share, info, model, plan, level, share, self.client,
             [p for p in prepared if share.owns(plan, level, p[0].index)], slot))
             for slot, share in enumerate(self.shares)]
-        pending: set[asyncio.Future[Any]] = set(futures)
-        while True:
-            if pending:
-                _, pending = await asyncio.wait(pending, timeout=0.05)
+        pending = set(futures)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=0.05)
             if stop is not None and stop.is_set():
                 self.stop.set()
-            done = self._drain()
-            if done and on_request is not None:
-                on_request(done)
-            if not pending:
-                break
+            self._pass_on(on_request)
+        self._pass_on(on_request)  # what finished after the last look
         parts = [f.result() for f in futures]
         if any(part is None for part in parts):
             return None
