@@ -28,7 +28,7 @@ from crossover.loadgen.adaptive import adaptive_line
 from crossover.loadgen.analyze import import_bench_run
 from crossover.loadgen.plan import Endpoint, Mode
 from crossover.loadgen.results import RUN_FILE, load_run
-from crossover.loadgen.summary import input_len_warnings
+from crossover.loadgen.summary import level_warnings
 from crossover.slo import SLO_KINDS
 from crossover.spec import REQUEST_SOURCES, FleetSpec, load_spec
 
@@ -193,7 +193,7 @@ def show_headline(results: view.ResultsView) -> None:
         st.success(sentence)
     if not headlines and not results.empty:
         st.info("No goodput crossover yet: the curves have not crossed over the levels measured so far.")
-    for line in view.failure_warnings(results.summary) + input_len_warnings(results.summary):
+    for line in view.failure_warnings(results.summary) + level_warnings(results.summary):
         st.warning(line)
 
 

@@ -150,7 +150,8 @@ def _run(spec: FleetSpec, plan: SweepPlan, folder: Path, pair: tuple[str, str], 
     traffic = float(frame.groupby(["topology", "level", "repeat"]).apply(
         lambda g: g["end_time"].max() - g["send_time"].min()).sum())
     levels = sorted(set(frame["level"]))
-    repeats = {float(x): int(n) for x, n in frame.groupby("level")["repeat"].max().items()}
+    most = frame.groupby("level")["repeat"].max()
+    repeats = {float(x): int(most[x]) for x in levels}
     order = [float(x) for x in (result.crossover.get("adaptive") or {}).get("levels", levels)]
     return Outcome(len(frame), traffic, wall, levels, _crossing(result, adaptive), result.stop_reason,
                    repeats, order)

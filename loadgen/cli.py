@@ -253,11 +253,11 @@ def print_summary(summary: Any, crossover: dict[str, Any], console: Any) -> None
     for _, row in summary.iterrows():
         table.add_row(*(_cell(row.get(column), form) for column, _, form in _TABLE_COLUMNS))
     console.print(table)
-    from crossover.loadgen.summary import input_len_warnings
+    from crossover.loadgen.summary import level_warnings
 
     for sentence in crossover.get("sentences", []):
         console.print(f"- {sentence}")
-    for warning in input_len_warnings(summary):
+    for warning in level_warnings(summary):
         console.print(f"warning: {warning}")
 
 
@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from crossover.loadgen.summary import input_len_warnings
+    from crossover.loadgen.summary import level_warnings
     from crossover.loadgen.sweep import LevelDone, run_sweep
     from crossover.spec import load_spec
 
@@ -316,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{first[slo.GOODPUT_REQUESTS]:.2f} req/s, attainment {first['attainment']:.0%}, input "
                 f"{first.get('input_tokens_counted', float('nan')):.0f} tokens"
                 + (" (resumed)" if event.resumed else ""))
-        lines = [line] + [f"warning: {w}" for w in input_len_warnings(row)]
+        lines = [line] + [f"warning: {w}" for w in level_warnings(row)]
         for text in lines:
             if live:
                 progress.console.print(text)

@@ -40,6 +40,7 @@ class StreamTrace:
     done: bool = False  # saw [DONE]
     garbage: int = 0  # events that were not JSON objects we understand
     end_time: float = 0.0  # when the request finished (or failed), unix time
+    shared_reads: int = 0  # token events that came in one socket read with another (see _CompletionSink)
     text: list[str] | None = None  # the streamed text, kept only when asked (a conversation's next turn)
 
 
@@ -69,6 +70,7 @@ class RequestRecord:
     planned_output: int
     completion_id: str
     garbage: int
+    shared_reads: int  # token events stamped with a read they shared: their stamps may be late
 
 
 def expand_itl(chunk_offsets: list[float], chunk_tokens: list[int]) -> list[float]:
@@ -134,7 +136,8 @@ def build_record(trace: StreamTrace, request: SyntheticRequest, topology: str, l
         input_tokens=(trace.usage_prompt_tokens if trace.usage_prompt_tokens is not None
                       else request.input_len),
         output_tokens=output_tokens if ok else 0, planned_input=request.input_len,
-        planned_output=request.output_len, completion_id=trace.completion_id, garbage=trace.garbage)
+        planned_output=request.output_len, completion_id=trace.completion_id, garbage=trace.garbage,
+        shared_reads=trace.shared_reads)
 
 
 def _keep_text(text: list[str], choice: object) -> None:
@@ -236,8 +239,13 @@ class _CompletionSink:
     def feed(self, data: bytes, stamp: float) -> bool:
         if self.streaming:
             trace = self.trace
+            before = len(trace.chunk_times)
             for event in self.parser.feed(data):
                 _consume_event(trace, event, stamp)
+            # Events that waited in the socket together share its one kernel stamp, the last
+            # arrival's: the earlier ones read late (by up to the gaps between them).
+            if len(trace.chunk_times) - before > 1:
+                trace.shared_reads += len(trace.chunk_times) - before
             return False
         self.error_body += data
         return len(self.error_body) >= _ERROR_BODY_BYTES

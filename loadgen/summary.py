@@ -32,6 +32,9 @@ from crossover.loadgen.plan import Mode, SweepPlan
 # many tokens (the larger): beyond it, the level measured another workload than the one asked for.
 INPUT_LEN_TOLERANCE = 0.01
 INPUT_LEN_TOLERANCE_TOKENS = 2.0
+# Above this share of token events stamped with a socket read they shared, a level's TTFT and ITL
+# are the reads' rather than the tokens' (loadgen/client.py, _CompletionSink.feed).
+SHARED_READS_LIMIT = 0.05
 _SOURCE_COLUMN = {"ttft": "ttft", "tpot": "tpot", "itl": "itl_max", "e2el": "e2e"}
 
 
@@ -119,6 +122,7 @@ def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, lev
     row.update(_percentiles(itl, "itl"))
     row.update(_percentiles(finished["e2e"].to_numpy(float), "e2el"))
     row.update(_input_lengths(finished))
+    row["shared_read_share"] = _shared_read_share(finished)
     errors = counted.loc[~counted["ok"], "error"]
     row["top_error"] = str(errors.value_counts().index[0]) if len(errors) else ""  # type: ignore[assignment]
     return row
@@ -142,14 +146,33 @@ def _input_lengths(finished: pd.DataFrame) -> dict[str, float]:
             "input_len_off": input_len_off(planned, counted)}
 
 
-def input_len_warnings(summary: pd.DataFrame) -> list[str]:
-    """One line per (topology, level) whose server counted other prompt lengths than planned."""
-    if summary is None or summary.empty or "input_len_off" not in summary.columns:
+def _shared_read_share(finished: pd.DataFrame) -> float:
+    """Of the token events, the share that came in a socket read with another of their stream
+    (NaN for records that did not count them: older runs, imported files)."""
+    if finished.empty or "shared_reads" not in finished:
+        return float("nan")
+    events = sum(len(times) for times in finished["chunk_times"])
+    return float(finished["shared_reads"].sum()) / events if events else float("nan")
+
+
+def level_warnings(summary: pd.DataFrame) -> list[str]:
+    """One line per (topology, level) and thing that makes its figures other than asked: prompts
+    the server counted at another length than planned, stamps shared by several token events."""
+    if summary is None or summary.empty:
         return []
-    return [f"{row['topology']} at {float(row['level']):g}: the server counted "
-            f"{row['input_tokens_counted']:.1f} input tokens per request, {row['input_tokens_planned']:.1f} "
-            "planned (the prompts were not the asked length)"
-            for row in summary[summary["input_len_off"].astype(bool)].to_dict("records")]
+    lines = []
+    for row in summary.to_dict("records"):
+        where = f"{row['topology']} at {float(row['level']):g}"
+        if row.get("input_len_off"):
+            lines.append(f"{where}: the server counted {row['input_tokens_counted']:.1f} input tokens per "
+                         f"request, {row['input_tokens_planned']:.1f} planned (the prompts were not the "
+                         "asked length)")
+        if row.get("shared_read_share", 0.0) > SHARED_READS_LIMIT:
+            lines.append(f"{where}: {row['shared_read_share']:.0%} of the token events came in one socket "
+                         "read with another, so they carry that read's time and TTFT and ITL read late "
+                         "by up to the gaps between them: the client fell behind (add --workers) or the "
+                         "server wrote them together")
+    return lines
 
 
 def turn_summary(requests: pd.DataFrame) -> pd.DataFrame:

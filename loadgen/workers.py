@@ -15,10 +15,8 @@ other machines' folders).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing
 import os
-import queue
 import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -86,11 +84,13 @@ def shares(workers: int, shard: tuple[int, int] = (0, 1)) -> list[Share]:
     return [Share(machine * workers + j, machines * workers) for j in range(workers)]
 
 
-# What a worker process holds from its start (set by _start): the stop flag, where progress goes,
-# and the barrier that starts every share of a level together.
+# What a worker process holds from its start (set by _start): the stop flag, the requests-done
+# counters (one per share, in shared memory: a queue's feeder thread would take the GIL from the
+# event loop once per request), and the barrier that starts every share of a level together.
 _stop: Any = None
 _progress: Any = None
 _barrier: Any = None
+_slot = 0  # this process's counter in _progress, for the level it runs
 
 
 def _start(stop: Any, progress: Any, barrier: Any) -> None:
@@ -101,14 +101,16 @@ def _start(stop: Any, progress: Any, barrier: Any) -> None:
 
 def _report(topology: str, level: float, done: int, total: int | None) -> None:
     if _progress is not None:
-        _progress.put_nowait(1)
+        _progress[_slot] += 1  # one writer per counter: the parent only reads
 
 
 def _run_share(info: TopologyInfo, model: str, plan: SweepPlan, level: float, share: Share,
-               client: ClientOptions, prepared: list[Any]) -> list[RequestRecord] | None:
+               client: ClientOptions, prepared: list[Any], slot: int) -> list[RequestRecord] | None:
     """In a worker process: wait for every share, then send this one's requests; None if stopped."""
     from crossover.loadgen.sweep import _LevelRunner, _run_or_stop
 
+    global _slot
+    _slot = slot
     _barrier.wait(BARRIER_TIMEOUT_S)
     runner = _LevelRunner(info, model, plan, level, _report, client, iter(prepared), share=share)
     with asyncio.Runner(loop_factory=loop_factory("auto" if client.uvloop else "asyncio")) as loop:
@@ -123,7 +125,8 @@ class WorkerPool:
         self.shares = share_list
         self.client = client
         self.stop = context.Event()
-        self.progress = context.Queue()
+        self.progress = context.RawArray("q", len(share_list))
+        self.counted = 0  # requests done that the parent has passed on
         self.executor = ProcessPoolExecutor(
             len(share_list), mp_context=context, initializer=_start,
             initargs=(self.stop, self.progress, context.Barrier(len(share_list))))
@@ -131,14 +134,13 @@ class WorkerPool:
     def close(self) -> None:
         self.stop.set()
         self.executor.shutdown(wait=True, cancel_futures=True)
-        self.progress.close()
 
-    def _drain(self) -> int:
-        count = 0
-        with contextlib.suppress(queue.Empty):
-            while True:
-                count += self.progress.get_nowait()
-        return count
+    def _pass_on(self, on_request: Callable[[int], None] | None) -> None:
+        """The requests finished since the last call, to `on_request`."""
+        done = sum(self.progress)
+        new, self.counted = done - self.counted, done
+        if new and on_request is not None:
+            on_request(new)
 
     async def run_level(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
                         prepared: list[Any], stop: Any,
@@ -147,17 +149,15 @@ class WorkerPool:
         first. Each process gets only its share's requests (and their bodies)."""
         futures = [asyncio.wrap_future(self.executor.submit(
             _run_share, info, model, plan, level, share, self.client,
-            [p for p in prepared if share.owns(plan, level, p[0].index)]))
-            for share in self.shares]
+            [p for p in prepared if share.owns(plan, level, p[0].index)], slot))
+            for slot, share in enumerate(self.shares)]
         pending = set(futures)
         while pending:
             _, pending = await asyncio.wait(pending, timeout=0.05)
             if stop is not None and stop.is_set():
                 self.stop.set()
-            done = self._drain()
-            if done and on_request is not None:
-                on_request(done)
-        self._drain()
+            self._pass_on(on_request)
+        self._pass_on(on_request)  # what finished after the last look
         parts = [f.result() for f in futures]
         if any(part is None for part in parts):
             return None

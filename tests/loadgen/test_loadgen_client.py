@@ -221,3 +221,30 @@ def test_events_carry_the_kernel_read_times_of_the_servers_writes() -> None:
     assert statistics.median(errors) < 0.002, errors
     for k, error in enumerate(errors[:-1]):
         assert truth.token_times[k] + error < truth.token_times[k + 1] + 0.002, (k, errors)
+
+
+def test_events_that_wait_for_a_busy_client_share_a_read_and_are_counted() -> None:
+    """A client that falls behind (its loop busy while the server writes) reads the waiting events
+    at once: they carry that read's one stamp, the last arrival's, and the record counts them."""
+    _hold_kernel_stamping()
+    request = SyntheticRequest(index=0, prompt="w1 w2 w3 w4", input_len=4, output_len=24)
+
+    async def go() -> StreamTrace:
+        # busy (not awaiting) from after the first tokens until after the last was written
+        asyncio.get_running_loop().call_later(0.04, time.sleep, 0.15)
+        async with HTTPClient() as client:
+            return await stream_completion(client, server.url, completion_payload("m", request, True), 10.0)
+
+    with FakeServer(Behaviour(ttft_s=0.02, tpot_s=0.004)) as server, \
+            asyncio.Runner(loop_factory=_loop("uvloop")) as runner:
+        record = build_record(runner.run(go()), request, "t", 1.0, server.url)
+    assert record.ok, record.error
+    stamps = record.chunk_times
+    shared = sum(1 for k, stamp in enumerate(stamps)
+                 if stamp in (stamps[k - 1] if k else None, stamps[k + 1] if k + 1 < len(stamps) else None))
+    assert record.shared_reads >= 10 and record.shared_reads == shared, (record.shared_reads, stamps)
+    # the shared stamp is the last arrival's: the earlier events of that read are stamped late
+    truth = server.recorded[0]
+    late = [record.send_time + stamp - written for stamp, written in zip(stamps, truth.token_times,
+                                                                          strict=True)]
+    assert max(late) > 0.03, late

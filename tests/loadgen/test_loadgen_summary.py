@@ -11,7 +11,7 @@ import pytest
 
 from crossover import slo
 from crossover.loadgen.plan import Mode, SweepPlan
-from crossover.loadgen.summary import mark_requests, per_gpu, summarize
+from crossover.loadgen.summary import level_warnings, mark_requests, per_gpu, summarize
 
 OPEN = SweepPlan(mode=Mode.OPEN, levels=(1.0,), requests_per_level=1)
 
@@ -133,6 +133,32 @@ def test_repeats_of_a_level_pool_their_requests_over_their_summed_windows() -> N
     assert row["itl_p99_ms"] == pytest.approx(500.0)  # a third of the pooled ITLs are 0.5 s
     each = summarize_repeats(frame, {"ttft": 1000.0}, {"a": 1}, OPEN).set_index("repeat")
     assert each.loc[1, "duration_s"] == pytest.approx(9.5) and each.loc[2, "requests"] == 5
-    assert each.loc[1, "itl_p99_ms"] < 100 < each.loc[2, "itl_p99_ms"]
+    assert each["itl_p99_ms"].tolist()[0] < 100 < each["itl_p99_ms"].tolist()[1]
     # a table from before repeats is one measurement per level
     assert summarize(frame.drop(columns="repeat").iloc[:10], {}, {"a": 1}, OPEN).iloc[0]["repeats"] == 1
+
+
+def test_a_level_whose_token_events_shared_reads_is_warned_about() -> None:
+    """Stamps shared by several events of a stream (a client that fell behind) make TTFT and ITL
+    the reads' times: past SHARED_READS_LIMIT of the events the level gets a warning line."""
+    rows = []
+    for level, shared in ((1.0, 0), (2.0, 1), (4.0, 4)):
+        for index in range(4):
+            row = _row("a", level, index, float(index), 0.1, 1.0, 10)
+            rows.append({**row, "chunk_times": [0.1 * k for k in range(1, 11)], "chunk_tokens": [1] * 10,
+                         "shared_reads": shared})
+    summary = summarize(pd.DataFrame(rows), {"ttft": 1000.0}, {"a": 1}, SweepPlan(mode=Mode.CLOSED,
+                                                                                  levels=(1, 2, 4)))
+    assert summary["shared_read_share"].tolist() == [0.0, 0.1, 0.4]
+    warned = level_warnings(summary)
+    assert [line.split(":")[0] for line in warned] == ["a at 2", "a at 4"]
+    assert "10% of the token events came in one socket read with another" in warned[0]
+    assert "add --workers" in warned[0]
+
+
+def test_records_without_shared_read_counts_have_no_share() -> None:
+    """Older runs and imported `vllm bench serve` files did not count them: NaN, and no warning."""
+    summary = summarize(pd.DataFrame([_row("a", 1.0, 0, 0.0, 0.1, 1.0, 10)]), {"ttft": 1000.0}, {"a": 1},
+                        SweepPlan(mode=Mode.CLOSED, levels=(1,)))
+    assert math.isnan(summary["shared_read_share"].iloc[0])
+    assert level_warnings(summary) == []

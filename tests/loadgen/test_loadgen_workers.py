@@ -71,8 +71,11 @@ def test_two_workers_send_what_one_sends_into_one_level_file(
     big.max_in_flight = 0
     prompts_one = sorted(b["prompt"] for b in big.bodies)
     big.bodies.clear()
-    two = run_sweep(spec, plan, tmp_path / "two", ["big1x2c"], n_boot=0, traffic=Traffic(workers=2))
+    shown: dict[float, int] = {}  # the progress the CLI shows: requests done so far, per level
+    two = run_sweep(spec, plan, tmp_path / "two", ["big1x2c"], n_boot=0, traffic=Traffic(workers=2),
+                    on_request=lambda topology, level, done, total: shown.__setitem__(level, done))
     assert two.requests["ok"].all(), two.requests["error"].unique()
+    assert shown == two.requests.groupby("level").size().to_dict()
     pd.testing.assert_frame_equal(one.requests[KEY], two.requests[KEY])
     assert sorted(b["prompt"] for b in big.bodies) == prompts_one  # the same seeded requests
     for level in plan.levels:  # merged: one file per level, in index order

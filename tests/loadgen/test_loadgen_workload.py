@@ -15,7 +15,7 @@ from crossover.cli import main
 from crossover.errors import UserError
 from crossover.loadgen.dataset import prepare_workload, requests
 from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist, Mode, SweepPlan
-from crossover.loadgen.summary import input_len_off, input_len_warnings, summarize
+from crossover.loadgen.summary import input_len_off, level_warnings, summarize
 from crossover.loadgen.tokens import LocalTokenizer, ServerTokenizer, open_tokenizer
 from crossover.realvllm import make_tiny_model
 from tests.faults.faults_servers import serving
@@ -192,7 +192,7 @@ def test_a_level_whose_server_counted_other_lengths_is_flagged() -> None:
     summary = summarize(pd.DataFrame(rows), {"ttft": 1000.0}, {"a": 1},
                         SweepPlan(mode=Mode.CLOSED, levels=(1, 2)))
     assert summary["input_len_off"].tolist() == [False, True]
-    assert input_len_warnings(summary) == [
+    assert level_warnings(summary) == [
         "a at 2: the server counted 500.0 input tokens per request, 128.0 planned (the prompts were not the "
         "asked length)"]
 
