@@ -1,13 +1,15 @@
 """Adaptive sweep vs the full fixed grid, side by side in one run against the simulator.
 
     python benchmarks/bench_adaptive.py [--preset seed|pd|both] [--time-scale-seed 0.25] [--time-scale-pd 5]
+                                        [--seed 1]
 
 For each preset the fixed grid runs first; the width of its crossing interval (relative to the
 estimate) becomes the adaptive sweep's --target-ci, over the same range, so the two reach the same
 width and the table compares what it cost: requests, traffic seconds and wall time. The simulator's
 ground truth (crossover.sim.truth, the same model in virtual time) must lie inside both intervals;
 the table also shows each sweep's bracket (the measured levels either side of its estimate), which
-the adaptive sweep narrows to --target-ci before it accepts a crossing.
+the adaptive sweep narrows to --target-ci, and whose end levels it confirms with repeats (fresh
+seeds, up to --max-repeats 3: "(x2)" after a level), before it accepts a crossing.
 
 - seed: compose/specs/seed-70b-h100.yaml, closed loop (concurrency 1-64, doubling, 4 rounds a
   level), the crossing of output tokens/s per GPU (tp2x2 overtakes tp4x1); truth:
@@ -130,6 +132,8 @@ class Outcome:
     levels: list[float]
     interval: Interval | None
     stop_reason: str
+    repeats: dict[float, int]  # measurements of each level (1 unless repeated)
+    order: list[float]  # the levels in the order they were first measured
 
 
 def _crossing(result: SweepResult, adaptive: AdaptivePlan) -> Interval | None:
@@ -143,16 +147,20 @@ def _run(spec: FleetSpec, plan: SweepPlan, folder: Path, pair: tuple[str, str], 
     result = run_sweep(spec, plan, folder, list(pair), n_boot=N_BOOT, adaptive=adaptive if search else None)
     wall = time.monotonic() - started
     frame = result.requests
-    traffic = float(frame.groupby(["topology", "level"]).apply(
+    traffic = float(frame.groupby(["topology", "level", "repeat"]).apply(
         lambda g: g["end_time"].max() - g["send_time"].min()).sum())
     levels = sorted(set(frame["level"]))
-    return Outcome(len(frame), traffic, wall, levels, _crossing(result, adaptive), result.stop_reason)
+    most = frame.groupby("level")["repeat"].max()
+    repeats = {float(x): int(most[x]) for x in levels}
+    order = [float(x) for x in (result.crossover.get("adaptive") or {}).get("levels", levels)]
+    return Outcome(len(frame), traffic, wall, levels, _crossing(result, adaptive), result.stop_reason,
+                   repeats, order)
 
 
-def bench(name: str, scale: float, folder: Path) -> dict[str, Any]:
+def bench(name: str, scale: float, folder: Path, seed: int = 1) -> dict[str, Any]:
     preset = PRESETS[name]
     spec = sim_fleet.with_overrides(spec_on_free_ports(load_spec(REPO / preset.spec)), time_scale=scale)
-    plan = preset.plan(scale)
+    plan = replace(preset.plan(scale), seed=seed)  # the arrival times and prompts of both sweeps
     true_x = preset.truth(spec, plan, scale)
     crossing_only = AdaptivePlan(metric=preset.metric, answers=("crossing",))
     folder.mkdir(parents=True)
@@ -165,7 +173,7 @@ def bench(name: str, scale: float, folder: Path) -> dict[str, Any]:
         adaptive = AdaptivePlan(target_ci=target, metric=preset.metric, answers=("crossing",))
         found = _run(spec, search_plan, folder / "adaptive", preset.pair, adaptive, search=True)
     short_reads = pd_short_level_reads(spec, scale) if name == "pd" else []
-    return {"preset": name, "scale": scale, "truth": true_x, "grid": grid, "adaptive": found,
+    return {"preset": name, "scale": scale, "seed": seed, "truth": true_x, "grid": grid, "adaptive": found,
             "target": target, "short_reads": short_reads}
 
 
@@ -186,8 +194,8 @@ def _bracket(o: Outcome, x: float) -> str:
 
 def report(row: dict[str, Any]) -> None:
     grid, found, x = row["grid"], row["adaptive"], row["truth"]
-    print(f"\n== {row['preset']} (time_scale {row['scale']:g}); ground truth crossing at {x:.3g}; "
-          f"target width {row['target']:.1%}")
+    print(f"\n== {row['preset']} (time_scale {row['scale']:g}, seed {row['seed']}); ground truth crossing at "
+          f"{x:.3g}; target width {row['target']:.1%}")
     print(f"{'sweep':<10}{'levels':>8}{'requests':>10}{'traffic s':>11}{'wall s':>9}   crossing (95% CI)"
           f"          width   truth inside   bracket (truth inside)   stop")
     for label, o in (("grid", grid), ("adaptive", found)):
@@ -202,7 +210,11 @@ def report(row: dict[str, Any]) -> None:
         print(f"one {PD_SECONDS:g}-s level reads colocated above pd1p1d (share of 20 seeds) at rate {reads}")
     print(f"adaptive / grid: requests {found.requests / grid.requests:.2f}, traffic time "
           f"{found.traffic_s / grid.traffic_s:.2f}, wall time {found.wall_s / grid.wall_s:.2f}; "
-          f"adaptive levels {', '.join(f'{v:g}' for v in found.levels)}")
+          f"adaptive levels {_levels(found)}")
+
+
+def _levels(o: Outcome) -> str:
+    return ", ".join(f"{v:g}" + (f" (x{o.repeats[v]})" if o.repeats.get(v, 1) > 1 else "") for v in o.order)
 
 
 def main() -> int:
@@ -210,12 +222,16 @@ def main() -> int:
     parser.add_argument("--preset", choices=["seed", "pd", "both"], default="both")
     parser.add_argument("--time-scale-seed", type=float, default=0.25)
     parser.add_argument("--time-scale-pd", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=1,
+                        help="the sweeps' seed: the simulator is deterministic, so a rerun with the same "
+                             "seed sends the same arrivals and reads the same levels; another seed "
+                             "samples another arrival sequence")
     args = parser.parse_args()
     names = ["seed", "pd"] if args.preset == "both" else [args.preset]
     scales = {"seed": args.time_scale_seed, "pd": args.time_scale_pd}
     with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
         for name in names:
-            report(bench(name, scales[name], Path(tmp) / name))
+            report(bench(name, scales[name], Path(tmp) / name, args.seed))
     return 0
 
 

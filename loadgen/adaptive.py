@@ -13,8 +13,14 @@ levels cannot see a jump of the curves (p99 ITL once prefills stall decodes), an
 holds each level's noise, not the curve's shape between levels. A wide bracket gets its estimate
 measured when that lies in the bracket's middle half, else its log middle: bisection, which finds
 a jump wherever it is. The sweep stops when every such interval and bracket is narrower than
-`target_ci` (a width relative to its estimate), when the request or time budget would be
-overspent by the next level, or when no unmeasured level is left inside them.
+`target_ci` (a width relative to its estimate) and the bracket's two end levels are confirmed,
+when the request or time budget would be overspent by the next level, or when no unmeasured level
+is left inside them. A confirmed end was measured again with fresh seeds (a repeat: other arrival
+times and prompts) until two or more repeats all read its side of the answer, or `max_repeats` of
+them were pooled: one level holds one arrival sequence, and a metric that jumps (p99 ITL once a
+stall enters its 1% tail) reads either side of the jump near it by chance, which a bootstrap over
+that one sequence's requests cannot see; the pooled records of the repeats converge to the
+long-run value.
 Levels given beyond the two ends are all measured first, as the user's own coarse start.
 Pure functions of crossover.json's content and the levels measured: no I/O, no traffic.
 """
@@ -27,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import pandas as pd
+
 from crossover import slo
 from crossover.errors import UserError
 from crossover.loadgen.crossings import METRICS, metric_named
@@ -34,12 +42,14 @@ from crossover.loadgen.plan import Mode, SweepPlan
 
 DEFAULT_METRIC = slo.GOODPUT_REQUESTS
 DEFAULT_TARGET_CI = 0.1
+DEFAULT_MAX_REPEATS = 3
 ANSWERS = ("crossing", "capacity")  # the kinds of interval an adaptive sweep may narrow
 
 # Why an adaptive sweep stopped: one word each (crossover.json's adaptive.stop_reason), and what the
 # summary says about it.
 STOP_REASONS = {
-    "target": "every interval that matters, and the levels measured either side of it, within --target-ci",
+    "target": "every interval that matters, and the levels either side of it (confirmed by repeats), "
+              "within --target-ci",
     "nothing-to-narrow": "no crossing of the metric and no capacity inside the range",
     "resolution": "every level inside the remaining intervals is measured already",
     "max-requests": "the next level would overspend --max-requests",
@@ -57,6 +67,7 @@ class AdaptivePlan:
     max_requests: int | None = None  # requests over every topology and level, resumed ones included
     max_duration_s: float | None = None  # seconds of traffic over every topology and level
     answers: tuple[str, ...] = ANSWERS
+    max_repeats: int = DEFAULT_MAX_REPEATS  # measurements of a bracket's end level at most (1: never again)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "answers", tuple(self.answers))
@@ -71,6 +82,9 @@ class AdaptivePlan:
             raise UserError(f"--metric: unknown metric {self.metric!r} (use {', '.join(METRICS)})")
         if self.max_requests is not None and self.max_requests < 1:
             raise UserError(f"--max-requests: must be at least 1, got {self.max_requests}")
+        repeats = self.max_repeats
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise UserError(f"--max-repeats: must be a whole number of at least 1, got {self.max_repeats}")
         if self.max_duration_s is not None and not (0 < self.max_duration_s < math.inf):
             raise UserError(f"--max-duration: must be a positive number of seconds, "
                             f"got {self.max_duration_s:g}")
@@ -91,6 +105,13 @@ class Interval:
     x: float
     low: float | None
     high: float | None
+    # How a level reads which side of the answer it lies on: `column` of `ahead` against `versus`'s
+    # (a crossing: the topologies that lead after and before it) or against a number (a capacity:
+    # the objective); past the answer when the difference has the sign `past_sign`.
+    column: str = ""
+    ahead: str = ""
+    versus: str | float = ""
+    past_sign: int = 1
 
     @property
     def width(self) -> float:
@@ -101,7 +122,8 @@ class Interval:
 
     def to_json(self) -> dict[str, Any]:
         width = self.width
-        return {**asdict(self), "width": width if math.isfinite(width) else None}
+        return {"what": self.what, "x": self.x, "low": self.low, "high": self.high,
+                "width": width if math.isfinite(width) else None}
 
 
 def _log_middle(low: float, high: float, mode: Mode) -> float:
@@ -180,15 +202,20 @@ def _planned_seconds(plan: SweepPlan, level: float, requests: int | None) -> flo
 def intervals(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Interval]:
     """The intervals that matter in an analyze() result: every crossing of the metric and every
     capacity found inside the range (a capacity at the range's edge has nothing to narrow)."""
-    metric = adaptive.metric
+    metric = METRICS[adaptive.metric]
+    better = 1 if metric.higher_is_better else -1
     found = []
     if "crossing" in adaptive.answers:
-        found += [Interval(f"{metric} crossing {c['topology_a']}/{c['topology_b']}", float(c["x"]),
-                           c.get("ci_low"), c.get("ci_high"))
+        found += [Interval(f"{metric.name} crossing {c['topology_a']}/{c['topology_b']}", float(c["x"]),
+                           c.get("ci_low"), c.get("ci_high"), metric.column, c.get("winner", ""),
+                           c.get("loser", ""), better)
                   for c in crossover.get("crossovers", [])
-                  if c.get("metric") == metric and c.get("kind") == "crossing" and c.get("x") is not None]
+                  if c.get("metric") == metric.name and c.get("kind") == "crossing"
+                  and c.get("x") is not None]
     if "capacity" in adaptive.answers:
-        found += [Interval(f"capacity {c['topology']}", float(c["x"]), c.get("ci_low"), c.get("ci_high"))
+        objective = float(crossover.get("objective", math.nan))
+        found += [Interval(f"capacity {c['topology']}", float(c["x"]), c.get("ci_low"), c.get("ci_high"),
+                           slo.attainment_column(), c["topology"], float(c.get("objective", objective)), -1)
                   for c in crossover.get("capacities", [])
                   if not c.get("censored") and c.get("x") is not None]
     return found
@@ -262,6 +289,46 @@ def bracket_level(interval: Interval, measured: Sequence[float], plan: SweepPlan
     return middle if found[0] < middle < found[1] and middle not in measured else None
 
 
+def level_sides(interval: Interval, by_repeat: pd.DataFrame, level: float) -> list[int]:
+    """Per repeat of `level` (rows of summary.summarize_repeats), the side of the answer it reads:
+    1 past it (the winner ahead, the objective missed), -1 before it, 0 when it cannot tell."""
+    rows = by_repeat[by_repeat["level"] == level]
+    mine = rows[rows["topology"] == interval.ahead].set_index("repeat")[interval.column]
+    if isinstance(interval.versus, str):
+        other = rows[rows["topology"] == interval.versus].set_index("repeat")[interval.column]
+    else:
+        other = pd.Series(interval.versus, index=mine.index)
+    difference = (mine - other.reindex(mine.index)) * interval.past_sign
+    return [int(math.copysign(1, d)) if math.isfinite(d) and d != 0 else 0 for d in difference.sort_index()]
+
+
+def repeats_of(by_repeat: pd.DataFrame | None, level: float) -> int:
+    """How many times `level` was measured (1 for a level without repeats or before any data)."""
+    if by_repeat is None or by_repeat.empty:
+        return 1
+    found = by_repeat.loc[by_repeat["level"] == level, "repeat"]
+    return int(found.max()) if len(found) else 1
+
+
+def unconfirmed_end(interval: Interval, measured: Sequence[float], by_repeat: pd.DataFrame,
+                    max_repeats: int) -> tuple[float, int] | None:
+    """A bracket end to measure again, and its repeat number. An end is confirmed once two or more
+    repeats all read its side of the answer (below: before it, above: past it), or once it has
+    max_repeats of them: their pooled records then place it, as near the long-run value as the
+    budget allows. None when both ends are confirmed, or the estimate is a measured level."""
+    found = bracket(interval, measured)
+    if found is None or found[0] == found[1]:
+        return None
+    for end, side in ((found[0], -1), (found[1], 1)):
+        repeats = repeats_of(by_repeat, end)
+        if repeats >= max_repeats:
+            continue
+        if repeats >= 2 and all(s == side for s in level_sides(interval, by_repeat, end)):
+            continue
+        return end, repeats + 1
+    return None
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do after a level: measure `level` next, or stop for `stop_reason`."""
@@ -270,18 +337,20 @@ class Decision:
     stop_reason: str
     widest: Interval | None
     intervals: tuple[Interval, ...]
+    repeat: int = 1  # above 1: measure `level` again, this time with a fresh seed
 
     def to_json(self) -> dict[str, Any]:
-        return {"next_level": self.level, "stop_reason": self.stop_reason,
+        return {"next_level": self.level, "next_repeat": self.repeat, "stop_reason": self.stop_reason,
                 "stop_sentence": STOP_REASONS.get(self.stop_reason, ""),
                 "widest": self.widest.to_json() if self.widest else None,
                 "intervals": [i.to_json() for i in self.intervals]}
 
 
 def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan,
-           measured: Sequence[float]) -> Decision:
+           measured: Sequence[float], by_repeat: pd.DataFrame | None = None) -> Decision:
     """The next level: up the range while an answer may lie above, then inside the widest
-    interval first; a stop reason when none is worth measuring."""
+    interval first, then a repeat of a bracket end not yet confirmed (with `by_repeat`, the rows
+    of summary.summarize_repeats); a stop reason when none is worth measuring."""
     found = tuple(intervals(crossover, adaptive))
     above = level_above(plan, measured) if open_above(crossover, adaptive) else None
     if above is not None:
@@ -299,6 +368,11 @@ def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan
             level = level_inside(interval, measured, plan)
         if level is not None:
             return Decision(level, "", interval, found)
+    if by_repeat is not None and adaptive.max_repeats > 1:
+        for interval in sorted(found, key=lambda i: i.width, reverse=True):
+            again = unconfirmed_end(interval, measured, by_repeat, adaptive.max_repeats)
+            if again is not None:
+                return Decision(again[0], "", interval, found, repeat=again[1])
     if not wide and not far:
         return Decision(None, "target", max(found, key=lambda i: i.width), found)
     return Decision(None, "resolution", (far or wide)[0], found)
@@ -307,9 +381,15 @@ def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan
 def adaptive_line(state: Mapping[str, Any], axis: str) -> str:
     """One line from crossover.json's "adaptive": the levels so far and the next one, or why the
     sweep stopped and the widest interval it left."""
-    levels = ", ".join(f"{x:g}" for x in state.get("levels", [])) or "none"
+    repeats = state.get("repeats") or {}
+    levels = ", ".join(f"{x:g}" + (f" (x{repeats[f'{x:g}']})" if repeats.get(f"{x:g}", 1) > 1 else "")
+                       for x in state.get("levels", [])) or "none"
     widest = state.get("widest") or {}
     if state.get("next_level") is not None:
+        repeat = state.get("next_repeat") or 1
+        if repeat > 1:
+            return (f"adaptive sweep: levels {levels} so far; next {axis} {state['next_level']:g} again "
+                    f"(repeat {repeat}, to confirm its side of the {widest.get('what', 'answer')})")
         why = f"to narrow the {widest['what']}" if widest.get("what") else "an answer may lie above"
         return f"adaptive sweep: levels {levels} so far; next {axis} {state['next_level']:g} ({why})"
     reason = STOP_REASONS.get(state.get("stop_reason", ""), "stopped before the coarse start was measured")

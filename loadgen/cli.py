@@ -137,6 +137,9 @@ def _add_search_and_scale_arguments(parser: argparse.ArgumentParser) -> None:
                        help="adaptive: budget of requests over all topologies and levels")
     group.add_argument("--max-duration", type=float, default=None, metavar="SECONDS",
                        help="adaptive: budget of traffic seconds over all topologies and levels")
+    group.add_argument("--max-repeats", type=int, default=None, metavar="N",
+                       help="adaptive: measure each end level of an answer's bracket up to N times, with "
+                            "fresh seeds, until its repeats agree on its side (3; 1: never again)")
     group.add_argument("--workers", type=int, default=1,
                        help="processes sending each level's traffic (at most the cores; 1)")
     group.add_argument("--shard", default=None, metavar="M/K",
@@ -146,7 +149,13 @@ def _add_search_and_scale_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _adaptive(args: argparse.Namespace) -> Any:
     """The adaptive plan, or None; the adaptive-only flags without --adaptive are a mistake."""
-    from crossover.loadgen.adaptive import ANSWERS, DEFAULT_METRIC, DEFAULT_TARGET_CI, AdaptivePlan
+    from crossover.loadgen.adaptive import (
+        ANSWERS,
+        DEFAULT_MAX_REPEATS,
+        DEFAULT_METRIC,
+        DEFAULT_TARGET_CI,
+        AdaptivePlan,
+    )
     from crossover.loadgen.crossings import RENAMED
 
     if args.metric in RENAMED:
@@ -156,7 +165,8 @@ def _adaptive(args: argparse.Namespace) -> Any:
     given = [flag for flag, value in (("--target-ci", args.target_ci), ("--metric", args.metric),
                                       ("--narrow", args.narrow),
                                       ("--max-requests", args.max_requests),
-                                      ("--max-duration", args.max_duration)) if value is not None]
+                                      ("--max-duration", args.max_duration),
+                                      ("--max-repeats", args.max_repeats)) if value is not None]
     if not args.adaptive:
         if given:
             raise UserError(f"{given[0]}: only for an adaptive sweep (add --adaptive)")
@@ -164,6 +174,7 @@ def _adaptive(args: argparse.Namespace) -> Any:
     return AdaptivePlan(target_ci=DEFAULT_TARGET_CI if args.target_ci is None else args.target_ci,
                         metric=args.metric or DEFAULT_METRIC, max_requests=args.max_requests,
                         max_duration_s=args.max_duration,
+                        max_repeats=DEFAULT_MAX_REPEATS if args.max_repeats is None else args.max_repeats,
                         answers=tuple(a.strip() for a in args.narrow.split(",")) if args.narrow else ANSWERS)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+import zlib
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -233,11 +234,18 @@ class SweepPlan:
         return cls(**data)
 
 
-def level_key(plan: SweepPlan, level: float) -> str:
-    """A file-name-safe name of a level: c16 or r0.5."""
-    if plan.mode is Mode.CLOSED:
-        return f"c{int(level)}"
-    return "r" + re.sub(r"[^0-9.]", "_", f"{level:g}")
+def level_key(plan: SweepPlan, level: float, repeat: int = 1) -> str:
+    """A file-name-safe name of a level: c16 or r0.5, and r0.5.repeat2 for its second measurement."""
+    key = f"c{int(level)}" if plan.mode is Mode.CLOSED else "r" + re.sub(r"[^0-9.]", "_", f"{level:g}")
+    return key if repeat <= 1 else f"{key}.repeat{repeat}"
+
+
+def repeat_plan(plan: SweepPlan, repeat: int) -> SweepPlan:
+    """The plan of a level's `repeat`-th measurement: the same load with a fresh seed (other
+    arrival times and prompts), so repeats sample the arrival-sequence chance one level cannot."""
+    if repeat <= 1:
+        return plan
+    return replace(plan, seed=zlib.crc32(f"{plan.seed}/repeat {repeat}".encode()))
 
 
 def parse_levels(text: str, what: str) -> tuple[float, ...]:

@@ -2,6 +2,7 @@
 
     OUT/run.json                       plan, SLOs, topologies (GPUs, where traffic went)
     OUT/levels/TOPOLOGY/LEVEL.parquet  one file per finished (topology, level): the requests table
+    OUT/levels/TOPOLOGY/LEVEL.repeatN.parquet  the level's Nth measurement (adaptive repeats), pooled with it
     OUT/levels/TOPOLOGY/LEVEL.csv      the same, when CSV was asked for
     OUT/levels/TOPOLOGY/LEVEL.server.json  the servers' own figures over the level (their /metrics)
     OUT/levels/TOPOLOGY/LEVEL.json     the level as a vllm bench serve result (--save-result)
@@ -36,6 +37,7 @@ WORKLOAD_FILE = "workload.json"
 TURNS_CSV = "turns.csv"
 SERVER_SUFFIX = ".server.json"
 LIST_COLUMNS = ("itl", "chunk_times", "chunk_tokens")
+REPEAT_COLUMN = "repeat"  # which measurement of its level a request belongs to (1 for the first)
 
 
 @dataclass(frozen=True)
@@ -102,12 +104,27 @@ def write_json(path: Path, data: Any) -> None:
     _atomic_write(path, lambda p: p.write_text(json.dumps(data, indent=2, default=str) + "\n"))
 
 
-def level_path(out_dir: Path, plan: SweepPlan, topology: str, level: float) -> Path:
-    return out_dir / LEVELS_DIR / topology / f"{level_key(plan, level)}.parquet"
+def level_path(out_dir: Path, plan: SweepPlan, topology: str, level: float, repeat: int = 1) -> Path:
+    return out_dir / LEVELS_DIR / topology / f"{level_key(plan, level, repeat)}.parquet"
 
 
 def level_done(out_dir: Path, plan: SweepPlan, topology: str, level: float) -> bool:
     return level_path(out_dir, plan, topology, level).exists()
+
+
+def read_level(path: Path) -> pd.DataFrame:
+    """One level file's requests as the sweep made them (a file from before repeats: repeat 1)."""
+    return with_repeat(pd.read_parquet(path))
+
+
+def with_repeat(requests: pd.DataFrame) -> pd.DataFrame:
+    for column in LIST_COLUMNS:
+        if column in requests:
+            requests[column] = requests[column].map(list)
+    if REPEAT_COLUMN not in requests:
+        requests[REPEAT_COLUMN] = 1
+    requests[REPEAT_COLUMN] = requests[REPEAT_COLUMN].fillna(1).astype(int)
+    return requests
 
 
 def prepare(out_dir: Path, info: RunInfo, extra: dict[str, Any] | None = None) -> None:
@@ -145,8 +162,8 @@ def shard_of(run: dict[str, Any]) -> tuple[int, int]:
 
 
 def write_level(out_dir: Path, plan: SweepPlan, topology: str, level: float, requests: pd.DataFrame,
-                csv: bool = False) -> None:
-    path = level_path(out_dir, plan, topology, level)
+                csv: bool = False, repeat: int = 1) -> None:
+    path = level_path(out_dir, plan, topology, level, repeat)
     _atomic_write(path, lambda p: requests.to_parquet(p, index=False))
     if csv:
         flat = requests.copy()
@@ -171,11 +188,9 @@ def read_requests(out_dir: Path) -> pd.DataFrame:
     frames = [frame for frame in (pd.read_parquet(f) for f in files) if len(frame)]  # a shard's empty levels
     if not frames:
         return pd.DataFrame()
-    requests = pd.concat(frames, ignore_index=True)
-    for column in LIST_COLUMNS:
-        if column in requests:
-            requests[column] = requests[column].map(list)
-    return requests.sort_values(["topology", "level", "index"], kind="stable").reset_index(drop=True)
+    requests = with_repeat(pd.concat(frames, ignore_index=True))
+    order = ["topology", "level", REPEAT_COLUMN, "index"]
+    return requests.sort_values(order, kind="stable").reset_index(drop=True)
 
 
 def read_server_views(out_dir: Path) -> pd.DataFrame:
@@ -249,7 +264,8 @@ def merge_runs(folders: list[Path], out_dir: Path, n_boot: int = 200) -> Run:
         if merged["index"].duplicated().any():
             raise UserError(f"{name}: the same request in two folders (one shard given twice?)")
         topology, level = str(merged["topology"].iloc[0]), float(merged["level"].iloc[0])
-        write_level(out_dir, info.plan, topology, level, merged)
+        repeat = int(merged[REPEAT_COLUMN].iloc[0]) if REPEAT_COLUMN in merged else 1
+        write_level(out_dir, info.plan, topology, level, merged, repeat=repeat)
     requests = read_requests(out_dir)
     summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
     crossover = analyze(summary, requests, axis=info.plan.axis, objective=info.objective,

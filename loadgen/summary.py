@@ -7,7 +7,9 @@ Definitions (crossover.slo, docs/sweep.md):
   request's inter-token latencies meets it. Failed requests are never good; requests refused as
   bad input (HTTP 4xx, slo.is_client_error) are not the fleet's to serve and are not counted.
 - Steady-state window of a level: from its first send + warmup_s to its last end - cooldown_s;
-  only requests sent and finished inside it count, and rates divide by its length.
+  only requests sent and finished inside it count, and rates divide by its length. A level
+  measured more than once (adaptive repeats, column `repeat`) has one window per repeat: its
+  requests are pooled (quantiles over all of them) and rates divide by the windows' summed length.
 - Rates: open loop, counts over the window (as `vllm bench serve` divides by its duration);
   closed loop at concurrency C, by Little's law: C x count / total time the counted requests were
   in flight, which the drain at a level's end does not bias (`output_tps_window` keeps the
@@ -47,7 +49,9 @@ def mark_requests(requests: pd.DataFrame, slos_ms: Mapping[str, float],
         return marked
     warmup = plan.warmup_s if plan else 0.0
     cooldown = plan.cooldown_s if plan else 0.0
-    groups = marked.groupby(["topology", "level"], sort=False)
+    if "repeat" not in marked:
+        marked["repeat"] = 1
+    groups = marked.groupby(["topology", "level", "repeat"], sort=False)
     start = groups["send_time"].transform("min") + warmup
     end = groups["end_time"].transform("max") - cooldown
     marked["window_start"] = start
@@ -82,7 +86,8 @@ def per_gpu(column: str) -> str:
 def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, level: float,
                closed_loop: bool) -> dict[str, float]:
     counted = group[group["counted"]]
-    duration = float(group["window_end"].iloc[0] - group["window_start"].iloc[0])
+    windows = group.groupby("repeat")[["window_start", "window_end"]].first()
+    duration = float((windows["window_end"] - windows["window_start"]).sum())
     window_rate = 1.0 / duration if duration > 0 else float("nan")
     if closed_loop:
         # Little's law: `level` requests are always in flight, so a rate is level x count / the
@@ -97,8 +102,8 @@ def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, lev
     n = len(counted)
     output_tokens = float(finished["output_tokens"].sum())
     row: dict[str, float] = {
-        "gpus": gpus, "requests_sent": len(group), "requests": n, "ok": len(finished),
-        "failed": n - len(finished), "duration_s": duration,
+        "gpus": gpus, "repeats": len(windows), "requests_sent": len(group), "requests": n,
+        "ok": len(finished), "failed": n - len(finished), "duration_s": duration,
         "send_rate": n * window_rate, "achieved_rate": len(finished) * rate,
         "output_tps": output_tokens * rate,
         "output_tps_window": output_tokens * window_rate,
@@ -205,3 +210,14 @@ def summarize(requests: pd.DataFrame, slos_ms: Mapping[str, float], gpus: Mappin
         row["offered_rate"] = float(level) if plan is not None and plan.mode is Mode.OPEN else float("nan")  # type: ignore[arg-type]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def summarize_repeats(requests: pd.DataFrame, slos_ms: Mapping[str, float], gpus: Mapping[str, int],
+                      plan: SweepPlan | None = None) -> pd.DataFrame:
+    """One row per (topology, level, repeat): each measurement of a level on its own, so the
+    spread between them shows the chance of one arrival sequence that the pooled row averages."""
+    if requests.empty or "repeat" not in requests:
+        return summarize(requests, slos_ms, gpus, plan).assign(repeat=1)
+    frames = [summarize(requests[requests["repeat"] == repeat], slos_ms, gpus, plan).assign(repeat=repeat)
+              for repeat in sorted(int(r) for r in requests["repeat"].unique())]
+    return pd.concat(frames, ignore_index=True)

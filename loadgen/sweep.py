@@ -2,9 +2,11 @@
 
 Order is level-major (every topology at level 1, then every topology at level 2...) so a sweep
 stopped half-way still compares topologies. Each finished (topology, level) is written at once;
-a rerun with the same out_dir skips it. `stop` (a threading.Event, or anything with is_set())
-ends the sweep within ~50 ms, discarding the unfinished level; `on_level` is called on the
-sweep's thread after every level with the summary and crossover so far (the app redraws there).
+a rerun with the same out_dir skips it. An adaptive sweep may measure a level again (a repeat,
+with a fresh seed: loadgen.plan.repeat_plan), written to its own file and pooled in the summary.
+`stop` (a threading.Event, or anything with is_set()) ends the sweep within ~50 ms, discarding
+the unfinished level; `on_level` is called on the sweep's thread after every level with the
+summary and crossover so far (the app redraws there).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,10 +38,10 @@ from crossover.loadgen.crossings import analyze
 from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
 from crossover.loadgen.httpclient import HTTPClient
 from crossover.loadgen.payloads import PATHS, request_payload
-from crossover.loadgen.plan import DatasetKind, Mode, SweepPlan
+from crossover.loadgen.plan import DatasetKind, Mode, SweepPlan, repeat_plan
 from crossover.loadgen.results import RunInfo, TopologyInfo
 from crossover.loadgen.serverside import ServerView
-from crossover.loadgen.summary import summarize, turn_summary
+from crossover.loadgen.summary import summarize, summarize_repeats, turn_summary
 from crossover.loadgen.tokens import open_tokenizer
 from crossover.loadgen.workers import Share, WorkerPool, check_workers, shares
 from crossover.spec import Balance, FleetSpec, Topology
@@ -75,7 +77,7 @@ class SweepResult:
     resumed_levels: int = 0
     workload: dict[str, Any] = field(default_factory=dict)  # workload.json: tokenizer, template overhead
     turns: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # per-turn latencies (--turns)
-    measured_levels: list[tuple[str, float]] = field(default_factory=list)
+    measured_levels: list[tuple[str, float]] = field(default_factory=list)  # a repeat: its level again
     stop_reason: str = ""  # adaptive: loadgen.adaptive.STOP_REASONS; fixed: "stopped" or ""
 
 
@@ -317,7 +319,8 @@ class _Sweep:
         self.on_request, self.stop, self.csv, self.n_boot = on_request, stop, csv, n_boot
         self.client, self.pool, self.share = client, pool, share
         self.workload, self.bench = workload, bench
-        self.ready: dict[float, list[Prepared]] = {}  # a level's requests, made once for every topology
+        # a level's requests (by level and seed), made once for every topology
+        self.ready: dict[tuple[float, int], list[Prepared]] = {}
         self.frames: list[pd.DataFrame] = []
         self.outcome = SweepResult(folder, info, pd.DataFrame(), pd.DataFrame(), {},
                                    workload=workload.describe())
@@ -351,28 +354,30 @@ class _Sweep:
             self.outcome.crossover["adaptive"] = self.adaptive
         results.write_json(self.folder / results.CROSSOVER_FILE, self.outcome.crossover)
 
-    def _prepared(self, level: float) -> Iterator[Prepared]:
-        if self.plan.requests_for(level) is None:
-            return prepare_level(self.workload, self.info.model, level)
-        if level not in self.ready:
+    def _prepared(self, level: float, plan: SweepPlan) -> Iterator[Prepared]:
+        workload = self.workload if plan is self.plan else replace(self.workload, plan=plan)
+        if plan.requests_for(level) is None:
+            return prepare_level(workload, self.info.model, level)
+        key = (level, plan.seed)
+        if key not in self.ready:
             self.ready.clear()
-            self.ready[level] = list(prepare_level(self.workload, self.info.model, level))
-        return iter(self.ready[level])
+            self.ready[key] = list(prepare_level(workload, self.info.model, level))
+        return iter(self.ready[key])
 
-    async def _records(self, name: str,
-                       level: float) -> tuple[list[RequestRecord] | None, dict[str, Any] | None]:
+    async def _records(self, name: str, level: float,
+                       plan: SweepPlan) -> tuple[list[RequestRecord] | None, dict[str, Any] | None]:
         """The level's records and the servers' figures over it; no records when stopped."""
-        prepared = self._prepared(level)
+        prepared = self._prepared(level, plan)
         view = ServerView(self.spec, name)
         if self.pool is None:
-            share, plan = self.share, self.plan
+            share = self.share
             mine = (prepared if share.count == 1
                     else (p for p in prepared if share.owns(plan, level, p[0].index)))
             runner = _LevelRunner(self.info.topologies[name], self.info.model, plan, level,
                                   self.on_request, self.client, mine, self.workload.turn_tokens, view,
                                   share=share)
             return await _run_or_stop(runner.run(), self.stop), runner.server
-        total = self.plan.requests_for(level)
+        total = plan.requests_for(level)
         sent = 0
 
         def progress(done: int) -> None:
@@ -382,31 +387,31 @@ class _Sweep:
                 self.on_request(name, level, sent, total)
 
         before = await view.scrape_all()
-        records = await self.pool.run_level(self.info.topologies[name], self.info.model, self.plan, level,
+        records = await self.pool.run_level(self.info.topologies[name], self.info.model, plan, level,
                                             list(prepared), self.stop, progress)
         return records, (view.level_figures(before, await view.scrape_all()) if before is not None else None)
 
-    async def level(self, level: float, total: int) -> bool:
-        """Every topology at `level`, read back where a previous run finished it; False if stopped."""
+    async def level(self, level: float, total: int, repeat: int = 1) -> bool:
+        """Every topology at `level` (its `repeat`-th measurement), read back where a previous run
+        finished it; False if stopped."""
+        plan = repeat_plan(self.plan, repeat)
         for name in self.info.topologies:
             self.position += 1
-            path = results.level_path(self.folder, self.plan, name, level)
+            path = results.level_path(self.folder, self.plan, name, level, repeat)
             if path.exists():
-                frame = pd.read_parquet(path)
-                for column in results.LIST_COLUMNS:
-                    frame[column] = frame[column].map(list)
+                frame = results.read_level(path)
                 self.outcome.resumed_levels += 1
                 self._publish(name, level, frame, True, total)
                 continue
             if self.stop is not None and self.stop.is_set():
                 self.outcome.stopped = True
                 return False
-            records, server = await self._records(name, level)
+            records, server = await self._records(name, level, plan)
             if records is None:
                 self.outcome.stopped = True
                 return False
-            frame = records_frame(records, self.plan.turns)
-            results.write_level(self.folder, self.plan, name, level, frame, csv=self.csv)
+            frame = records_frame(records, self.plan.turns).assign(**{results.REPEAT_COLUMN: repeat})
+            results.write_level(self.folder, self.plan, name, level, frame, csv=self.csv, repeat=repeat)
             if server is not None:
                 results.write_json(path.with_suffix(results.SERVER_SUFFIX), server)
             if self.bench is not None:  # --save-result: the level as vllm bench serve writes it, beside it
@@ -449,14 +454,18 @@ async def _adaptive_levels(sweep: _Sweep, adaptive: AdaptivePlan) -> str:
     """The coarse start, then level after level where the widest interval needs it; why it stopped."""
     plan, topologies = sweep.plan, len(sweep.info.topologies)
     levels = list(coarse_levels(plan))
+    repeats = {level: 1 for level in levels}
     for level in levels:
         if not await sweep.level(level, len(levels) * topologies):
             return "stopped"
     while True:
-        decision = decide(sweep.outcome.crossover, adaptive, plan, levels)
+        info = sweep.info
+        by_repeat = summarize_repeats(sweep.outcome.requests, info.slos_ms, info.gpus, plan)
+        decision = decide(sweep.outcome.crossover, adaptive, plan, levels, by_repeat)
         reason = decision.stop_reason or (sweep.over_budget(adaptive, decision.level)
                                           if decision.level is not None else "")
         sweep.adaptive = {**decision.to_json(), "levels": list(levels), "requests": sweep.spent_requests,
+                          "repeats": {f"{level:g}": n for level, n in repeats.items() if n > 1},
                           "traffic_s": sweep.spent_s, "stop_reason": reason,
                           "stop_sentence": STOP_REASONS.get(reason, ""),
                           "next_level": decision.level if not reason else None}
@@ -464,8 +473,11 @@ async def _adaptive_levels(sweep: _Sweep, adaptive: AdaptivePlan) -> str:
         if reason:
             return reason
         assert decision.level is not None
-        levels.append(decision.level)
-        if not await sweep.level(decision.level, len(levels) * topologies):
+        if decision.level not in repeats:
+            levels.append(decision.level)
+        repeats[decision.level] = decision.repeat
+        jobs = sum(repeats.values()) * topologies
+        if not await sweep.level(decision.level, jobs, decision.repeat):
             return "stopped"
 
 

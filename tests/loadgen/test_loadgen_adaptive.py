@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from crossover import slo
@@ -22,6 +23,7 @@ from crossover.loadgen.adaptive import (
     coarse_levels,
     decide,
     level_inside,
+    level_sides,
 )
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
 from crossover.loadgen.sweep import LevelDone, run_sweep
@@ -159,6 +161,7 @@ def test_an_adaptive_sweep_homes_in_and_resumes(crossing_fleet: FleetSpec, tmp_p
     result = run_sweep(crossing_fleet, ADAPTIVE_PLAN, tmp_path, on_level=seen.append, n_boot=50,
                        adaptive=adaptive)
     levels = sorted({level for _, level in result.measured_levels})
+    files = len(result.measured_levels)  # a repeated level has one file per measurement
     state = json.loads((tmp_path / "crossover.json").read_text())["adaptive"]
     assert state["levels"][:2] == [1.0, 6.0] and sorted(state["levels"]) == levels
     # fewer levels than the integers in the range, and a level beside the final estimate
@@ -170,17 +173,26 @@ def test_an_adaptive_sweep_homes_in_and_resumes(crossing_fleet: FleetSpec, tmp_p
     if result.stop_reason == "target":
         assert widest["width"] <= 0.05
     assert state["requests"] == len(result.requests) and state["next_level"] is None
-    assert seen[-1].position == seen[-1].total == 2 * len(levels)
+    assert seen[-1].position == seen[-1].total == files
+    repeats = state["repeats"]
+    assert files == 2 * (len(levels) + sum(n - 1 for n in repeats.values()))
+    assert sorted((tmp_path / "levels" / "big1x2c").glob("*.repeat*.parquet")) == sorted(
+        tmp_path / "levels" / "big1x2c" / f"c{int(float(x))}.repeat{r}.parquet"
+        for x, n in repeats.items() for r in range(2, n + 1))
+    if repeats:  # the summary pools a repeated level's measurements
+        pooled = result.summary.set_index(["topology", "level"])["repeats"]
+        assert all(pooled[("big1x2c", float(x))] == n for x, n in repeats.items())
     assert json.loads((tmp_path / "run.json").read_text())["adaptive"] == adaptive.to_json()
     # rerun: the same decisions from the same data, every level read back, none measured
     again = run_sweep(crossing_fleet, ADAPTIVE_PLAN, tmp_path, n_boot=50, adaptive=adaptive)
-    assert again.measured_levels == [] and again.resumed_levels == 2 * len(levels)
+    assert again.measured_levels == [] and again.resumed_levels == files
     assert again.stop_reason == result.stop_reason
+    assert len(again.requests) == len(result.requests)
     # a larger budget goes on from there (a stop for the budget was the only reason to stop)
     if result.stop_reason == "max-requests":
         more = run_sweep(crossing_fleet, ADAPTIVE_PLAN, tmp_path, n_boot=50,
                          adaptive=AdaptivePlan(target_ci=0.05, metric="output_tps", max_requests=2000))
-        assert more.measured_levels and more.resumed_levels == 2 * len(levels)
+        assert more.measured_levels and more.resumed_levels == files
 
 
 def _cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -196,6 +208,8 @@ def _cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     (["--workers", "0"], "--workers: must be between 1 and"),
     (["--workers", "4096"], "--workers: must be between 1 and"),
     (["--target-ci", "0.2"], "--target-ci: only for an adaptive sweep"),
+    (["--adaptive", "--max-repeats", "0"], "--max-repeats: must be a whole number of at least 1"),
+    (["--max-repeats", "2"], "--max-repeats: only for an adaptive sweep"),
     (["--shard", "2/2"], "--shard: want M/K"),
 ])
 def test_bad_flags_are_one_line_and_exit_2_before_traffic(flags: list[str], message: str, tmp_path: Path,
@@ -225,6 +239,10 @@ def test_the_status_line_says_the_next_level_or_why_it_stopped() -> None:
                "widest": {"what": f"{slo.GOODPUT_REQUESTS} crossing a/b", "x": 5.5, "width": None}}
     assert adaptive_line(running, "concurrency") == ("adaptive sweep: levels 1, 8 so far; next concurrency 6 "
                                                      f"(to narrow the {slo.GOODPUT_REQUESTS} crossing a/b)")
+    again = {**running, "levels": [1.0, 8.0, 6.0], "repeats": {"6": 2}, "next_repeat": 3}
+    assert adaptive_line(again, "concurrency") == (
+        "adaptive sweep: levels 1, 8, 6 (x2) so far; next concurrency 6 again "
+        f"(repeat 3, to confirm its side of the {slo.GOODPUT_REQUESTS} crossing a/b)")
     done = {**running, "next_level": None, "stop_reason": "max-requests",
             "widest": {"what": "capacity a", "x": 40.0, "width": 0.25}}
     assert adaptive_line(done, "concurrency") == (
@@ -289,3 +307,89 @@ def test_a_jump_on_the_seed_axis_keeps_the_seed_levels() -> None:
     while (decision := decide(crossing, adaptive, plan, measured)).level is not None:
         measured.append(decision.level)
     assert measured == [1.0, 8.0, 3.0, 6.0, 7.0] and decision.stop_reason == "target"
+
+
+def _itl_crossing(x: float) -> dict[str, Any]:
+    # after the crossing b has the lower p99 ITL: b is ahead
+    return {**_crossing(x, x * 0.98, x * 1.02, metric="itl_p99"), "winner": "b", "loser": "a"}
+
+
+def _by_repeat(readings: dict[float, list[float]]) -> pd.DataFrame:
+    """Rows of summarize_repeats: a's p99 ITL per level and repeat as given, b's a flat 20 ms."""
+    return pd.DataFrame([{"topology": name, "level": level, "repeat": r, "itl_p99_ms": value}
+                         for level, values in readings.items() for r, a in enumerate(values, 1)
+                         for name, value in (("a", a), ("b", 20.0))])
+
+
+def test_a_bracket_end_is_measured_again_until_its_repeats_agree() -> None:
+    plan = SweepPlan(mode=Mode.OPEN, levels=(0.5, 4.0), requests_per_level=20)
+    adaptive = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",))
+    crossing = {"crossovers": [_itl_crossing(1.3)], "capacities": []}
+    measured = [0.5, 1.41, 4.0, 1.12]
+    interval = decide(crossing, adaptive, plan, measured).intervals[0]
+    assert level_sides(interval, _by_repeat({1.41: [60.0, 10.0, 60.0]}), 1.41) == [1, -1, 1]
+    # without repeats the bracket 1.12-1.41 would be accepted: each end is measured again first
+    readings = {0.5: [10.0], 1.41: [60.0], 4.0: [60.0], 1.12: [10.0]}
+    assert decide(crossing, adaptive, plan, measured).stop_reason == "target"  # no repeat data: as before
+    step = decide(crossing, adaptive, plan, measured, _by_repeat(readings))
+    assert (step.level, step.repeat) == (1.12, 2) and step.widest == interval
+    readings[1.12].append(10.0)  # agrees: the upper end next
+    step = decide(crossing, adaptive, plan, measured, _by_repeat(readings))
+    assert (step.level, step.repeat) == (1.41, 2)
+    readings[1.41].append(10.0)  # disagrees: once more
+    assert decide(crossing, adaptive, plan, measured, _by_repeat(readings)).repeat == 3
+    readings[1.41].append(60.0)  # --max-repeats reached: the pooled reading places the level
+    assert decide(crossing, adaptive, plan, measured, _by_repeat(readings)).stop_reason == "target"
+    one = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",), max_repeats=1)
+    assert decide(crossing, one, plan, measured, _by_repeat({1.12: [10.0]})).stop_reason == "target"
+
+
+def _chancy_step_sweep(step: float, reads_jump: Any) -> tuple[list[float], dict[float, int], Interval]:
+    """An adaptive sweep over a jump that one level reads by chance: a's p99 ITL is 60 ms when
+    reads_jump(level, repeat) else 10 ms; b's a flat 20 ms. The pooled reading of a level is the
+    mean over its repeats (a stand-in for the p99 of the pooled records)."""
+    plan = SweepPlan(mode=Mode.OPEN, levels=(0.5, 4.0), requests_per_level=20)
+    adaptive = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",))
+    readings: dict[float, list[float]] = {}
+    measured: list[float] = []
+
+    def measure(level: float) -> None:
+        values = readings.setdefault(level, [])
+        values.append(60.0 if reads_jump(level, len(values) + 1) else 10.0)
+
+    for level in coarse_levels(plan):
+        measured.append(level)
+        measure(level)
+    for _ in range(40):
+        ordered = sorted(measured)
+        lead = {x: sum(readings[x]) / len(readings[x]) - 20.0 for x in ordered}
+        changes = [(lo, hi) for lo, hi in itertools.pairwise(ordered) if lead[lo] < 0 < lead[hi]]
+        crossovers: list[dict[str, Any]] = []
+        if changes:
+            lo, hi = changes[0]
+            crossovers = [_itl_crossing(lo + (hi - lo) * -lead[lo] / (lead[hi] - lead[lo]))]
+        elif lead[ordered[-1]] < 0:
+            crossovers = [{"metric": "itl_p99", "kind": "none", "topology_a": "a", "topology_b": "b"}]
+        decision = decide({"crossovers": crossovers, "capacities": []}, adaptive, plan, measured,
+                          _by_repeat(readings))
+        if decision.level is None:
+            assert decision.stop_reason == "target" and decision.intervals, decision
+            return measured, {x: len(v) for x, v in readings.items()}, decision.intervals[0]
+        if decision.repeat == 1:
+            measured.append(decision.level)
+        measure(decision.level)
+    raise AssertionError(f"no stop after {readings}")
+
+
+def test_a_level_that_read_the_wrong_side_by_chance_does_not_end_the_bracket() -> None:
+    # the P/D preset's first run: the jump lies at 1.23, and 1.41's first level missed it by
+    # chance; without repeats the sweep accepted 1.41-1.83. Its repeats read the jump, the pooled
+    # reading moves the crossing below 1.41, and the bracket that is accepted holds the jump.
+    def reads_jump(level: float, repeat: int) -> bool:
+        return level > 1.23 and not (level == 1.41 and repeat == 1)
+
+    measured, repeats, found = _chancy_step_sweep(1.23, reads_jump)
+    below = max(m for m in measured if m <= found.x)
+    above = min(m for m in measured if m >= found.x)
+    assert below <= 1.23 <= above and (above - below) / found.x <= 0.25, (measured, found)
+    assert repeats[below] >= 2 and repeats[above] >= 2 and repeats[1.41] == 3

@@ -118,6 +118,26 @@ def test_empty_requests_give_an_empty_summary() -> None:
     assert summarize(pd.DataFrame(), {"ttft": 1.0}, {}).empty
 
 
+def test_repeats_of_a_level_pool_their_requests_over_their_summed_windows() -> None:
+    from crossover.loadgen.summary import summarize_repeats
+
+    # two measurements of one level, far apart in time (the other topology ran in between): each
+    # has its own window, the rate divides by their sum, the p99 is over the pooled ITLs
+    first = [_row("a", 1.0, i, float(i), 0.1, 0.5, 10) for i in range(10)]  # window 0-9.5
+    second = [_row("a", 1.0, i, 100.0 + 2 * i, 0.1, 0.5, 10, itl=[0.5] * 9) for i in range(5)]  # 100-108.5
+    frame = pd.DataFrame(first + second).assign(repeat=[1] * 10 + [2] * 5)
+    row = summarize(frame, {"ttft": 1000.0}, {"a": 1}, OPEN).iloc[0]
+    assert row["repeats"] == 2 and row["requests"] == 15
+    assert row["duration_s"] == pytest.approx(9.5 + 8.5)
+    assert row["output_tps"] == pytest.approx(150 / 18.0)
+    assert row["itl_p99_ms"] == pytest.approx(500.0)  # a third of the pooled ITLs are 0.5 s
+    each = summarize_repeats(frame, {"ttft": 1000.0}, {"a": 1}, OPEN).set_index("repeat")
+    assert each.loc[1, "duration_s"] == pytest.approx(9.5) and each.loc[2, "requests"] == 5
+    assert each["itl_p99_ms"].tolist()[0] < 100 < each["itl_p99_ms"].tolist()[1]
+    # a table from before repeats is one measurement per level
+    assert summarize(frame.drop(columns="repeat").iloc[:10], {}, {"a": 1}, OPEN).iloc[0]["repeats"] == 1
+
+
 def test_a_level_whose_token_events_shared_reads_is_warned_about() -> None:
     """Stamps shared by several events of a stream (a client that fell behind) make TTFT and ITL
     the reads' times: past SHARED_READS_LIMIT of the events the level gets a warning line."""
