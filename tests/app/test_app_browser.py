@@ -7,7 +7,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +21,25 @@ from tests.helpers import require, require_binary
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@contextmanager
+def chromium_browser(tmp_path: Path) -> Iterator[Any]:
+    """Headless Chromium (the Debian package) driven by Playwright, closed when the block ends."""
+    chromium = require_binary("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require(False, "the playwright Python package is not installed")
+        raise
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1500, "height": 2400})
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 def wait_for_text(page, locator, timeout_ms: int, screenshot: Path) -> None:
@@ -41,12 +63,6 @@ def fill(page, label: str, value: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
-    chromium = require_binary("chromium")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        require(False, "the playwright Python package is not installed")
-        raise
     # at half speed the seed's curves keep their shape even when other tests load the machine
     spec, spec_path = spec_file_on_free_ports(tmp_path, time_scale=0.5, scrape_fast=True)
     screenshot = tmp_path / "app.png"
@@ -54,10 +70,7 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
     with running_fleet(spec), running_exporter_process(spec_path, exporter_log) as exporter_url, \
             running_app(spec_path, tmp_path / "results", tmp_path / "app.log",
                         "--exporter", exporter_url) as url, \
-            sync_playwright() as playwright:
-        browser = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1500, "height": 2400})
+            chromium_browser(tmp_path) as browser:
         page = browser.new_page()
         try:
             page.goto(url, wait_until="domcontentloaded")
@@ -86,8 +99,6 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
         except Exception:
             page.screenshot(path=str(screenshot), full_page=True)
             raise
-        finally:
-            browser.close()
     assert exceptions == 0, text
     assert errors == 0, text
     assert re.search(r"tp(2x2|4x1) overtakes tp(4x1|2x2) in goodput at concurrency about [\d.]+ "
@@ -104,19 +115,10 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_chromium_watches_an_adaptive_sweep_add_levels(tmp_path):
-    chromium = require_binary("chromium")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        require(False, "the playwright Python package is not installed")
-        raise
     spec, spec_path = spec_file_on_free_ports(tmp_path, time_scale=0.5, scrape_fast=True)
     screenshot = tmp_path / "app.png"
     with running_fleet(spec), running_app(spec_path, tmp_path / "results", tmp_path / "app.log") as url, \
-            sync_playwright() as playwright:
-        browser = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1500, "height": 2400})
+            chromium_browser(tmp_path) as browser:
         page = browser.new_page()
         try:
             page.goto(url, wait_until="domcontentloaded")
@@ -143,8 +145,6 @@ def test_chromium_watches_an_adaptive_sweep_add_levels(tmp_path):
         except Exception:
             page.screenshot(path=str(screenshot), full_page=True)
             raise
-        finally:
-            browser.close()
     steps = re.search(r"Sweep finished: (\d+) of (\d+) \(topology, level\) steps", text)
     assert steps and steps.group(1) == steps.group(2) and int(steps.group(1)) >= 4, text
     assert "levels measured: 1, 6" in text, text
