@@ -136,7 +136,7 @@ def _bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, inp
     }
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """utime + stime of a live process (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -168,7 +168,7 @@ def _run_vllm_bench(python: Path, url: str, model: str, tokenizer: Path, streams
     deadline = time.monotonic() + 900
     while process.poll() is None and time.monotonic() < deadline:
         with contextlib.suppress(OSError, IndexError, ValueError):
-            samples.append((time.time(), _cpu_seconds(process.pid)))
+            samples.append((time.time(), cpu_seconds(process.pid)))
         time.sleep(0.02)
     if process.poll() is None:
         process.kill()

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 sys.path.append(str(REPO / "benchmarks"))
 
-from bench_loadgen import _all_emitted, _quantiles  # noqa: E402
+from bench_loadgen import _all_emitted, _quantiles, cpu_seconds  # noqa: E402
 
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import Traffic, run_sweep  # noqa: E402
@@ -46,11 +46,6 @@ from crossover.spec import FleetSpec, load_spec  # noqa: E402
 from tests.loadgen.loadgen_sim_process import sim_process  # noqa: E402
 
 TOPOLOGY = "tp4xN"
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _client_cpu_seconds() -> float:
@@ -92,12 +87,12 @@ def _start_cpu_seconds(spec: FleetSpec, plan: SweepPlan, workers: int, folder: P
 
 def one(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path,
         sim_pids: list[int]) -> dict[str, float]:
-    sim_cpu = sum(_cpu_seconds(pid) for pid in sim_pids)
+    sim_cpu = sum(cpu_seconds(pid) for pid in sim_pids)
     client_cpu = _client_cpu_seconds()
     started = time.monotonic()
     result = run_sweep(spec, plan, folder, [TOPOLOGY], n_boot=0, traffic=Traffic(workers=workers))
     wall = time.monotonic() - started
-    sim_cpu = sum(_cpu_seconds(pid) for pid in sim_pids) - sim_cpu
+    sim_cpu = sum(cpu_seconds(pid) for pid in sim_pids) - sim_cpu
     client_cpu = _client_cpu_seconds() - client_cpu - _start_cpu_seconds(spec, plan, workers, folder)
     frame = result.requests
     served = {r["id"]: r for r in _all_emitted(spec, TOPOLOGY)}

@@ -64,8 +64,6 @@ def percentile_label(q: float) -> str:
 # served ones are those finished with any reason but a failed one; the rest failed.
 SERVING_HANDLERS: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions")
 CLIENT_ERROR_STATUS = "4xx"  # the status class of requests refused as bad input (not counted)
-# finished_reason values of the requests counter (catalog.REQUEST_SUCCESS) for requests served.
-SERVED_REASONS: tuple[str, ...] = ("stop", "length", "repetition")
 # finished_reason values of requests the engine finished without serving them: an engine error and
 # an engine-side abort (a cancel; a client going away is counted under no reason at all).
 FAILED_REASONS: tuple[str, ...] = ("abort", "error")

@@ -73,7 +73,7 @@ DERIVED_SERIES: tuple[DerivedSeries, ...] = (
     DerivedSeries("requests_running", "Requests running, mean over the window, summed over instances."),
     DerivedSeries("requests_waiting", "Requests waiting, mean over the window, summed over instances."),
     DerivedSeries("preemptions_per_second", "Preemptions per second."),
-    DerivedSeries(f"{slo.FAILED_REQUESTS}", "Requests the fleet should have served and did not, per "
+    DerivedSeries(slo.FAILED_REQUESTS, "Requests the fleet should have served and did not, per "
                   "second, by reason: abort and error (finished_reason), rejected (admission).", ("reason",)),
     DerivedSeries(slo.FAILURES_COUNTED, "1 when attainment counts failed requests (the targets expose "
                   "finished_reason); 0: the histogram-only fallback of older vLLM (failures unseen)."),

@@ -173,11 +173,3 @@ def bucket_fraction(threshold: float, buckets: Iterable[Bucket], count: float | 
     return fraction_of(threshold, prepare(buckets), count)
 
 
-def joint_bounds(fractions: Iterable[float]) -> tuple[float, float]:
-    """Fréchet bounds on the share meeting every SLO, knowing only each SLO's share:
-    max(0, sum(a_i) - (n - 1)) <= joint <= min(a_i). NaN bounds if any share is NaN or none given."""
-    values = list(fractions)
-    if not values or any(math.isnan(v) for v in values):
-        return NAN, NAN
-    lower = max(0.0, sum(values) - (len(values) - 1))
-    return lower, min(values)

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from crossover import slo
 from crossover.errors import UserError
 from crossover.loadgen.summary import mark_requests
 
-PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+PERCENTILE_METRICS = slo.SLO_KINDS
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # as vllm bench serve, for generative models
 DEFAULT_METRIC_PERCENTILES = (99.0,)
 DETAILED_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors")

@@ -201,7 +201,7 @@ def _metric_replicates(group: pd.DataFrame, metric: ComparedMetric, duration: fl
             return level * amount[indices].sum(axis=1) / elapsed[indices].sum(axis=1) / gpus
         per_gpu_rate = 1.0 / (duration * gpus) if duration > 0 else np.nan
         return amount[indices].sum(axis=1) * per_gpu_rate
-    if metric.name == "attainment":
+    if metric.name == slo.ATTAINMENT:
         return group["good"].to_numpy(float)[indices].mean(axis=1)
     if metric.name in ("ttft_p99", "tpot_p99"):
         source = group[metric.name[:4]].to_numpy(float).copy()
@@ -257,7 +257,7 @@ def _bootstrap(marked: pd.DataFrame, summary: pd.DataFrame, topology: str, metri
     return out
 
 
-_ATTAINMENT = ComparedMetric("attainment", "attainment", True, "SLO attainment")
+_ATTAINMENT = ComparedMetric(slo.ATTAINMENT, slo.attainment_column(), True, "SLO attainment")
 
 
 def _curves(summary: pd.DataFrame, a: str, b: str, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -376,7 +376,8 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
             requests, slos_ms or {}, plan)
     tail = (1 - confidence) / 2 * 100
     for topology in sorted(summary["topology"].unique()) if len(summary) else []:
-        rows = summary[summary["topology"] == topology].dropna(subset=["attainment"]).sort_values("level")
+        rows = (summary[summary["topology"] == topology].dropna(subset=[slo.attainment_column()])
+                .sort_values("level"))
         levels = rows["level"].to_numpy(float)
         gpus = int(rows["gpus"].iloc[0]) if len(rows) else 1
         pct = f"{objective:.0%}".replace(".0%", "%")
@@ -385,7 +386,7 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
                                 f"{topology}: no level with data"))
             continue
         u = _to_axis(levels, axis)
-        attainment = rows["attainment"].to_numpy(float)
+        attainment = rows[slo.attainment_column()].to_numpy(float)
         if len(levels) == 1:
             point, censored = (float(u[0]), "above") if attainment[0] >= objective else (float(u[0]), "below")
         else:

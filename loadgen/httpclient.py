@@ -428,6 +428,7 @@ class HTTPClient:
         elif scheme == "http":
             await loop.create_connection(lambda: protocol, sock=sock)
         else:
-            context = self._ssl or ssl.create_default_context()
-            await loop.create_connection(lambda: protocol, sock=sock, ssl=context, server_hostname=host)
+            if self._ssl is None:  # loading the CA bundle takes milliseconds: once per client
+                self._ssl = ssl.create_default_context()
+            await loop.create_connection(lambda: protocol, sock=sock, ssl=self._ssl, server_hostname=host)
         return protocol

@@ -46,8 +46,10 @@ class ServerTokenizer:
         parts = urlsplit(url)
         self.url, self.model = url.rstrip("/"), model
         self.source = f"{self.url}/tokenize"
-        self._connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80,
-                                                      timeout=_TIMEOUT_S)
+        secure = parts.scheme == "https"
+        connection = http.client.HTTPSConnection if secure else http.client.HTTPConnection
+        self._connection = connection(parts.hostname or "127.0.0.1", parts.port or (443 if secure else 80),
+                                      timeout=_TIMEOUT_S)
         self._prefix = parts.path.rstrip("/")
         probe = self._post("/tokenize", {"model": model, "prompt": "hello", "add_special_tokens": False})
         limit = probe.get("max_model_len")

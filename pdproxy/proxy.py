@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric as PromFamily
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.exposition import Hist, family, http_key
 from crossover.spec import Role, Topology
 
@@ -226,9 +226,9 @@ class EntrypointProxy:
         return await self._relay(request, next(self._decode) + request.path, body, arrival)
 
     def _failed(self, status: int, arrival: float) -> None:
-        """A request the instances refused: a 5xx is a failure; a 4xx is the client's own mistake,
-        which vLLM does not count as a finished request either (crossover.slo)."""
-        if status >= 500:
+        """A request the instances refused: a failure, unless it was refused as bad input (a 4xx
+        but 408 and 429), the client's own mistake, which vLLM does not count either (crossover.slo)."""
+        if status >= 400 and not slo.is_client_error(status):
             self.metrics.finished(ERROR, arrival, time.perf_counter(), [])
 
     async def _relay(self, request: web.Request, url: str, body: dict[str, Any],

@@ -269,7 +269,7 @@ def histogram_rate_name(metric: Stemmed, part: str, window: str, level: str = "t
 
 
 def quantile_name(metric: Stemmed, quantile: float, window: str, level: str = "topology") -> str:
-    return f"{level}:{metric.rule_stem}:p{round(quantile * 100):d}_{window}"
+    return f"{level}:{metric.rule_stem}:{slo.percentile_label(quantile)}_{window}"
 
 
 def mean_name(metric: Stemmed, window: str) -> str:
@@ -298,8 +298,6 @@ def joint_attainment_name(bound: str, window: str) -> str:
     """bound is lower or upper: max(0, sum(a_i)-(n-1)) <= joint <= min(a_i)."""
     return f"topology:vllm_{slo.ATTAINMENT}:ratio_{bound}_rate{window}"
 
-
-REQUEST_OUTCOMES = ("all", "served", "failed_finished", "unfinished")
 
 
 def requests_name(outcome: str, window: str, level: str = "topology") -> str:

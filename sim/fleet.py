@@ -73,7 +73,6 @@ class SimFleet:
             raise UserError(f"--emitter-priority must be one of {', '.join(fastpath.PRIORITIES)}, "
                             f"not {emitter_priority!r}")
         self.spec = spec
-        self.threaded_emitter = threaded
         self.path = fastpath.FastPath(threaded, emitter_priority == "realtime", gc_policy)
         self.instances: dict[str, SimInstance] = {}
         self.proxies: list[EntrypointProxy] = []

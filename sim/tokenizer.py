@@ -13,8 +13,8 @@ import zlib
 from typing import Any
 
 VOCAB_SIZE = 32_000
-MESSAGE_OVERHEAD = 4  # template tokens around each chat message (role markers, separators)
-_TEMPLATE_IDS = (1, 2, 3, 4)
+_TEMPLATE_IDS = (1, 2, 3, 4)  # template tokens around each chat message (role markers, separators)
+MESSAGE_OVERHEAD = len(_TEMPLATE_IDS)
 _ID_WORD = re.compile(r"w(\d{1,5})")
 
 
@@ -52,7 +52,7 @@ def encode_chat(messages: Any) -> list[int]:
         raise TokenizeError("messages must be a non-empty list")
     ids: list[int] = []
     for message in messages:
-        ids.extend(_TEMPLATE_IDS[:MESSAGE_OVERHEAD])
+        ids.extend(_TEMPLATE_IDS)
         ids.extend(encode(message_text(message)))
     return ids
 

@@ -16,12 +16,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from tests.helpers import require
+from tests.helpers import PACKAGE_DIRS, REPO, require
 
-REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-# the folders setuptools maps into the `crossover` namespace: what a wheel installs
-PACKAGE_DIRS = sorted(set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()))
 LOAD_CLIENT = ("loadgen/httpclient.py", "loadgen/transport.py", "loadgen/client.py", "loadgen/sse.py",
                "crossover/eventloop.py")
 

@@ -7,8 +7,9 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+from tests.helpers import REPO
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Endings that make a bare top-level name in code a path (`pyproject.toml`), not a word (`app`).
 PATH_SUFFIXES = (".py", ".md", ".yml", ".yaml", ".toml", ".json", ".c", ".sh", ".png", ".txt", ".cfg")
 _FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
@@ -20,7 +21,7 @@ USER_MADE = {"compose/.env"}
 
 
 def tracked_top_level() -> set[str]:
-    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     return {line.split("/")[0] for line in listed.splitlines()}
 
 
@@ -63,14 +64,14 @@ def exists(base: Path, cited: str) -> bool:
 
 def missing_paths(doc: Path, top_level: set[str]) -> list[str]:
     text = doc.read_text()
-    missing = [c for c in cited_in_code(text, top_level) if c not in USER_MADE and not exists(ROOT, c)]
+    missing = [c for c in cited_in_code(text, top_level) if c not in USER_MADE and not exists(REPO, c)]
     missing += [link for link in cited_in_links(text) if link and not exists(doc.parent, link)]
     return missing
 
 
 def test_every_cited_path_exists() -> None:
     top_level = tracked_top_level()
-    missing = {str(doc.relative_to(ROOT)): found for doc in DOCS if (found := missing_paths(doc, top_level))}
+    missing = {str(doc.relative_to(REPO)): found for doc in DOCS if (found := missing_paths(doc, top_level))}
     assert not missing, f"docs cite paths that do not exist: {missing}"
 
 
@@ -92,18 +93,18 @@ def test_the_extractor_sees_the_forms_docs_use(tmp_path: Path) -> None:
 
 def test_nothing_points_at_the_teams_shared_folder() -> None:
     """Users have no `shared` folder beside their checkout: what they need is in docs/."""
-    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     needles = ("shared/" + "reference", "../" + "shared", "/work/" + "shared")
     pointing = [path for path in listed.splitlines()
-                if (ROOT / path).is_file() and not path.endswith(".png")
-                and any(n in (ROOT / path).read_text(errors="replace") for n in needles)]
+                if (REPO / path).is_file() and not path.endswith(".png")
+                and any(n in (REPO / path).read_text(errors="replace") for n in needles)]
     assert not pointing, f"these files point at the team's shared folder: {pointing}"
 
 
 def test_the_readme_lists_every_command() -> None:
     from crossover.cli import SUBCOMMANDS
 
-    listed = set(re.findall(r"^\| `crossover ([a-z]+)", (ROOT / "README.md").read_text(), re.M))
+    listed = set(re.findall(r"^\| `crossover ([a-z]+)", (REPO / "README.md").read_text(), re.M))
     assert listed == set(SUBCOMMANDS), (f"missing from README's table: {set(SUBCOMMANDS) - listed}; "
                                         f"not commands: {listed - set(SUBCOMMANDS)}")
 
@@ -111,13 +112,13 @@ def test_the_readme_lists_every_command() -> None:
 def test_performance_has_one_section_per_benchmark_with_its_command() -> None:
     """docs/performance.md: a section per benchmark (`## ...: `benchmarks/NAME``), each with the command
     that made its figures."""
-    text = (ROOT / "docs" / "performance.md").read_text()
+    text = (REPO / "docs" / "performance.md").read_text()
     sections = {}
     for section in re.split(r"^## ", text, flags=re.M)[1:]:
         named = re.search(r"`benchmarks/([\w.]+\.py)`", section.splitlines()[0])
         assert named, f"a section of docs/performance.md names no benchmark: {section.splitlines()[0]!r}"
         sections[named.group(1)] = section
-    mains = {path.name for path in (ROOT / "benchmarks").glob("*.py") if "__main__" in path.read_text()
+    mains = {path.name for path in (REPO / "benchmarks").glob("*.py") if "__main__" in path.read_text()
              and (path.name.startswith("bench_") or path.name in {"soak.py", "gpu_profile.py"})}
     assert mains <= set(sections), f"benchmarks without a section: {mains - set(sections)}"
     for name, section in sections.items():
@@ -127,11 +128,11 @@ def test_performance_has_one_section_per_benchmark_with_its_command() -> None:
 
 def test_code_cites_only_docs_that_exist() -> None:
     """A comment or docstring that sends the reader to a page under docs/ sends them somewhere real."""
-    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     sources = [path for path in listed.splitlines()
                if not path.startswith(("docs/", "tests/fixtures/")) and path != "README.md"
-               and (ROOT / path).is_file() and not path.endswith((".png", ".csv"))]
+               and (REPO / path).is_file() and not path.endswith((".png", ".csv"))]
     cited = {(path, page) for path in sources
-             for page in re.findall(r"\bdocs/[\w-]+\.md\b", (ROOT / path).read_text(errors="replace"))}
-    missing = sorted(f"{path}: {page}" for path, page in cited if not (ROOT / page).exists())
+             for page in re.findall(r"\bdocs/[\w-]+\.md\b", (REPO / path).read_text(errors="replace"))}
+    missing = sorted(f"{path}: {page}" for path, page in cited if not (REPO / page).exists())
     assert not missing, f"code cites docs that do not exist: {missing}"

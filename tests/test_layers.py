@@ -4,17 +4,15 @@ imports (ast), so an import inside a function counts as much as one at the top o
 from __future__ import annotations
 
 import ast
-import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-GROUND = ROOT / "crossover"
+from tests.helpers import PACKAGE_DIR, REPO
+
+GROUND = REPO / "crossover"
 
 
 def parts_above_ground() -> set[str]:
     """The subpackages that pyproject maps from their own folders: exporter, rules, ..., demo."""
-    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    return {name for name in package_dir if name != "crossover"}
+    return {name for name in PACKAGE_DIR if name != "crossover"}
 
 
 def imported_modules(source: str, module: str) -> list[tuple[int, str]]:
@@ -49,7 +47,7 @@ def test_the_ground_package_imports_nothing_above_it() -> None:
         module = "crossover." + ".".join(path.relative_to(GROUND).with_suffix("").parts)
         found = upward_imports(path.read_text(), module, above)
         if found:
-            offenders[str(path.relative_to(ROOT))] = found
+            offenders[str(path.relative_to(REPO))] = found
     assert not offenders, f"the ground package imports upward: {offenders}"
 
 

@@ -48,6 +48,9 @@ def test_joint_bounds_and_goodput():
     assert (lower, upper) == (pytest.approx(0.7), 0.8)
     assert slo.goodput(10.0, lower) == pytest.approx(7.0)
     assert all(math.isnan(b) for b in slo.joint_bounds([]))
+    assert all(math.isnan(b) for b in slo.joint_bounds([0.9, math.nan]))
+    assert slo.joint_bounds([0.3, 0.4]) == (0.0, 0.3)
+    assert slo.joint_bounds([0.9, 0.9, 0.9]) == pytest.approx((0.7, 0.9))
     assert slo.joint_slos(["itl", "e2el", "ttft"]) == ("ttft", "e2el")
 
 

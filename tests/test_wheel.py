@@ -20,10 +20,7 @@ import yaml
 
 from crossover.netutil import free_port
 from crossover.processes import stop_group
-from tests.helpers import REPO, SPECS
-
-# The folders pyproject.toml maps into the crossover namespace: everything the wheel ships.
-SHIPPED = ("crossover", "exporter", "rules", "dashboards", "app", "sim", "loadgen")
+from tests.helpers import PACKAGE_DIRS, REPO, SPECS
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +121,7 @@ def test_installed_servers_start_from_an_empty_folder(installed: dict[str, str],
 def test_no_shipped_module_reads_the_source_tree() -> None:
     """A file found through the source tree's parents is missing from a wheel."""
     offenders = []
-    for folder in SHIPPED:
+    for folder in PACKAGE_DIRS:
         for path in (REPO / folder).rglob("*.py"):
             text = path.read_text(encoding="utf-8")
             if "parent.parent" in text:

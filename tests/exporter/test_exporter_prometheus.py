@@ -30,12 +30,11 @@ from crossover.exporter.parse import Parser
 from crossover.exporter.quantile import histogram_quantile
 from crossover.exporter.service import Exporter
 from crossover.netutil import free_port, spec_on_free_ports
+from crossover.sim import fleet as sim_fleet
 from crossover.slo import QUANTILES, SLO_HISTOGRAMS, quantile_label
 from crossover.spec import load_spec
 from tests.exporter.exporter_traffic import send
 from tests.helpers import FIXTURES, SPECS, require_binary, serving_http
-
-sim_fleet = pytest.importorskip("crossover.sim.fleet")
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(180)]
 

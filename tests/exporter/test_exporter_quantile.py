@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossover.exporter.quantile import bucket_fraction, histogram_quantile, joint_bounds
+from crossover.exporter.quantile import bucket_fraction, histogram_quantile
 
 INF = math.inf
 # 10 observations: 2 in (0, 0.1], 6 in (0.1, 0.5], 2 in (0.5, 1].
@@ -108,10 +108,3 @@ def test_fraction_above_the_highest_bound_is_a_lower_bound():
 def test_fraction_without_observations_is_nan():
     assert math.isnan(bucket_fraction(0.5, [(0.5, 0.0), (INF, 0.0)]).value)
 
-
-def test_joint_bounds_are_the_frechet_bounds():
-    assert joint_bounds([0.9, 0.8]) == pytest.approx((0.7, 0.8))
-    assert joint_bounds([0.3, 0.4]) == (0.0, 0.3)
-    assert joint_bounds([0.9, 0.9, 0.9]) == pytest.approx((0.7, 0.9))
-    lower, upper = joint_bounds([0.9, math.nan])
-    assert math.isnan(lower) and math.isnan(upper)

@@ -21,11 +21,10 @@ from crossover.exporter import names
 from crossover.exporter.derive import derive
 from crossover.exporter.service import Exporter, running_exporter
 from crossover.netutil import free_port, spec_on_free_ports
+from crossover.sim import fleet as sim_fleet
 from crossover.spec import Fault, FleetSpec, load_spec
 from tests.exporter.exporter_traffic import Timed, send, send_sync
 from tests.helpers import SPECS
-
-sim_fleet = pytest.importorskip("crossover.sim.fleet")
 
 pytestmark = pytest.mark.timeout(120)
 
