@@ -29,6 +29,7 @@ from aiohttp import web
 
 from crossover.cli import main as crossover_main
 from crossover.netutil import free_port, spec_on_free_ports
+from crossover.rules.model import BURN_ALERT
 from crossover.sim.fleet import running_fleet
 from crossover.spec import Fault, FleetSpec, load_spec
 from tests.faults.faults_servers import serving
@@ -40,7 +41,7 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(240)
 # 30 days x 0.001 = 43 minutes; the 1h/5m page tier becomes 4 s/4 s (four 1 s scrapes at least).
 WINDOW_SCALE = 0.001
 SLOWDOWN = 20.0  # TPOT ~6 ms -> ~120 ms against the 50 ms SLO
-ALERT = "VllmGoodputBudgetBurn"
+ALERT = BURN_ALERT
 
 
 def _fast_spec() -> FleetSpec:
