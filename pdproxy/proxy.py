@@ -27,6 +27,7 @@ from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog, slo
 from crossover.exposition import Hist, family, http_key
+from crossover.loadgen.sse import DONE, SSEOverflow, SSEParser
 from crossover.spec import Role, Topology
 
 # A non-streamed answer is kept (up to this size) only to read its finish reason.
@@ -92,23 +93,34 @@ class EntrypointMetrics:
 
 class _Stream:
     """Reads a relayed server-sent-event stream on the side: when each token event passed, and the
-    finish reason. Events are split on blank lines, whatever the chunking."""
+    finish reason. The loadgen's SSEParser splits the events, whatever the chunking and line ends."""
 
     def __init__(self) -> None:
-        self.buffer = b""
+        self.parser: SSEParser | None = SSEParser()
         self.tokens: list[float] = []
         self.reason: str | None = None
 
     def feed(self, chunk: bytes, now: float) -> None:
-        self.buffer += chunk
-        *events, self.buffer = self.buffer.replace(b"\r\n", b"\n").split(b"\n\n")
-        for event in events:
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._data(line[5:].strip(), now)
+        if self.parser is None:
+            return
+        try:
+            events = self.parser.feed(chunk)
+        except SSEOverflow:
+            # Not SSE after all: stop reading on the side (the relay goes on, byte for byte), and
+            # a stream that never said why it ended counts as an error.
+            self.parser = None
+            return
+        for data in events:
+            self._data(data, now)
+
+    def finish(self, now: float) -> None:
+        """The stream ended: a last event without its blank line still counts."""
+        if self.parser is not None:
+            for data in self.parser.finish():
+                self._data(data, now)
 
     def _data(self, data: bytes, now: float) -> None:
-        if not data or data == b"[DONE]":
+        if not data or data == DONE:
             return
         try:
             payload = json.loads(data)
@@ -255,6 +267,7 @@ class EntrypointProxy:
                     await response.write(chunk)
                     client_left = False
                 await response.write_eof()
+            stream.finish(time.perf_counter())
         except (aiohttp.ClientError, ConnectionError):
             # The instance cut the connection (a drop fault) or the client left: cut ours the same way.
             self.metrics.finished(None if client_left else ERROR, arrival, time.perf_counter(), stream.tokens)
