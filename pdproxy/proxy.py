@@ -153,12 +153,11 @@ class EntrypointProxy:
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
         self.url = topology.entrypoint.url
-        roles = {i.role for i in topology.instances}
-        self.disaggregated = Role.PREFILL in roles
-        prefill = [i.url for i in topology.instances if i.role is Role.PREFILL]
-        decode = [i.url for i in topology.instances if i.role is not Role.PREFILL]
-        self._prefill = itertools.cycle(prefill) if prefill else None
-        self._decode = itertools.cycle(decode)
+        # P/D: prefill, then decode; colocated: round robin over every instance, as decoders.
+        self.prefill = [i.url for i in topology.instances if i.role is Role.PREFILL]
+        self.decode = [i.url for i in topology.instances if i.role is not Role.PREFILL]
+        self._prefill = itertools.cycle(self.prefill)
+        self._decode = itertools.cycle(self.decode)
         self.metrics = EntrypointMetrics(model_name)
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -216,7 +215,7 @@ class EntrypointProxy:
         if not isinstance(body, dict):
             return web.json_response({"object": "error", "message": "request body must be a JSON object",
                                       "type": "BadRequestError", "code": 400}, status=400)
-        if self.disaggregated and self._prefill is not None:
+        if self.topology.disaggregated:
             prefill_body: dict[str, Any] = {**body, "max_tokens": 1, "stream": False,
                                             "kv_transfer_params": {"do_remote_decode": True,
                                                                    "do_remote_prefill": False}}
