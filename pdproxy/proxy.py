@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog, slo
-from crossover.exposition import Hist, family, http_key
+from crossover.exposition import Hist, family, http_counter, http_key
 from crossover.loadgen.sse import DONE, SSEOverflow, SSEParser
 from crossover.spec import Role, Topology
 
@@ -165,7 +165,8 @@ class EntrypointProxy:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._count_http])
+        app = web.Application(client_max_size=64 * 1024 * 1024,
+                              middlewares=[http_counter(self.metrics.on_http)])
         app.router.add_post("/v1/completions", self.forward)
         app.router.add_post("/v1/chat/completions", self.forward)
         app.router.add_get("/v1/models", self.models)
@@ -185,15 +186,6 @@ class EntrypointProxy:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
-
-    @web.middleware
-    async def _count_http(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """Every answered API request by handler, method and status class, as vLLM's API server
-        counts them (its own /metrics and /health left out); a stream the client cut counts 2xx."""
-        response: web.StreamResponse = await handler(request)
-        if request.path not in ("/metrics", "/health"):
-            self.metrics.on_http(request.path, request.method, response.status)
-        return response
 
     async def serve_metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
