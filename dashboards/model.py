@@ -163,7 +163,7 @@ def _goodput_panels(rules: RuleSet) -> tuple[Panel, ...]:
     objective = rules.spec.slos.objective
     slo_queries = tuple(_requests(m.attainment_name(b.slo, WINDOW), f"{SOURCE_LEGEND} {b.slo}")
                         for b in rules.slo_buckets)
-    request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
+    request_slos = m.request_slo_buckets(rules.slo_buckets)
     goodput_rows: list[Panel] = [Panel(
         title="Attainment per SLO",
         description="Share of all requests the topology should have served that were served within each "
@@ -411,7 +411,7 @@ def _decode_panels(rules: RuleSet) -> tuple[Panel, ...]:
 
 
 def _per_role_panels(rules: RuleSet) -> tuple[Panel, ...]:
-    request_slos = [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
+    request_slos = m.request_slo_buckets(rules.slo_buckets)
     twice = ("A P/D request is one request on the prefill instance (max_tokens 1), one on the decode "
              "instance and one at the entrypoint; the overlay counts it once (entrypoint, else decode-side), "
              "here each role shows its own.")

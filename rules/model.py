@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -382,6 +382,14 @@ def le_regex(value: float) -> str:
     return "|".join(re.escape(form) for form in le_spellings(value))
 
 
+BURN_ALERT = "VllmGoodputBudgetBurn"  # the multi-window burn-rate alert on the goodput SLO
+
+
+def request_slo_buckets(buckets: Iterable[SloBucket]) -> list[SloBucket]:
+    """The buckets of the SLOs that enter the joint bounds (crossover.slo.PER_REQUEST_SLOS)."""
+    return [b for b in buckets if b.slo in slo.PER_REQUEST_SLOS]
+
+
 def slo_buckets(spec: FleetSpec, refuse_off_boundary: bool = False,
                 source: str = "spec") -> tuple[tuple[SloBucket, ...], tuple[str, ...]]:
     """Pick each SLO's bucket: the boundary itself, or the stricter neighbour below it (with a
@@ -735,7 +743,7 @@ class _Builder:
     def goodput_rules(self, raw_windows: tuple[str, ...],
                       dashboard_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []
-        request_slos = [b for b in self.buckets if b.slo in slo.PER_REQUEST_SLOS]
+        request_slos = request_slo_buckets(self.buckets)
         rules.append(self.unfinished_rule(raw_windows[-1]))
         for window in raw_windows:
             rules.extend(self.slo_rules(window, raw_windows[-1]))
@@ -831,7 +839,7 @@ class _Builder:
             expr = (f"{sli_error_name(tier.long)} > {threshold}\n"
                     f"and\n{sli_error_name(tier.short)} > {threshold}")
             alerts.append(AlertRule(
-                "VllmGoodputBudgetBurn", expr, tier.for_s, tier.severity,
+                BURN_ALERT, expr, tier.for_s, tier.severity,
                 summary="Topology {{ $labels.topology }} burns its {{ $labels.slo }} error budget "
                         f"{tier.factor:g}x too fast",
                 description=f"Over both {tier.long} and {tier.short}, more than {tier.factor:g} x "
@@ -839,7 +847,7 @@ class _Builder:
                             "{{ $labels.topology }} missed the {{ $labels.slo }} SLO; at this rate "
                             f"{tier.budget_share * 100:g}% of the {format_duration(self.period_s)} "
                             f"error budget is gone within {tier.long}.",
-                runbook_url=self.runbook("VllmGoodputBudgetBurn"),
+                runbook_url=self.runbook(BURN_ALERT),
                 labels=(("long_window", tier.long),)))
         alerts.append(AlertRule(
             "VllmErrorBudgetExhausted", f"{BUDGET_REMAINING_NAME} <= 0", 0.0, "warning",

@@ -21,7 +21,7 @@ from crossover import catalog, slo
 from crossover.catalog import Metric, MetricType
 from crossover.exporter.quantile import histogram_quantile
 from crossover.rules import model as m
-from crossover.rules.model import AlertRule, RuleSet, SloBucket
+from crossover.rules.model import AlertRule, RuleSet
 from crossover.rules.render import dump, expand_annotation, header
 from crossover.spec import ENTRYPOINT_ROLE, Instance, Role, Topology, entrypoint_replica, format_duration
 
@@ -248,10 +248,6 @@ def _topology_series(data: _Input, rules: RuleSet, topology: Topology, load: _Lo
     return index
 
 
-def _request_slos(rules: RuleSet) -> list[SloBucket]:
-    return [b for b in rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
-
-
 def _ttft_p99(rules: RuleSet, good: float, instances: int) -> float:
     ttft_shape = _latency_shape(catalog.TTFT, good, rules)
     cumulative = [0.0]
@@ -264,7 +260,7 @@ def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) 
     """What the topology-level recording rules must come out at under `load`."""
     key = _topology_key(rules, topology)
     n = len(topology.instances)
-    request_slos = _request_slos(rules)
+    request_slos = m.request_slo_buckets(rules.slo_buckets)
     lower, upper = slo.joint_bounds([load.attained] * len(request_slos))
     # Each request once: from the entrypoint or the decode role of a P/D topology; tokens
     # generated on the decode role only.
@@ -306,7 +302,7 @@ def _role_expectations(rules: RuleSet, topology: Topology, load: _Load, window: 
         role_key = {"topology": topology.name, "role": role, "model_name": rules.spec.model.name}
         expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, m.ROLE_LEVEL), role_key,
                              load.finished_per_s * count))
-        for bucket in _request_slos(rules):
+        for bucket in m.request_slo_buckets(rules.slo_buckets):
             name = m.attainment_name(bucket.slo, window, m.ROLE_LEVEL)
             expectations.append((name, role_key, load.attained))
     return expectations
@@ -356,7 +352,7 @@ def _expect_burn(rules: RuleSet, expected: dict[str, list[dict[str, Any]]], key:
                  attained: float) -> None:
     error = 1 - attained
     for rule in rules.alerts:
-        if rule.alert == "VllmGoodputBudgetBurn":
+        if rule.alert == m.BURN_ALERT:
             tier = next(t for t in rules.tiers if ("long_window", t.long) in rule.labels)
             if error > tier.factor * rules.error_budget:
                 for bucket in rules.slo_buckets:
@@ -389,7 +385,7 @@ def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
     and TTFT buckets without the SLO boundary."""
     spec = rules.spec
     interval = 60.0
-    longest_for = max((a.for_s for a in rules.alerts if a.alert != "VllmGoodputBudgetBurn"), default=0.0)
+    longest_for = max((a.for_s for a in rules.alerts if a.alert != m.BURN_ALERT), default=0.0)
     # Rules are evaluated every `step`: leave two whole steps after the longest `for` has run out.
     eval_s = math.ceil((longest_for + interval + 2 * step) / step) * step
     samples = int(eval_s / interval) + 1

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from crossover.netutil import free_port
+from crossover.rules.model import BURN_ALERT
 from crossover.spec import load_spec
 from tests.helpers import REPO, require, require_binary
 
@@ -242,13 +243,13 @@ def test_a_goodput_breach_reaches_alertmanager_and_the_webhook(stack: Stack) -> 
 
     def burn_alert() -> list[dict[str, Any]]:
         alerts = stack.get("ALERTMANAGER_PORT", "/api/v2/alerts")
-        return [a for a in alerts if a["labels"].get("alertname") == "VllmGoodputBudgetBurn"
+        return [a for a in alerts if a["labels"].get("alertname") == BURN_ALERT
                 and a["labels"].get("topology") == "tp4x1"]
 
     alerts = wait_for("VllmGoodputBudgetBurn for tp4x1 in Alertmanager", burn_alert, ALERT_TIMEOUT_S, 10)
     assert alerts[0]["labels"]["severity"] == "critical"
     # Alertmanager delivered it to the stack's webhook, which logs each notification.
-    wait_for("the webhook's log line", lambda: "VllmGoodputBudgetBurn" in stack.compose(
+    wait_for("the webhook's log line", lambda: BURN_ALERT in stack.compose(
         "logs", "--no-color", "alert-webhook").stdout, 60)
 
 

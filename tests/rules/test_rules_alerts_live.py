@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from crossover.rules.model import RulesConfig
+from crossover.rules.model import BURN_ALERT, RulesConfig
 from crossover.spec import Fault
 from tests.rules.live_stack import LiveStack, drive, live_stack
 
@@ -40,12 +40,12 @@ def test_slowed_topology_fires_the_page_within_a_minute(stack: LiveStack) -> Non
         while time.monotonic() < deadline and not firing:
             time.sleep(1)
             firing = [a for a in stack.prometheus.alerts()
-                      if a["labels"]["alertname"] == "VllmGoodputBudgetBurn" and a["state"] == "firing"
+                      if a["labels"]["alertname"] == BURN_ALERT and a["state"] == "firing"
                       and a["labels"]["topology"] == "tp4x1" and a["labels"]["severity"] == "critical"]
         assert firing, f"no critical burn alert for tp4x1; alerts: {stack.prometheus.alerts()}"
         assert firing[0]["annotations"]["runbook_url"].endswith("#vllmgoodputbudgetburn")
         healthy = [a for a in stack.prometheus.alerts()
-                   if a["labels"]["alertname"] == "VllmGoodputBudgetBurn"
+                   if a["labels"]["alertname"] == BURN_ALERT
                    and a["labels"]["topology"] == "tp2x2"]
         assert not healthy, f"the unfaulted topology burns too: {healthy}"
         print(f"critical burn alert fired {time.monotonic() - started:.0f}s after the fault")

@@ -13,7 +13,7 @@ from crossover.cli import main
 from crossover.errors import UserError
 from crossover.rules import model as m
 from crossover.rules.generate import Format, outputs
-from crossover.rules.model import RulesConfig, build_rules, le_spellings, slo_buckets
+from crossover.rules.model import BURN_ALERT, RulesConfig, build_rules, le_spellings, slo_buckets
 from crossover.spec import load_spec, parse_duration, parse_spec
 from tests.helpers import SPECS
 
@@ -41,7 +41,7 @@ def test_burn_factors_follow_the_period_and_objective() -> None:
     first = rules.tiers[0]
     assert first.long_s == round(3600 * 7 / 30)
     assert first.factor == pytest.approx(0.02 * 7 * 86400 / first.long_s, rel=1e-6)
-    burn = next(a for a in rules.alerts if a.alert == "VllmGoodputBudgetBurn")
+    burn = next(a for a in rules.alerts if a.alert == BURN_ALERT)
     assert f"({first.factor!r} * 0.005)" in burn.expr
 
 
