@@ -8,11 +8,19 @@ and the P/D proxy's entrypoint metrics. Names, types, labels and buckets come fr
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client.metrics_core import Metric as PromFamily
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.catalog import MetricType
+
+# The API paths vLLM's HTTP instrumentation counts that we serve: the serving handlers and the model
+# list (it leaves out /metrics, /health and the like). Stray paths are not counted: a client's typos
+# must not add series.
+COUNTED_HANDLERS = frozenset({*slo.SERVING_HANDLERS, "/v1/models"})
 
 
 class Hist:
@@ -39,6 +47,33 @@ def http_key(handler: str, method: str, status: int) -> tuple[str, str, str]:
     """The label values of catalog.HTTP_REQUESTS for one answered request, as vLLM's API server
     (prometheus-fastapi-instrumentator) counts it: the status as its class ("2xx", "5xx")."""
     return handler, method, f"{status // 100}xx"
+
+
+def http_counter(on_http: Callable[[str, str, int], None]) -> Middleware:
+    """An aiohttp middleware that calls on_http(handler, method, status) once per request of
+    COUNTED_HANDLERS, as vLLM's API server counts http_requests_total: the status answered, an
+    exception's status (500 if it is not an HTTP one), and 2xx for a client that went away, streamed
+    or not (a stream counts once its headers are out, however it ends; measured on vLLM 0.32)."""
+
+    @web.middleware
+    async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in COUNTED_HANDLERS:
+            return await handler(request)
+        status = 200  # stays so when the client leaves: the handler is cancelled, not failed
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            on_http(request.path, request.method, status)
+
+    return count
 
 
 def family(metric: catalog.Metric, name: str, labels: dict[str, str], created: float,

@@ -32,6 +32,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a TCP port on host can be listened on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def _with_port(url: str, port: int) -> str:
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, f"{parts.hostname}:{port}", parts.path, parts.query, parts.fragment))

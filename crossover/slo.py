@@ -41,6 +41,8 @@ SLO_HISTOGRAMS: dict[str, Metric] = {
 PER_REQUEST_SLOS: tuple[str, ...] = ("ttft", "tpot", "e2el")
 # The quantiles every output reports (exporter series, recording rules, sweep columns).
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
+# The tail quantile that tables, crossings and server-side columns show of each kind (p99).
+TAIL_QUANTILE = 0.99
 
 
 def quantile_label(q: float) -> str:
@@ -51,6 +53,11 @@ def quantile_label(q: float) -> str:
 def percentile_label(q: float) -> str:
     """The short name of a quantile in column and rule names: 0.99 -> "p99"."""
     return f"p{round(q * 100):d}"
+
+
+def percentile_column(kind: str, q: float) -> str:
+    """The results column of a latency kind's quantile, in ms: ("ttft", 0.99) -> "ttft_p99_ms"."""
+    return f"{kind}_{percentile_label(q)}_ms"
 
 
 # --- request outcomes, server side -------------------------------------------------------------

@@ -8,14 +8,14 @@ prints the per-level table and the crossover sentence, and exits: the same job f
 
 Every part is started through its own `crossover` subcommand as a child process (one process
 group each, see demo/procs.py), so the demo depends on the parts' command lines, not their insides;
-a part missing from this build, or a binary missing from this machine, is skipped with a note.
+a binary missing from this machine (Prometheus, Alertmanager) is skipped with a note. The Prometheus
+config and rules are what `crossover rules` writes, generated in process with the demo's ports.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import shutil
 import socket
@@ -29,17 +29,16 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from crossover.cli import SUBCOMMANDS
 from crossover.demo.procs import Supervisor, crossover_command, http_ok, tail, terminate_as_interrupt
-from crossover.demo.prom import (
-    fallback_scrape_configs,
-    find_generated,
-    prometheus_config,
-)
 from crossover.errors import UserError
-from crossover.netutil import free_port, spec_on_free_ports
+from crossover.loadgen.plan import LengthDist, parse_levels
+from crossover.netutil import free_port, port_free, spec_on_free_ports
+from crossover.outdir import write_into
 from crossover.rules.alertmanager import alertmanager_config
+from crossover.rules.generate import SCRAPE_FILE, Format, outputs
+from crossover.rules.model import build_rules
 from crossover.rules.prom import alertmanager_binary, prometheus_binary
+from crossover.rules.render import scrape_config_yaml
 from crossover.spec import FleetSpec, load_spec
 from crossover.starter import DEFAULT_EXAMPLE, example_spec
 
@@ -50,6 +49,7 @@ DEFAULT_ROUNDS = 8.0
 # Preferred ports for the UIs (the usual ones, so bookmarks work); a free port when taken.
 PREFERRED_PORTS = {"exporter": 9400, "prometheus": 9090, "alertmanager": 9093, "app": 8501}
 READY_TIMEOUT_S = 60.0
+ALERTS_LOG = "alerts.jsonl"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,24 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ---- planning: plain decisions from the arguments and the machine ------------------------------
-
-
-def available(subcommand: str) -> bool:
-    """Whether this build has the module behind `crossover SUBCOMMAND`."""
-    module = SUBCOMMANDS[subcommand][0]
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def pick_port(name: str, usual: bool = True) -> int:
@@ -170,22 +152,12 @@ def sweep_levels(args: argparse.Namespace) -> tuple[str, str]:
     (the sweep would refuse them too, but only after the fleet is up)."""
     option, text = ("--rate", args.rate) if args.rate else ("--concurrency", args.concurrency or
                                                            DEFAULT_CONCURRENCY)
-    try:
-        levels = [float(item) for item in text.split(",")]
-    except ValueError:
-        levels = []
-    if not levels or not all(0 < level < float("inf") for level in levels):
-        raise UserError(f"{option}: cannot read {text!r} (want positive numbers separated by commas, "
-                        "e.g. 1,4,16,64)")
+    parse_levels(text, option)
     return option, text
 
 
 def check_lengths(args: argparse.Namespace) -> None:
     """--input-len / --output-len refused before the fleet starts, in the sweep's own words."""
-    if not available("sweep"):
-        return
-    from crossover.loadgen.plan import LengthDist
-
     for option, text in (("--input-len", args.input_len), ("--output-len", args.output_len)):
         if text is not None:
             LengthDist.parse(text, option)  # its UserError names the option
@@ -219,12 +191,6 @@ def exporter_command(spec_path: Path, port: int) -> list[str]:
     return crossover_command("exporter", str(spec_path), "--port", str(port), "--bind", "127.0.0.1")
 
 
-def rules_command(spec_path: Path, out: Path, exporter: str | None) -> list[str]:
-    """exporter: host:port to scrape beside the instances, or None."""
-    command = crossover_command("rules", str(spec_path), "--out", str(out))
-    return command + (["--exporter-target", exporter] if exporter else [])
-
-
 def app_command(spec_path: Path, port: int, results: Path, exporter: str | None,
                 prometheus: str | None, follow: Path | None = None) -> list[str]:
     command = crossover_command("app", str(spec_path), "--port", str(port), "--address", "127.0.0.1",
@@ -254,7 +220,8 @@ class Stack:
     spec_path: Path
     simulated: bool
     usual_ports: bool = True
-    urls: dict[str, str] = field(default_factory=dict)
+    urls: dict[str, str] = field(default_factory=dict)  # part -> base URL, as other parts are given it
+    rules_dir: Path | None = None  # where the rules Prometheus loads were written
     notes: list[str] = field(default_factory=list)
 
 
@@ -268,15 +235,11 @@ def start_fleet(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
         stack.notes.append("fleet: real servers, not simulated")
         start_entrypoints(sup, stack, spec)
         return
-    if not available("sim"):
-        raise UserError("this build has no simulator (crossover sim); give a spec of real servers "
-                        "with --no-sim")
     child = sup.start("sim", sim_command(stack.spec_path))
     urls = [url for _, url in instance_urls(spec)]
     entrypoints = [t.entrypoint.url for t in spec.topologies if t.entrypoint.url]
     sup.wait_ready(child, lambda: all(http_ok(u + "/health", 1.0) for u in urls)
                    and all(tcp_open(u) for u in entrypoints), READY_TIMEOUT_S)
-    stack.urls["simulator"] = ", ".join(f"{name} {url}" for name, url in instance_urls(spec))
 
 
 def start_entrypoints(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
@@ -286,38 +249,36 @@ def start_entrypoints(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
         url = topology.entrypoint.url
         if url is None or tcp_open(url):
             continue
-        if not available("pdproxy"):
-            raise UserError(f"nothing answers at topology {topology.name}'s entrypoint {url} and this "
-                            "build has no P/D proxy (crossover pdproxy) to serve it")
         child = sup.start(f"pdproxy-{topology.name}", pdproxy_command(stack.spec_path, topology.name))
         sup.wait_ready(child, functools.partial(tcp_open, url), READY_TIMEOUT_S)
         stack.urls[f"entrypoint {topology.name}"] = url
 
 
 def start_exporter(sup: Supervisor, stack: Stack) -> None:
-    if not available("exporter"):
-        stack.notes.append("exporter: not in this build (crossover exporter), skipped")
-        return
     port = pick_port("exporter", stack.usual_ports)
     child = sup.start("exporter", exporter_command(stack.spec_path, port))
     url = f"http://127.0.0.1:{port}"
     sup.wait_ready(child, lambda: http_ok(url + "/metrics"), READY_TIMEOUT_S)
-    stack.urls["exporter"] = url + "/metrics"
+    stack.urls["exporter"] = url
 
 
-def generate_rules(stack: Stack) -> Path | None:
-    if not available("rules"):
-        stack.notes.append("rules: not in this build (crossover rules); Prometheus scrapes without rules")
-        return None
-    out = stack.out / "rules"
+def write_prometheus_config(stack: Stack, spec: FleetSpec, alertmanager: str | None) -> Path:
+    """What `crossover rules --exporter-target --alertmanager` writes, into OUT/rules; returns the
+    prometheus.yml. A spec the rules refuse is still scraped, without rules."""
     exporter = urlsplit(stack.urls["exporter"]).netloc if "exporter" in stack.urls else None
-    result = subprocess.run(rules_command(stack.spec_path, out, exporter),
-                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        stack.notes.append(f"rules: `crossover rules` failed ({result.stderr.strip()[-300:]}); "
-                           "Prometheus scrapes without rules")
-        return None
-    return out
+    out = stack.out / "rules"
+    source = str(stack.spec_path)
+    try:
+        rules = build_rules(spec, source=source)
+    except UserError as exc:
+        stack.notes.append(f"rules: {exc}; Prometheus scrapes without rules")
+        files = {SCRAPE_FILE: scrape_config_yaml(spec, source, [], exporter, alertmanager)}
+    else:
+        stack.rules_dir = out
+        stack.notes.extend(f"rules: {warning}" for warning in rules.warnings)
+        files = outputs(spec, rules, Format.PLAIN, source, stack.spec_path.stem, exporter, alertmanager)
+    write_into(out, files)
+    return out / SCRAPE_FILE
 
 
 def start_alerting(sup: Supervisor, stack: Stack) -> str | None:
@@ -328,7 +289,7 @@ def start_alerting(sup: Supervisor, stack: Stack) -> str | None:
         stack.notes.append(f"alertmanager: {exc}, skipped")
         return None
     hook_port = free_port()
-    alerts_log = stack.out / "alerts.jsonl"
+    alerts_log = stack.out / ALERTS_LOG
     hook = sup.start("alert-webhook", [sys.executable, "-m", "crossover.demo.webhook", "--port",
                                        str(hook_port), "--log", str(alerts_log)])
     sup.wait_ready(hook, lambda: http_ok(f"http://127.0.0.1:{hook_port}/health"), READY_TIMEOUT_S)
@@ -343,7 +304,7 @@ def start_alerting(sup: Supervisor, stack: Stack) -> str | None:
                                        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="])
     url = f"http://127.0.0.1:{port}"
     sup.wait_ready(child, lambda: http_ok(url + "/-/ready"), READY_TIMEOUT_S)
-    stack.urls["alertmanager"] = f"{url}  (alerts also land in {alerts_log})"
+    stack.urls["alertmanager"] = url
     return f"127.0.0.1:{port}"
 
 
@@ -353,18 +314,9 @@ def start_prometheus(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
     except UserError as exc:
         stack.notes.append(f"prometheus: {exc}, skipped")
         return
-    rules_dir = generate_rules(stack)
-    scrape, rule_files = find_generated(rules_dir) if rules_dir else ([], [])
-    if not scrape:
-        scrape = fallback_scrape_configs(spec)
     alertmanager = start_alerting(sup, stack)
-    exporter = stack.urls.get("exporter")
+    config = write_prometheus_config(stack, spec, alertmanager)
     folder = stack.out / "prometheus"
-    folder.mkdir(parents=True, exist_ok=True)
-    config = folder / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(
-        spec, scrape, rule_files, exporter=urlsplit(exporter).netloc if exporter else None,
-        alertmanager=alertmanager), sort_keys=False))
     promtool = shutil.which("promtool")
     if promtool:
         check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True,
@@ -378,16 +330,12 @@ def start_prometheus(sup: Supervisor, stack: Stack, spec: FleetSpec) -> None:
                                      f"--web.listen-address=127.0.0.1:{port}"])
     url = f"http://127.0.0.1:{port}"
     sup.wait_ready(child, lambda: http_ok(url + "/-/ready"), READY_TIMEOUT_S)
-    stack.urls["prometheus"] = f"{url}  ({len(rule_files)} rule file(s) from {rules_dir or 'nowhere'})"
+    stack.urls["prometheus"] = url
 
 
 def start_app(sup: Supervisor, stack: Stack, follow: Path | None) -> None:
-    if not available("app"):
-        stack.notes.append("app: not in this build (crossover app), skipped")
-        return
     port = pick_port("app", stack.usual_ports)
-    exporter = stack.urls["exporter"].removesuffix("/metrics") if "exporter" in stack.urls else None
-    prometheus = stack.urls["prometheus"].split()[0] if "prometheus" in stack.urls else None
+    exporter, prometheus = stack.urls.get("exporter"), stack.urls.get("prometheus")
     # The results folder is the demo's own: the app opens the demo's sweep (OUT/sweep) and redraws it
     # level by level (--follow), and writes the runs started from it beside it.
     child = sup.start("app", app_command(stack.spec_path, port, stack.out, exporter, prometheus, follow))
@@ -396,19 +344,30 @@ def start_app(sup: Supervisor, stack: Stack, follow: Path | None) -> None:
     stack.urls["app"] = url
 
 
-def print_stack(stack: Stack, spec_source: str) -> None:
+def shown_url(stack: Stack, name: str) -> str:
+    """A part's URL as the user reads it: where to look, and where its output lands."""
+    url = stack.urls[name]
+    if name == "exporter":
+        return url + "/metrics"
+    if name == "alertmanager":
+        return f"{url}  (alerts also land in {stack.out / ALERTS_LOG})"
+    if name == "prometheus":
+        return f"{url}  (rules from {stack.rules_dir})" if stack.rules_dir else f"{url}  (no rules)"
+    return url
+
+
+def print_stack(stack: Stack, spec: FleetSpec, spec_source: str) -> None:
     fleet = "simulated on loopback" if stack.simulated else "real servers"
     say(f"crossover demo: {spec_source} ({fleet}); results and logs in {stack.out}/")
-    for name, url in stack.urls.items():
-        say(f"  {name:<13}{url}")
+    if stack.simulated:
+        say(f"  {'simulator':<13}" + ", ".join(f"{name} {url}" for name, url in instance_urls(spec)))
+    for name in stack.urls:
+        say(f"  {name:<13}{shown_url(stack, name)}")
     for note in stack.notes:
         say(f"  note: {note}")
 
 
 def run_sweep(sup: Supervisor, stack: Stack, args: argparse.Namespace) -> int:
-    if not available("sweep"):
-        say("crossover demo: this build has no sweep (crossover sweep); nothing to measure")
-        return 2
     out = stack.out / "sweep"
     option, levels = sweep_levels(args)
     say(f"crossover demo: sweeping {option.removeprefix('--')} {levels}; results in {out}/")
@@ -467,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
                     stack.notes.append("app: off (--no-app)")
                 else:
                     start_app(sup, stack, None if args.no_sweep else stack.out / "sweep")
-            print_stack(stack, spec_source)
+            print_stack(stack, spec, spec_source)
             code = 0 if args.no_sweep else run_sweep(sup, stack, args)
             summary = stack.out / "sweep" / "crossover.json"
             if summary.exists():

@@ -230,11 +230,18 @@ def _plan(args: argparse.Namespace) -> Any:
         **_workload_fields(args))
 
 
+def _latency_column(kind: str, q: float, form: str) -> tuple[str, str, str]:
+    """(summary column, header, format) of one latency quantile: ("ttft", 0.99) -> "TTFT p99 ms"."""
+    return slo.percentile_column(kind, q), f"{kind.upper()} {slo.percentile_label(q)} ms", form
+
+
 _TABLE_COLUMNS = (("topology", "topology", "{}"), ("level", "level", "{:g}"), ("requests", "n", "{:.0f}"),
                   ("failed", "failed", "{:.0f}"), ("output_tps", "out tok/s", "{:.1f}"),
                   ("output_tps_per_gpu", "/GPU", "{:.1f}"), (slo.GOODPUT_REQUESTS, "goodput r/s", "{:.2f}"),
-                  (slo.attainment_column(), "attain", "{:.0%}"), ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
-                  ("tpot_p99_ms", "TPOT p99 ms", "{:.1f}"), ("itl_p99_ms", "ITL p99 ms", "{:.1f}"))
+                  (slo.attainment_column(), "attain", "{:.0%}"),
+                  _latency_column("ttft", slo.TAIL_QUANTILE, "{:.0f}"),
+                  _latency_column("tpot", slo.TAIL_QUANTILE, "{:.1f}"),
+                  _latency_column("itl", slo.TAIL_QUANTILE, "{:.1f}"))
 
 
 def _cell(value: Any, form: str) -> str:
@@ -267,8 +274,8 @@ def print_turns(turns: Any, console: Any) -> None:
     table = Table(title="per turn (a later turn's prompt holds the conversation so far)")
     columns = (("topology", "topology", "{}"), ("level", "level", "{:g}"), ("turn", "turn", "{:.0f}"),
                ("requests", "n", "{:.0f}"), ("input_tokens", "input tok", "{:.0f}"),
-               ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"), ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
-               ("itl_p99_ms", "ITL p99 ms", "{:.1f}"))
+               _latency_column("ttft", 0.5, "{:.0f}"), _latency_column("ttft", slo.TAIL_QUANTILE, "{:.0f}"),
+               _latency_column("itl", slo.TAIL_QUANTILE, "{:.1f}"))
     for _, header, _ in columns:
         table.add_column(header, justify="left" if header == "topology" else "right")
     for _, row in turns.iterrows():

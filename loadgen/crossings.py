@@ -23,7 +23,7 @@ from scipy.optimize import brentq
 
 from crossover import slo
 from crossover.loadgen.plan import SweepPlan
-from crossover.loadgen.summary import mark_requests, per_gpu
+from crossover.loadgen.summary import SOURCE_COLUMN, mark_requests, per_gpu
 
 
 @dataclass(frozen=True)
@@ -35,17 +35,24 @@ class ComparedMetric:
     column: str  # summary column
     higher_is_better: bool
     label: str
+    kind: str | None = None  # the SLO kind of a latency quantile (compared at slo.TAIL_QUANTILE)
 
 
+def _tail_latency(kind: str) -> ComparedMetric:
+    """The tail quantile of one SLO kind's latency, named as its summary column without the unit."""
+    label = slo.percentile_label(slo.TAIL_QUANTILE)
+    return ComparedMetric(f"{kind}_{label}", slo.percentile_column(kind, slo.TAIL_QUANTILE), False,
+                          f"{label} {kind.upper()}", kind)
+
+
+_TAIL_LATENCIES = tuple(_tail_latency(kind) for kind in ("ttft", "tpot", "itl"))
 METRICS: dict[str, ComparedMetric] = {m.name: m for m in (
     ComparedMetric("output_tps", per_gpu("output_tps"), True, "output tokens/s per GPU"),
     ComparedMetric(slo.GOODPUT_REQUESTS, per_gpu(slo.GOODPUT_REQUESTS), True, "goodput"),
     ComparedMetric(slo.GOODPUT_TOKENS, per_gpu(slo.GOODPUT_TOKENS), True, "token goodput"),
-    ComparedMetric("ttft_p99", "ttft_p99_ms", False, "p99 TTFT"),
-    ComparedMetric("tpot_p99", "tpot_p99_ms", False, "p99 TPOT"),
-    ComparedMetric("itl_p99", "itl_p99_ms", False, "p99 ITL"),
+    *_TAIL_LATENCIES,
 )}
-DEFAULT_METRICS = ("output_tps", slo.GOODPUT_REQUESTS, "ttft_p99", "tpot_p99", "itl_p99")
+DEFAULT_METRICS = ("output_tps", slo.GOODPUT_REQUESTS, *(m.name for m in _TAIL_LATENCIES))
 
 # The names before the unit joined them (docs/sweep.md): accepted as metric names, and read from old
 # run folders, for one release.
@@ -203,21 +210,21 @@ def _metric_replicates(group: pd.DataFrame, metric: ComparedMetric, duration: fl
         return amount[indices].sum(axis=1) * per_gpu_rate
     if metric.name == slo.ATTAINMENT:
         return group["good"].to_numpy(float)[indices].mean(axis=1)
-    if metric.name in ("ttft_p99", "tpot_p99"):
-        source = group[metric.name[:4]].to_numpy(float).copy()
+    if metric.kind in ("ttft", "tpot"):
+        source = group[SOURCE_COLUMN[metric.kind]].to_numpy(float).copy()
         source[~ok] = np.nan
-        if metric.name == "tpot_p99":
+        if metric.kind == "tpot":
             source[group["output_tokens"].to_numpy() <= 1] = np.nan
         picked = source[indices]
         out = np.full(len(indices), np.nan)
         has = np.isfinite(picked).any(axis=1)
         if has.any():
-            out[has] = np.nanpercentile(picked[has], 99, axis=1) * 1000.0
+            out[has] = np.nanpercentile(picked[has], slo.TAIL_QUANTILE * 100, axis=1) * 1000.0
         return out
-    if metric.name == "itl_p99":
+    if metric.kind == "itl":
         # Pooled over tokens: a resample repeats each request's ITLs as often as it drew the
-        # request, so a replicate's p99 is a weighted quantile of all ITLs sorted once (weight =
-        # draws of the owning request). Only the top few per cent can hold the p99: scan those.
+        # request, so a replicate's quantile is a weighted quantile of all ITLs sorted once (weight
+        # = draws of the owning request). Only the top few per cent can hold the p99: scan those.
         itls = [np.asarray(v, float) if o else np.empty(0) for v, o in zip(group["itl"], ok, strict=True)]
         out = np.full(len(indices), np.nan)
         lengths = np.array([len(v) for v in itls], dtype=float)
@@ -229,14 +236,14 @@ def _metric_replicates(group: pd.DataFrame, metric: ComparedMetric, duration: fl
         values, owner = values[order], owner[order]
         draws = np.zeros((len(indices), len(itls)))
         np.add.at(draws, (np.repeat(np.arange(len(indices)), indices.shape[1]), indices.ravel()), 1.0)
-        above = 0.01 * (draws @ lengths)  # weight that lies above the p99
+        above = (1.0 - slo.TAIL_QUANTILE) * (draws @ lengths)  # weight that lies above the quantile
         top = min(values.size, max(256, values.size // 20))
         tail = np.cumsum(draws[:, owner[:top]], axis=1)
         covered = (tail[:, -1] >= above) & (above > 0)
         out[covered] = values[np.argmax(tail[covered] >= above[covered, None], axis=1)] * 1000.0
         for b in np.nonzero(~covered & (above > 0))[0]:  # a resample dominated by a few requests
             pooled = np.concatenate([itls[i] for i in indices[b]])
-            out[b] = np.percentile(pooled, 99) * 1000.0
+            out[b] = np.percentile(pooled, slo.TAIL_QUANTILE * 100) * 1000.0
         return out
     raise KeyError(metric.name)
 

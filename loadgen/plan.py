@@ -257,6 +257,8 @@ def parse_levels(text: str, what: str) -> tuple[float, ...]:
             from None
     if not values:
         raise UserError(f"{what}: give at least one level")
+    if not all(0 < value < math.inf for value in values):
+        raise UserError(f"{what}: every level must be positive, got {text!r}")
     return values
 
 

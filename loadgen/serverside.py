@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pandas as pd
 
+from crossover import slo
 from crossover.errors import UserError
 from crossover.exporter.collector import derived_rows
 from crossover.exporter.derive import WindowSums, merge, window_sums
@@ -28,9 +29,16 @@ from crossover.exporter.targets import Target, spec_targets
 from crossover.exporter.window import Scrape, window_of
 from crossover.spec import FleetSpec
 
-# The figures the app and `load_run` show per level, from derived_rows' names.
-SERVER_COLUMNS = {"ttft_seconds{0.99}": "server_ttft_p99_ms", "tpot_seconds{0.99}": "server_tpot_p99_ms",
-                  "itl_seconds{0.99}": "server_itl_p99_ms", "e2el_seconds{0.99}": "server_e2el_p99_ms",
+
+def _name(suffix: str, labels: Sequence[str]) -> str:
+    """A derived_rows row's name in LEVEL.server.json: `suffix{label,...}`."""
+    return f"{suffix}{{{','.join(labels)}}}" if labels else suffix
+
+
+# The figures the app and `load_run` show per level, from derived_rows' names: each SLO kind's tail
+# latency (in ms), then the fleet's rates and gauges.
+SERVER_COLUMNS = {**{_name(f"{kind}_seconds", (slo.quantile_label(slo.TAIL_QUANTILE),)):
+                     f"server_{slo.percentile_column(kind, slo.TAIL_QUANTILE)}" for kind in slo.SLO_KINDS},
                   "generation_tokens_per_second": "server_output_tps",
                   "prompt_tokens_per_second": "server_prompt_tps",
                   "requests_per_second": "server_request_rate",
@@ -97,10 +105,6 @@ class ServerView:
         figures = {_name(suffix, labels): value for suffix, labels, value in derived_rows(derived)}
         return {"window_s": seconds, "start": before.taken, "end": after.taken, "figures": figures,
                 "scrape_errors": {**before.errors, **after.errors}}
-
-
-def _name(suffix: str, labels: Sequence[str]) -> str:
-    return f"{suffix}{{{','.join(labels)}}}" if labels else suffix
 
 
 def server_frame(views: Sequence[tuple[str, float, dict[str, Any]]]) -> pd.DataFrame:

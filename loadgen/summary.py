@@ -35,7 +35,8 @@ INPUT_LEN_TOLERANCE_TOKENS = 2.0
 # Above this share of token events stamped with a socket read they shared, a level's TTFT and ITL
 # are the reads' rather than the tokens' (loadgen/client.py, _CompletionSink.feed).
 SHARED_READS_LIMIT = 0.05
-_SOURCE_COLUMN = {"ttft": "ttft", "tpot": "tpot", "itl": "itl_max", "e2el": "e2e"}
+# The requests column each SLO kind judges a request by (ITL: its worst gap).
+SOURCE_COLUMN = {"ttft": "ttft", "tpot": "tpot", "itl": "itl_max", "e2el": "e2e"}
 
 
 def mark_requests(requests: pd.DataFrame, slos_ms: Mapping[str, float],
@@ -61,7 +62,7 @@ def mark_requests(requests: pd.DataFrame, slos_ms: Mapping[str, float],
     marked["counted"] = marked["in_window"] & ~client_error
     good = marked["ok"].astype(bool)
     for kind, threshold_ms in slos_ms.items():
-        met = marked["ok"].astype(bool) & (marked[_SOURCE_COLUMN[kind]] <= threshold_ms / 1000.0)
+        met = marked["ok"].astype(bool) & (marked[SOURCE_COLUMN[kind]] <= threshold_ms / 1000.0)
         marked[f"good_{kind}"] = met
         good &= met
     marked["good"] = good
@@ -74,7 +75,7 @@ def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
     row[f"{name}_mean_ms"] = float(finite.mean()) if finite.size else float("nan")
     for q in slo.QUANTILES:
         value = float(np.percentile(finite, q * 100)) if finite.size else float("nan")
-        row[f"{name}_{slo.percentile_label(q)}_ms"] = value
+        row[slo.percentile_column(name, q)] = value
     return row
 
 

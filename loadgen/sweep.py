@@ -53,7 +53,8 @@ class StopFlag(Protocol):
 
 @dataclass(frozen=True)
 class LevelDone:
-    """Passed to on_level after each (topology, level): this level's rows and the run so far."""
+    """Passed to on_level after each (topology, level): this level's rows and the run so far (resumed
+    levels: announced together once every one read so far is analysed)."""
 
     topology: str
     level: float
@@ -308,7 +309,7 @@ class Traffic:
 
 
 class _Sweep:
-    """One sweep's state: the levels measured or resumed so far, published after each one."""
+    """One sweep's state: the levels measured or resumed so far, published after each measured one."""
 
     def __init__(self, spec: FleetSpec, folder: Path, info: RunInfo, plan: SweepPlan,
                  on_level: Callable[[LevelDone], None] | None, on_request: RequestCallback | None,
@@ -328,12 +329,25 @@ class _Sweep:
         self.spent_requests = 0
         self.spent_s = 0.0
         self.adaptive: dict[str, Any] | None = None  # the latest decision, kept in crossover.json
+        # (topology, level, position, total, resumed, requests) added but not yet analysed
+        self.unannounced: list[tuple[str, float, int, int, bool, pd.DataFrame]] = []
 
     def _publish(self, name: str, level: float, frame: pd.DataFrame, resumed: bool, total: int) -> None:
+        """Add a (topology, level)'s requests. A measured one is analysed and announced at once (the
+        app follows it live); resumed ones wait until the next level is measured or the sweep ends,
+        so a resume reads every finished level before one analysis instead of analysing after each."""
         if len(frame):  # a shard's empty level: nothing to add (and its columns have no types)
             self.frames.append(frame)
             self.spent_requests += len(frame)
             self.spent_s += float(frame["end_time"].max() - frame["send_time"].min())
+        self.unannounced.append((name, level, self.position, total, resumed, frame))
+        if not resumed:
+            self.flush()
+
+    def flush(self) -> None:
+        """Analyse the run so far and announce the levels added since the last analysis (none: no-op)."""
+        if not self.unannounced:
+            return
         outcome, info, plan = self.outcome, self.info, self.plan
         outcome.requests = pd.concat(self.frames, ignore_index=True) if self.frames else pd.DataFrame()
         outcome.summary = summarize(outcome.requests, info.slos_ms, info.gpus, plan)
@@ -345,9 +359,11 @@ class _Sweep:
         if plan.turns > 1:
             outcome.turns = turn_summary(outcome.requests)
             results.write_turns(self.folder, outcome.turns)
+        announced, self.unannounced = self.unannounced, []
         if self.on_level is not None:
-            self.on_level(LevelDone(name, level, self.position, total, resumed, frame, outcome.summary,
-                                    outcome.crossover))
+            for name, level, position, total, resumed, frame in announced:
+                self.on_level(LevelDone(name, level, position, total, resumed, frame, outcome.summary,
+                                        outcome.crossover))
 
     def write_crossover(self) -> None:
         if self.adaptive is not None:
@@ -406,6 +422,7 @@ class _Sweep:
             if self.stop is not None and self.stop.is_set():
                 self.outcome.stopped = True
                 return False
+            self.flush()  # the levels resumed so far, shown while this one runs
             records, server = await self._records(name, level, plan)
             if records is None:
                 self.outcome.stopped = True
@@ -459,6 +476,7 @@ async def _adaptive_levels(sweep: _Sweep, adaptive: AdaptivePlan) -> str:
         if not await sweep.level(level, len(levels) * topologies):
             return "stopped"
     while True:
+        sweep.flush()  # the decision reads the analysis of every level, resumed ones included
         info = sweep.info
         by_repeat = summarize_repeats(sweep.outcome.requests, info.slos_ms, info.gpus, plan)
         decision = decide(sweep.outcome.crossover, adaptive, plan, levels, by_repeat)
@@ -522,10 +540,11 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
             sweep.outcome.stop_reason = "stopped" if sweep.outcome.stopped else ""
         else:
             sweep.outcome.stop_reason = await _adaptive_levels(sweep, adaptive)
-            if sweep.outcome.stopped and sweep.adaptive is not None:
-                sweep.adaptive.update(stop_reason="stopped", stop_sentence=STOP_REASONS["stopped"],
-                                      next_level=None)
-                sweep.write_crossover()
+        sweep.flush()  # levels resumed after the last measured one
+        if adaptive is not None and sweep.outcome.stopped and sweep.adaptive is not None:
+            sweep.adaptive.update(stop_reason="stopped", stop_sentence=STOP_REASONS["stopped"],
+                                  next_level=None)
+            sweep.write_crossover()
     finally:
         if pool is not None:
             pool.close()

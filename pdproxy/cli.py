@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from crossover.errors import UserError
 from crossover.pdproxy.proxy import EntrypointProxy
-from crossover.spec import FleetSpec, Role, Topology, load_spec
+from crossover.spec import FleetSpec, Topology, load_spec
 
 
 def pd_topology(spec: FleetSpec, name: str | None) -> Topology:
@@ -45,12 +45,10 @@ async def serve(proxy: EntrypointProxy) -> None:
     except OSError as exc:
         await proxy.stop()
         raise UserError(f"cannot listen on {proxy.host}:{proxy.port}: {exc.strerror or exc}") from None
-    instances = proxy.topology.instances
-    if proxy.disaggregated:
-        upstream = (f"prefill {[i.url for i in instances if i.role is Role.PREFILL]}, "
-                    f"decode {[i.url for i in instances if i.role is Role.DECODE]}")
+    if proxy.topology.disaggregated:
+        upstream = f"prefill {proxy.prefill}, decode {proxy.decode}"
     else:
-        upstream = f"round robin over {[i.url for i in instances]}"
+        upstream = f"round robin over {proxy.decode}"
     print(f"entrypoint of {proxy.topology.name} on http://{proxy.host}:{proxy.port} -> {upstream}",
           flush=True)
     try:

@@ -26,7 +26,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog, slo
-from crossover.exposition import Hist, family, http_key
+from crossover.exposition import Hist, family, http_counter, http_key
+from crossover.loadgen.sse import DONE, SSEOverflow, SSEParser
 from crossover.spec import Role, Topology
 
 # A non-streamed answer is kept (up to this size) only to read its finish reason.
@@ -92,23 +93,34 @@ class EntrypointMetrics:
 
 class _Stream:
     """Reads a relayed server-sent-event stream on the side: when each token event passed, and the
-    finish reason. Events are split on blank lines, whatever the chunking."""
+    finish reason. The loadgen's SSEParser splits the events, whatever the chunking and line ends."""
 
     def __init__(self) -> None:
-        self.buffer = b""
+        self.parser: SSEParser | None = SSEParser()
         self.tokens: list[float] = []
         self.reason: str | None = None
 
     def feed(self, chunk: bytes, now: float) -> None:
-        self.buffer += chunk
-        *events, self.buffer = self.buffer.replace(b"\r\n", b"\n").split(b"\n\n")
-        for event in events:
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._data(line[5:].strip(), now)
+        if self.parser is None:
+            return
+        try:
+            events = self.parser.feed(chunk)
+        except SSEOverflow:
+            # Not SSE after all: stop reading on the side (the relay goes on, byte for byte), and
+            # a stream that never said why it ended counts as an error.
+            self.parser = None
+            return
+        for data in events:
+            self._data(data, now)
+
+    def finish(self, now: float) -> None:
+        """The stream ended: a last event without its blank line still counts."""
+        if self.parser is not None:
+            for data in self.parser.finish():
+                self._data(data, now)
 
     def _data(self, data: bytes, now: float) -> None:
-        if not data or data == b"[DONE]":
+        if not data or data == DONE:
             return
         try:
             payload = json.loads(data)
@@ -141,12 +153,11 @@ class EntrypointProxy:
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
         self.url = topology.entrypoint.url
-        roles = {i.role for i in topology.instances}
-        self.disaggregated = Role.PREFILL in roles
-        prefill = [i.url for i in topology.instances if i.role is Role.PREFILL]
-        decode = [i.url for i in topology.instances if i.role is not Role.PREFILL]
-        self._prefill = itertools.cycle(prefill) if prefill else None
-        self._decode = itertools.cycle(decode)
+        # P/D: prefill, then decode; colocated: round robin over every instance, as decoders.
+        self.prefill = [i.url for i in topology.instances if i.role is Role.PREFILL]
+        self.decode = [i.url for i in topology.instances if i.role is not Role.PREFILL]
+        self._prefill = itertools.cycle(self.prefill)
+        self._decode = itertools.cycle(self.decode)
         self.metrics = EntrypointMetrics(model_name)
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -154,7 +165,8 @@ class EntrypointProxy:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._count_http])
+        app = web.Application(client_max_size=64 * 1024 * 1024,
+                              middlewares=[http_counter(self.metrics.on_http)])
         app.router.add_post("/v1/completions", self.forward)
         app.router.add_post("/v1/chat/completions", self.forward)
         app.router.add_get("/v1/models", self.models)
@@ -174,15 +186,6 @@ class EntrypointProxy:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
-
-    @web.middleware
-    async def _count_http(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """Every answered API request by handler, method and status class, as vLLM's API server
-        counts them (its own /metrics and /health left out); a stream the client cut counts 2xx."""
-        response: web.StreamResponse = await handler(request)
-        if request.path not in ("/metrics", "/health"):
-            self.metrics.on_http(request.path, request.method, response.status)
-        return response
 
     async def serve_metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -204,7 +207,7 @@ class EntrypointProxy:
         if not isinstance(body, dict):
             return web.json_response({"object": "error", "message": "request body must be a JSON object",
                                       "type": "BadRequestError", "code": 400}, status=400)
-        if self.disaggregated and self._prefill is not None:
+        if self.topology.disaggregated:
             prefill_body: dict[str, Any] = {**body, "max_tokens": 1, "stream": False,
                                             "kv_transfer_params": {"do_remote_decode": True,
                                                                    "do_remote_prefill": False}}
@@ -255,6 +258,7 @@ class EntrypointProxy:
                     await response.write(chunk)
                     client_left = False
                 await response.write_eof()
+            stream.finish(time.perf_counter())
         except (aiohttp.ClientError, ConnectionError):
             # The instance cut the connection (a drop fault) or the client left: cut ours the same way.
             self.metrics.finished(None if client_left else ERROR, arrival, time.perf_counter(), stream.tokens)

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from crossover import catalog
+from crossover.exposition import http_counter
 from crossover.sim import tokenizer
 from crossover.sim.engine import GAP_RING, LiveEngine
 from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
@@ -33,9 +34,6 @@ from crossover.sim.writer import WritePath
 from crossover.spec import Fault, FleetSpec, Instance, Role, Topology
 
 RECORD_RING = 20_000
-# The API paths vLLM's HTTP instrumentation counts in http_requests_total (it excludes /metrics,
-# /health and the like; the simulator's /admin paths are its own).
-COUNTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models"})
 _GAP_MASK = GAP_RING - 1
 _WORDS = [w.encode() for w in (" the", " model", " serves", " tokens", " in", " steps", " of", " a",
                                 " batch", " and", " each", " one", " is", " streamed", " back", " now")]
@@ -234,7 +232,8 @@ class SimInstance:
 
     # --- lifecycle -----------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._count_http])
+        app = web.Application(client_max_size=64 * 1024 * 1024,
+                              middlewares=[http_counter(self.metrics.on_http)])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
@@ -247,27 +246,6 @@ class SimInstance:
         app.router.add_get("/admin/requests", self.get_requests)
         app.router.add_get("/admin/stats", self.get_stats)
         return app
-
-    @web.middleware
-    async def _count_http(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """http_requests_total as vLLM's instrumentation counts it: the status the handler answered
-        (a stream counts as 2xx once its headers are out, however it ends)."""
-        if request.path not in COUNTED_PATHS:
-            response: web.StreamResponse = await handler(request)
-            return response
-        status = 200  # a client that goes away is counted as 2xx, streamed or not (measured on 0.32)
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        except Exception:
-            status = 500
-            raise
-        finally:
-            self.metrics.on_http(request.path, request.method, status)
 
     async def start(self, path: WritePath | None = None) -> None:
         """Serve, streamed tokens written the way `path` says (the default: from the loop)."""

@@ -1,10 +1,12 @@
-"""The one URL check that the spec, `crossover app` and `crossover dashboards` share."""
+"""The URL and port helpers that the spec, the command lines and the demo share."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
-from crossover.netutil import check_http_url
+from crossover.netutil import check_http_url, free_port, port_free
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "https://prometheus:9090/", " http://h "])
@@ -20,3 +22,12 @@ def test_a_bad_url_says_what_is_wrong(url: str, why: str) -> None:
     with pytest.raises(ValueError) as caught:
         check_http_url(url)
     assert str(caught.value) == f"malformed URL {url!r} ({why})"
+
+
+def test_port_free_is_false_while_something_listens() -> None:
+    port = free_port()
+    assert port_free(port)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        assert not port_free(port)

@@ -68,6 +68,9 @@ def test_closed_loop_request_counts() -> None:
 
 def test_cli_parsers() -> None:
     assert parse_levels("1,2, 4", "--concurrency") == (1, 2, 4)
+    for levels in ("0,4", "-1", "nan", "inf", "1,two", ""):
+        with pytest.raises(UserError, match=r"^--rate: "):
+            parse_levels(levels, "--rate")
     assert parse_slo_overrides(["ttft:2500", "tpot:50"]) == {"ttft": 2500, "tpot": 50}
     for bad in (["ttft"], ["foo:1"], ["ttft:-1"], ["ttft:nan"]):
         with pytest.raises(UserError):

@@ -162,3 +162,22 @@ def test_records_without_shared_read_counts_have_no_share() -> None:
                         SweepPlan(mode=Mode.CLOSED, levels=(1,)))
     assert math.isnan(summary["shared_read_share"].iloc[0])
     assert level_warnings(summary) == []
+
+
+def test_latency_columns_keep_the_names_users_read_in_results_files() -> None:
+    from crossover.loadgen.crossings import DEFAULT_METRICS, METRICS
+    from crossover.loadgen.serverside import server_frame
+
+    rows = [_row("a", 1.0, i, float(i), 0.1, 0.5, 10) for i in range(10)]
+    columns = set(summarize(pd.DataFrame(rows), {}, {"a": 1}, OPEN).columns)
+    kinds, percentiles = ("ttft", "tpot", "itl", "e2el"), ("p50", "p90", "p99")
+    assert {f"{kind}_{p}_ms" for kind in kinds for p in percentiles} <= columns
+    assert [(METRICS[m].name, METRICS[m].column, METRICS[m].label) for m in DEFAULT_METRICS[2:]] == [
+        ("ttft_p99", "ttft_p99_ms", "p99 TTFT"), ("tpot_p99", "tpot_p99_ms", "p99 TPOT"),
+        ("itl_p99", "itl_p99_ms", "p99 ITL")]
+    # LEVEL.server.json names its figures as derived_rows does: suffix{quantile}
+    figures = {"ttft_seconds{0.99}": 0.25, "itl_seconds{0.99}": 0.02, "requests_waiting": 3.0}
+    row = server_frame([("a", 1.0, {"figures": figures})]).iloc[0]
+    assert row["server_ttft_p99_ms"] == pytest.approx(250.0)
+    assert row["server_itl_p99_ms"] == pytest.approx(20.0)
+    assert row["server_waiting"] == 3.0 and pd.isna(row["server_e2el_p99_ms"])

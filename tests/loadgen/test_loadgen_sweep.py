@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from crossover import slo
 from crossover.cli import main
 from crossover.errors import UserError
+from crossover.loadgen import sweep as sweep_module
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
 from crossover.loadgen.results import load_run
 from crossover.loadgen.summary import per_gpu
@@ -34,7 +36,7 @@ def fleet() -> Iterator[tuple[FleetSpec, dict[str, FakeServer]]]:
 
 
 def test_sweep_writes_every_level_and_resumes(fleet: tuple[FleetSpec, dict[str, FakeServer]],
-                                              tmp_path: Path) -> None:
+                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, servers = fleet
     seen: list[LevelDone] = []
     result = run_sweep(spec, PLAN, tmp_path, on_level=seen.append, n_boot=20)
@@ -69,8 +71,22 @@ def test_sweep_writes_every_level_and_resumes(fleet: tuple[FleetSpec, dict[str, 
     # a crash loses at most the level in progress: remove one level, rerun, only it is measured
     (tmp_path / "levels" / "small2x1c" / "c4.parquet").unlink()
     sent_before = len(servers["big-0"].bodies)
-    again = run_sweep(spec, PLAN, tmp_path, n_boot=0)
+    analyses: list[int] = []  # requests each analysis saw
+    analyze = sweep_module.analyze
+
+    def counted(summary: pd.DataFrame, requests: pd.DataFrame, **kwargs: Any) -> dict[str, Any]:
+        analyses.append(len(requests))
+        return analyze(summary, requests, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "analyze", counted)
+    seen.clear()
+    again = run_sweep(spec, PLAN, tmp_path, on_level=seen.append, n_boot=0)
     assert again.measured_levels == [("small2x1c", 4.0)] and again.resumed_levels == 5
+    # the five resumed levels are analysed once, before the measured one; every level is announced
+    assert analyses == [len(result.requests) - 8, len(result.requests)]
+    assert [(e.topology, e.level, e.position, e.resumed) for e in seen] == [
+        (t, lv, i + 1, (t, lv) != ("small2x1c", 4.0))
+        for i, (lv, t) in enumerate((lv, t) for lv in (1.0, 2.0, 4.0) for t in ("big1x2c", "small2x1c"))]
     assert len(servers["big-0"].bodies) == sent_before
     # a different plan in the same folder is refused
     with pytest.raises(UserError, match="different plan"):

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from crossover import catalog
 from crossover.contract import check_metrics_contract
 from crossover.exporter.service import Exporter
+from crossover.loadgen.sse import MAX_PENDING_BYTES
 from crossover.netutil import spec_on_free_ports
 from crossover.pdproxy.proxy import _Stream
 from crossover.sim.fleet import SimFleet, running_fleet
@@ -185,14 +186,33 @@ def test_a_client_that_leaves_counts_as_vllm_counts_it(pd_fleet: tuple[SimFleet,
 
 def test_sse_reader_finds_tokens_whatever_the_chunking() -> None:
     events = [b'data: {"choices":[{"text":"a","finish_reason":null}]}\n\n',
-              b'data: {"choices":[{"text":"b","finish_reason":"stop"}]}\r\n\r\n',
-              b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\n', b"data: [DONE]\n\n"]
+              b'data: {"choices":[{"text":"b","finish_reason":null}]}\r\r',  # lone CR line ends
+              b'data: {"choices":[{"text":"c","finish_reason":"stop"}]}\r\n\r\n',
+              b'data: {"choices":[],"usage":{"completion_tokens":3}}\n\n', b"data: [DONE]\n\n"]
     whole = b"".join(events)
     for size in (1, 7, len(whole)):
         reader = _Stream()
         for start in range(0, len(whole), size):
             reader.feed(whole[start:start + size], float(start))
-        assert len(reader.tokens) == 2 and reader.reason == "stop", size
+        reader.finish(float(len(whole)))
+        assert len(reader.tokens) == 3 and reader.reason == "stop", size
+
+
+def test_sse_reader_reads_a_last_event_without_its_blank_line() -> None:
+    reader = _Stream()
+    reader.feed(b'data: {"choices":[{"text":"a","finish_reason":"length"}]}', 1.0)
+    assert reader.reason is None
+    reader.finish(2.0)
+    assert (reader.tokens, reader.reason) == ([2.0], "length")
+
+
+def test_sse_reader_stops_reading_a_stream_that_is_not_sse() -> None:
+    reader = _Stream()
+    reader.feed(b'data: {"choices":[{"text":"a","finish_reason":"stop"}]}\n\n', 1.0)
+    reader.feed(b"x" * (MAX_PENDING_BYTES + 1), 2.0)  # no event boundary: not SSE
+    reader.feed(b'\n\ndata: {"choices":[{"text":"b","finish_reason":"stop"}]}\n\n', 3.0)
+    reader.finish(4.0)
+    assert reader.tokens == [1.0]
 
 
 def test_decode_instances_speak_the_connector_of_the_spec() -> None:
