@@ -192,7 +192,9 @@ def test_a_kept_alive_connection_serves_the_next_stream_with_kernel_stamps(
     with FakeServer(Behaviour(tpot_s=0.005)) as server:
         traces = asyncio.run(go(server.url))
     assert all(t.done and not t.error for t in traces), [(t.done, t.error) for t in traces]
-    assert len(connections) == 1 and len(stamps) >= 20
+    # a loaded machine may hand two events in one read (they share its stamp): count events, not reads
+    assert all(len(t.chunk_times) == REQUEST.output_len for t in traces), [t.chunk_times for t in traces]
+    assert len(connections) == 1 and len(stamps) >= len(traces)
     assert all(s is not None for s in stamps)
 
 
