@@ -1,11 +1,13 @@
 """Adaptive sweep vs the full fixed grid, side by side in one run against the simulator.
 
     python benchmarks/bench_adaptive.py [--preset seed|pd|both] [--time-scale-seed 0.25] [--time-scale-pd 5]
-                                        [--seed 1]
+                                        [--seed 1] [--pd-seconds 400]
 
 For each preset the fixed grid runs first; the width of its crossing interval (relative to the
-estimate) becomes the adaptive sweep's --target-ci, over the same range, so the two reach the same
-width and the table compares what it cost: requests, traffic seconds and wall time. The simulator's
+estimate; the interval spans the bootstrap's and the measured levels either side of the estimate,
+as the adaptive sweep's does) becomes the adaptive sweep's --target-ci, over the same range, so the
+two reach the same width and the table compares what it cost: requests, traffic seconds and wall
+time. The simulator's
 ground truth (crossover.sim.truth, the same model in virtual time) must lie inside both intervals;
 the table also shows each sweep's bracket (the measured levels either side of its estimate), which
 the adaptive sweep narrows to --target-ci, and whose end levels it confirms with repeats (fresh
@@ -15,7 +17,7 @@ seeds, up to --max-repeats 3: "(x2)" after a level), before it accepts a crossin
   level), the crossing of output tokens/s per GPU (tp2x2 overtakes tp4x1); truth:
   truth.ground_truth_crossover.
 - pd: compose/specs/pd-8k-prompts.yaml, open loop (request rates in steps of 0.1 req/s of
-  simulated time, each level 100 simulated seconds of arrivals), the crossing of p99 ITL (P/D
+  simulated time, each level --pd-seconds simulated seconds of arrivals), the crossing of p99 ITL (P/D
   keeps it flat once 8K-token prompts stall the colocated replicas' decodes); truth: the crossing
   of truth.open_loop's p99 ITL curves, bisected on the rate.
 Open-loop rates are wall-clock: the simulator at time_scale s serves rate r of simulated time when
@@ -60,7 +62,10 @@ class Preset:
 SEED_IN, SEED_OUT = 128, 16
 PD_IN, PD_OUT = 8192, 256
 PD_RATES = tuple(round(0.1 * k, 1) for k in range(1, 9))  # simulated req/s
-PD_SECONDS = 100.0  # simulated seconds of arrivals per level: 10 requests at 0.1 req/s, 80 at 0.8
+# Simulated seconds of arrivals per level: 40 requests at 0.1 req/s, 320 at 0.8. A level must be long
+# enough to hold the long-run tail: 100-s levels read the p99 ITL jump only when a stall lands in
+# their own 1% tail, which places the median crossing well above the long-run one.
+PD_SECONDS = 400.0
 
 
 def _seed_plan(scale: float) -> SweepPlan:
@@ -102,14 +107,15 @@ def _pd_truth(spec: FleetSpec, plan: SweepPlan, scale: float, requests: int = 10
     return (low + high) / 2 * scale
 
 
-def pd_short_level_reads(spec: FleetSpec, scale: float, seeds: int = 20) -> list[tuple[float, float]]:
-    """(wall-clock rate, share of seeds) for which one level as long as the sweep's (PD_SECONDS of
+def pd_level_reads(spec: FleetSpec, scale: float, seconds: float,
+                   seeds: int = 20) -> list[tuple[float, float]]:
+    """(wall-clock rate, share of seeds) for which one level as long as the sweep's (`seconds` of
     simulated arrivals) reads colocated's p99 ITL above pd1p1d's, on the simulator's model: the
     jump is a probability in a short level (its 1% tail holds a stall or not), so this band, not
     the long-run truth alone, says how closely any sweep of such levels can place the crossing."""
     found = []
     for rate in (0.2, 0.22, 0.246, 0.26, 0.282, 0.3, 0.32):
-        n = round(rate * PD_SECONDS)
+        n = round(rate * seconds)
         above = sum(truth.open_loop(spec, "colocated", rate, PD_IN, PD_OUT, n, seed=s).itl_quantile(0.99)
                     > truth.open_loop(spec, "pd1p1d", rate, PD_IN, PD_OUT, n, seed=s).itl_quantile(0.99)
                     for s in range(1, seeds + 1))
@@ -157,10 +163,13 @@ def _run(spec: FleetSpec, plan: SweepPlan, folder: Path, pair: tuple[str, str], 
                    repeats, order)
 
 
-def bench(name: str, scale: float, folder: Path, seed: int = 1) -> dict[str, Any]:
+def bench(name: str, scale: float, folder: Path, seed: int = 1,
+          pd_seconds: float = PD_SECONDS) -> dict[str, Any]:
     preset = PRESETS[name]
     spec = sim_fleet.with_overrides(spec_on_free_ports(load_spec(REPO / preset.spec)), time_scale=scale)
     plan = replace(preset.plan(scale), seed=seed)  # the arrival times and prompts of both sweeps
+    if name == "pd":
+        plan = replace(plan, duration_s=pd_seconds / scale)
     true_x = preset.truth(spec, plan, scale)
     crossing_only = AdaptivePlan(metric=preset.metric, answers=("crossing",))
     folder.mkdir(parents=True)
@@ -172,9 +181,9 @@ def bench(name: str, scale: float, folder: Path, seed: int = 1) -> dict[str, Any
         search_plan = replace(plan, levels=(plan.levels[0], plan.levels[-1]))
         adaptive = AdaptivePlan(target_ci=target, metric=preset.metric, answers=("crossing",))
         found = _run(spec, search_plan, folder / "adaptive", preset.pair, adaptive, search=True)
-    short_reads = pd_short_level_reads(spec, scale) if name == "pd" else []
+    reads = pd_level_reads(spec, scale, pd_seconds) if name == "pd" else []
     return {"preset": name, "scale": scale, "seed": seed, "truth": true_x, "grid": grid, "adaptive": found,
-            "target": target, "short_reads": short_reads}
+            "target": target, "level_reads": reads, "pd_seconds": pd_seconds}
 
 
 def _inside(interval: Interval | None, x: float) -> str:
@@ -206,8 +215,9 @@ def report(row: dict[str, Any]) -> None:
         print(f"{label:<10}{len(o.levels):>8}{o.requests:>10}{o.traffic_s:>11.1f}{o.wall_s:>9.1f}   {ci:<24}"
               f"{width:>7}   {_inside(i, x):<13}  {_bracket(o, x):<24} {o.stop_reason or '-'}")
     if row["preset"] == "pd":
-        reads = ", ".join(f"{rate:.3g}: {share:.0%}" for rate, share in row["short_reads"])
-        print(f"one {PD_SECONDS:g}-s level reads colocated above pd1p1d (share of 20 seeds) at rate {reads}")
+        reads = ", ".join(f"{rate:.3g}: {share:.0%}" for rate, share in row["level_reads"])
+        print(f"one {row['pd_seconds']:g}-s level reads colocated above pd1p1d (share of 20 seeds) "
+              f"at rate {reads}")
     print(f"adaptive / grid: requests {found.requests / grid.requests:.2f}, traffic time "
           f"{found.traffic_s / grid.traffic_s:.2f}, wall time {found.wall_s / grid.wall_s:.2f}; "
           f"adaptive levels {_levels(found)}")
@@ -226,12 +236,16 @@ def main() -> int:
                         help="the sweeps' seed: the simulator is deterministic, so a rerun with the same "
                              "seed sends the same arrivals and reads the same levels; another seed "
                              "samples another arrival sequence")
+    parser.add_argument("--pd-seconds", type=float, default=PD_SECONDS,
+                        help="simulated seconds of arrivals per P/D level (default %(default)g)")
     args = parser.parse_args()
+    if not args.pd_seconds > 0:
+        parser.error(f"--pd-seconds: must be a positive number of seconds, got {args.pd_seconds:g}")
     names = ["seed", "pd"] if args.preset == "both" else [args.preset]
     scales = {"seed": args.time_scale_seed, "pd": args.time_scale_pd}
     with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
         for name in names:
-            report(bench(name, scales[name], Path(tmp) / name, args.seed))
+            report(bench(name, scales[name], Path(tmp) / name, args.seed, args.pd_seconds))
     return 0
 
 

@@ -7,10 +7,10 @@ only while an answer may lie there (a pair of topologies that does not cross bel
 that meets the objective at every level so far): at the middle of what is left, then the end.
 Then each next level goes inside the widest interval that matters: a crossing of the chosen
 metric between two topologies, or a topology's capacity at the SLO objective (both with their
-bootstrap intervals from loadgen.crossings). An estimate counts as narrow only once the measured
-levels either side of it (its bracket) are also within `target_ci` of it: interpolation between far
-levels cannot see a jump of the curves (p99 ITL once prefills stall decodes), and the bootstrap
-holds each level's noise, not the curve's shape between levels. A wide bracket gets its estimate
+bootstrap intervals from loadgen.crossings, each widened to the measured levels either side of
+its estimate, its bracket): interpolation between far levels cannot see a jump of the curves (p99
+ITL once prefills stall decodes), and the bootstrap holds each level's noise, not the curve's
+shape between levels. A wide bracket gets its estimate
 measured when that lies in the bracket's middle half, else its log middle: bisection, which finds
 a jump wherever it is. The sweep stops when every such interval and bracket is narrower than
 `target_ci` (a width relative to its estimate) and the bracket's two end levels are confirmed,
@@ -38,6 +38,7 @@ import pandas as pd
 from crossover import slo
 from crossover.errors import UserError
 from crossover.loadgen.crossings import METRICS, metric_named
+from crossover.loadgen.crossings import bracket as levels_either_side
 from crossover.loadgen.plan import Mode, SweepPlan
 
 DEFAULT_METRIC = slo.GOODPUT_REQUESTS
@@ -199,22 +200,32 @@ def _planned_seconds(plan: SweepPlan, level: float, requests: int | None) -> flo
     return None
 
 
+def _spanned(found: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """An answer's interval: its bootstrap interval, widened to the measured levels either side of
+    its estimate (the bootstrap holds each level's noise under interpolation, not a step of the
+    curves between two levels). None without a bootstrap interval (too few levels)."""
+    low, high = found.get("ci_low"), found.get("ci_high")
+    if low is None or high is None:
+        return None, None
+    return (min(low, found.get("bracket_low") or low), max(high, found.get("bracket_high") or high))
+
+
 def intervals(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Interval]:
     """The intervals that matter in an analyze() result: every crossing of the metric and every
-    capacity found inside the range (a capacity at the range's edge has nothing to narrow)."""
+    capacity found inside the range (a capacity at the range's edge has nothing to narrow), each
+    spanning its bootstrap interval and its bracket."""
     metric = METRICS[adaptive.metric]
     better = 1 if metric.higher_is_better else -1
     found = []
     if "crossing" in adaptive.answers:
         found += [Interval(f"{metric.name} crossing {c['topology_a']}/{c['topology_b']}", float(c["x"]),
-                           c.get("ci_low"), c.get("ci_high"), metric.column, c.get("winner", ""),
-                           c.get("loser", ""), better)
+                           *_spanned(c), metric.column, c.get("winner", ""), c.get("loser", ""), better)
                   for c in crossover.get("crossovers", [])
                   if c.get("metric") == metric.name and c.get("kind") == "crossing"
                   and c.get("x") is not None]
     if "capacity" in adaptive.answers:
         objective = float(crossover.get("objective", math.nan))
-        found += [Interval(f"capacity {c['topology']}", float(c["x"]), c.get("ci_low"), c.get("ci_high"),
+        found += [Interval(f"capacity {c['topology']}", float(c["x"]), *_spanned(c),
                            slo.attainment_column(), c["topology"], float(c.get("objective", objective)), -1)
                   for c in crossover.get("capacities", [])
                   if not c.get("censored") and c.get("x") is not None]
@@ -253,11 +264,8 @@ def level_inside(interval: Interval, measured: Sequence[float], plan: SweepPlan)
 
 
 def bracket(interval: Interval, measured: Sequence[float]) -> tuple[float, float] | None:
-    """The measured levels nearest the estimate either side of it: where the curves were seen on
-    each side of the crossing. None when the estimate lies outside the measured levels."""
-    below = [m for m in measured if m <= interval.x]
-    above = [m for m in measured if m >= interval.x]
-    return (max(below), min(above)) if below and above else None
+    """The measured levels nearest the estimate either side of it (crossings.bracket)."""
+    return levels_either_side(measured, interval.x)
 
 
 def bracket_width(interval: Interval, measured: Sequence[float]) -> float:

@@ -98,6 +98,8 @@ class Crossover:
     support: float  # share of bootstrap resamples that cross (in this direction), NaN without one
     level_range: tuple[float, float]
     sentence: str
+    bracket_low: float | None = None  # the measured levels either side of x (see `bracket`)
+    bracket_high: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -118,9 +120,31 @@ class Capacity:
     censored: str  # "" (found inside the range), "above" (meets it at every level), "below"
     per_gpu: float | None
     sentence: str
+    bracket_low: float | None = None  # the measured levels either side of x (see `bracket`)
+    bracket_high: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def bracket(levels: Sequence[float], x: float) -> tuple[float, float] | None:
+    """The measured levels nearest x either side of it (x twice when it was measured): where the
+    curves were seen on each side of an answer. Interpolation between them cannot see a step of the
+    curves (p99 ITL once prefills stall decodes), so the answer may lie anywhere in between, however
+    narrow the bootstrap interval. None when x lies outside the measured levels."""
+    below = [v for v in levels if v <= x]
+    above = [v for v in levels if v >= x]
+    return (max(below), min(above)) if below and above else None
+
+
+def _interval_text(ci: tuple[float | None, float | None], between: tuple[float, float] | None,
+                   axis: str) -> str:
+    parts = []
+    if ci[0] is not None and ci[1] is not None:
+        parts.append(f"95% CI {format_load(ci[0], axis)}-{format_load(ci[1], axis)}")
+    if between is not None and between[0] < between[1]:
+        parts.append(f"between levels {format_load(between[0], axis)} and {format_load(between[1], axis)}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def format_load(x: float, axis: str) -> str:
@@ -167,7 +191,7 @@ def _lead_sign(ya: np.ndarray, yb: np.ndarray) -> int:
 
 def _curve_sentence(metric: ComparedMetric, axis: str, a: str, b: str, roots: list[tuple[float, int]],
                     ci: list[tuple[float | None, float | None]], lead: int,
-                    span: tuple[float, float]) -> list[str]:
+                    span: tuple[float, float], levels: Sequence[float]) -> list[str]:
     better_when = 1 if metric.higher_is_better else -1
     lo, hi = format_load(span[0], axis), format_load(span[1], axis)
     if not roots:
@@ -180,8 +204,7 @@ def _curve_sentence(metric: ComparedMetric, axis: str, a: str, b: str, roots: li
     for n, ((u, sign_after), (c_lo, c_hi)) in enumerate(zip(roots, ci, strict=True), 1):
         winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
         x = _from_axis(u, axis)
-        interval = (f" (95% CI {format_load(c_lo, axis)}-{format_load(c_hi, axis)})"
-                    if c_lo is not None and c_hi is not None else "")
+        interval = _interval_text((c_lo, c_hi), bracket(levels, x), axis)
         text = (f"{winner} overtakes {loser} in {metric.label} at {axis} about "
                 f"{format_load(x, axis)}{interval}")
         if len(roots) > 1:
@@ -330,7 +353,7 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
                     root = roots[k][0]
                     intervals[k] = (_from_axis(min(float(lo), root), axis),
                                     _from_axis(max(float(hi), root), axis))
-        sentences = _curve_sentence(spec, axis, a, b, roots, intervals, lead, span)
+        sentences = _curve_sentence(spec, axis, a, b, roots, intervals, lead, span, list(levels))
         better_when = 1 if spec.higher_is_better else -1
         if not roots:
             winner, loser = (a, b) if lead * better_when >= 0 else (b, a)
@@ -341,9 +364,11 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
         for (root, sign_after), (c_lo, c_hi), support, sentence in zip(roots, intervals, supports, sentences,
                                                                         strict=True):
             winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
-            results.append(Crossover(a, b, metric, axis, "crossing", _from_axis(root, axis), c_lo, c_hi,
+            x = _from_axis(root, axis)
+            between = bracket(list(levels), x) or (None, None)
+            results.append(Crossover(a, b, metric, axis, "crossing", x, c_lo, c_hi,
                                      "a_overtakes_b" if winner == a else "b_overtakes_a", winner, loser,
-                                     len(roots), support, span, sentence))
+                                     len(roots), support, span, sentence, *between))
     return results
 
 
@@ -409,8 +434,8 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
                 lo, hi = np.percentile(points, [tail, 100 - tail])
                 ci = (_from_axis(min(float(lo), point), axis), _from_axis(max(float(hi), point), axis))
         x = _from_axis(point, axis)
-        interval = (f" (95% CI {format_load(ci[0], axis)}-{format_load(ci[1], axis)})"
-                    if ci[0] is not None and ci[1] is not None else "")
+        between = bracket(list(levels), x) if not censored else None
+        interval = _interval_text(ci, between, axis)
         if censored == "below":
             sentence = (f"{topology} misses the {pct} SLO objective already at {axis} "
                         f"{format_load(x, axis)}, the lowest level tried")
@@ -422,7 +447,8 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
         else:
             sentence = (f"{topology} meets the {pct} SLO objective up to {axis} about "
                         f"{format_load(x, axis)}{interval}, {format_load(x / gpus, axis)} per GPU")
-        out.append(Capacity(topology, axis, objective, x, ci[0], ci[1], censored, x / gpus, sentence))
+        out.append(Capacity(topology, axis, objective, x, ci[0], ci[1], censored, x / gpus, sentence,
+                            *(between or (None, None))))
     return out
 
 

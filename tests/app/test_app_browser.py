@@ -102,7 +102,7 @@ def test_chromium_watches_a_sweep_find_the_crossover(tmp_path):
     assert exceptions == 0, text
     assert errors == 0, text
     assert re.search(r"tp(2x2|4x1) overtakes tp(4x1|2x2) in goodput at concurrency about [\d.]+ "
-                     r"\(95% CI [\d.]+-[\d.]+\)", text), text
+                     r"\(95% CI [\d.]+-[\d.]+, between levels [\d.]+ and [\d.]+\)", text), text
     assert "6 of 6 (topology, level) steps" in text
     assert "What the servers saw (exporter)" in text
     assert charts >= 7, f"{charts} charts: the server-side view drew none"

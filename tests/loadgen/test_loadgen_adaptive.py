@@ -22,6 +22,7 @@ from crossover.loadgen.adaptive import (
     check_budget,
     coarse_levels,
     decide,
+    intervals,
     level_inside,
     level_sides,
 )
@@ -393,3 +394,18 @@ def test_a_level_that_read_the_wrong_side_by_chance_does_not_end_the_bracket() -
     above = min(m for m in measured if m >= found.x)
     assert below <= 1.23 <= above and (above - below) / found.x <= 0.25, (measured, found)
     assert repeats[below] >= 2 and repeats[above] >= 2 and repeats[1.41] == 3
+
+
+def test_an_interval_spans_the_measured_levels_either_side_of_its_estimate() -> None:
+    # a bootstrap interval of 1.08-1.12 between levels 1.09 and 1.41 says little about a step
+    # anywhere in between: the interval the sweep narrows (and reports) reaches both levels
+    adaptive = AdaptivePlan(metric="itl_p99", answers=("crossing", "capacity"))
+    crossing = {**_crossing(1.1, 1.08, 1.12, metric="itl_p99"), "bracket_low": 1.09, "bracket_high": 1.41}
+    capacity = {**_capacity(1.1, 1.05, 1.15), "bracket_low": 1.0, "bracket_high": 1.2}
+    found = intervals({"crossovers": [crossing], "capacities": [capacity]}, adaptive)
+    assert [(i.low, i.high) for i in found] == [(1.08, 1.41), (1.0, 1.2)]
+    assert found[0].width == pytest.approx((1.41 - 1.08) / 1.1)
+    # an older crossover.json without brackets, and a crossing without a bootstrap interval
+    assert intervals({"crossovers": [_crossing(1.1, 1.08, 1.12, metric="itl_p99")]}, adaptive)[0].low == 1.08
+    assert intervals({"crossovers": [{**crossing, "ci_low": None, "ci_high": None}]},
+                     adaptive)[0].width == math.inf

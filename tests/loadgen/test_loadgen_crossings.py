@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from crossover.loadgen.crossings import find_crossovers, max_load_meeting_objective
+from crossover.loadgen.crossings import bracket, find_crossovers, max_load_meeting_objective
 from crossover.loadgen.summary import summarize
 
 LEVELS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
@@ -142,3 +142,16 @@ def test_pooled_itl_bootstrap_matches_concatenating_each_resample() -> None:
     naive = np.array([np.percentile(p, 99) * 1000 for p in pools])
     assert np.allclose(fast, naive, rtol=0.05)
     assert np.median(np.abs(fast - naive) / naive) < 0.01
+
+
+def test_an_answer_names_the_measured_levels_either_side_of_it() -> None:
+    summary = _summary({"a": [10, 20, 30, 40, 50, 60], "b": [5, 15, 35, 45, 55, 65]})
+    (found,) = find_crossovers(summary, None, "output_tps")
+    assert found.kind == "crossing" and 2 < (found.x or 0) < 4
+    assert (found.bracket_low, found.bracket_high) == (2.0, 4.0)
+    assert found.sentence.endswith("(between levels 2 and 4)"), found.sentence
+    capacities = max_load_meeting_objective(
+        _summary({"a": [1, 1, 1, 0.95, 0.5, 0.1], "b": [1] * 6}, column="attainment"), None, 0.9)
+    assert [(c.bracket_low, c.bracket_high) for c in capacities] == [(8.0, 16.0), (None, None)]
+    assert "(between levels 8 and 16)" in capacities[0].sentence
+    assert bracket(LEVELS, 8.0) == (8.0, 8.0) and bracket(LEVELS, 0.5) is None
