@@ -29,7 +29,7 @@ from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
 from crossover.exporter.targets import Target
 from crossover.exporter.window import History, SeriesWindow
 from crossover.slo import GOODPUT_REQUESTS, GOODPUT_TOKENS, quantile_label
-from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, format_duration
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, format_duration, requests_source
 
 
 @dataclass
@@ -125,6 +125,7 @@ class _WindowDerivation:
         self.windows: dict[tuple[str, str], SeriesWindow | None] = {
             record.target.key: record.history.window(now, seconds) for record in health}
         self._sums: dict[tuple[str, str], WindowSums] = {}
+        self._group_sums: dict[tuple[tuple[str, str], ...], WindowSums] = {}
         self.rows: dict[tuple[str, str], tuple[WindowBatch, int]] = {}
         self.instances: dict[tuple[str, str], Derived] = {}
         layouts: dict[int, list[TargetHealth]] = {}
@@ -162,6 +163,15 @@ class _WindowDerivation:
                            window_seconds=self.seconds)
 
     def sums(self, members: Sequence[Target]) -> WindowSums:
+        """The members' window, merged once however many groups read it (a P/D topology's figures
+        read its roles' sums, which its role rows show too)."""
+        key = tuple(t.key for t in members)
+        sums = self._group_sums.get(key)
+        if sums is None:
+            sums = self._group_sums[key] = self._merged(members)
+        return sums
+
+    def _merged(self, members: Sequence[Target]) -> WindowSums:
         if not members:
             return WindowSums()
         present = [t for t in members if self.windows[t.key] is not None]
@@ -190,13 +200,9 @@ def topology_figures(members: Sequence[Target], sums_of: Callable[[Sequence[Targ
         by_role.setdefault(target.role, []).append(target)
     entry = sums_of(by_role.get(ENTRYPOINT_ROLE, []))
     instances = sums_of([t for t in members if t.role != ENTRYPOINT_ROLE])
-    silent = entry.targets > 0 and not exposes_requests(entry)
-    if exposes_requests(entry):
-        source = "entrypoint"
-    elif Role.DECODE.value in by_role:
-        source = "decode"
-    else:
-        source = "instances"
+    counted = exposes_requests(entry)
+    silent = entry.targets > 0 and not counted
+    source = requests_source(entrypoint_counts=counted, has_decode=Role.DECODE.value in by_role)
     sums = instances
     if source != "instances" or ENTRYPOINT_ROLE in by_role:
         decode = sums_of(by_role[Role.DECODE.value]) if Role.DECODE.value in by_role else instances
