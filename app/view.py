@@ -18,17 +18,21 @@ import pandas as pd
 from crossover import slo
 from crossover.app.charts import CrossoverMark
 from crossover.app.runner import RunStatus
+from crossover.loadgen.crossings import METRICS
 from crossover.loadgen.results import Run, read_server_views
 from crossover.loadgen.summary import per_gpu, turn_summary
 
 # the order sentences are listed in: the question the app answers first
-METRIC_ORDER = (slo.GOODPUT_REQUESTS, slo.GOODPUT_TOKENS, "output_tps", "ttft_p99", "tpot_p99", "itl_p99")
-TURN_TABLE_COLUMNS = ("topology", "level", "turn", "requests", "failed", "input_tokens", "ttft_p50_ms",
-                      "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+METRIC_ORDER = (slo.GOODPUT_REQUESTS, slo.GOODPUT_TOKENS, "output_tps",
+                *(name for name, metric in METRICS.items() if metric.kind is not None))
+TURN_TABLE_COLUMNS = ("topology", "level", "turn", "requests", "failed", "input_tokens",
+                      *(slo.percentile_column(kind, q) for kind in ("ttft", "itl")
+                        for q in (0.5, slo.TAIL_QUANTILE)))
 SUMMARY_TABLE_COLUMNS = (
     "topology", "level", "gpus", "requests", "failed", "output_tps", "output_tps_per_gpu",
-    slo.GOODPUT_REQUESTS, per_gpu(slo.GOODPUT_REQUESTS), slo.GOODPUT_TOKENS, "attainment", "ttft_p99_ms",
-    "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "input_tokens_planned", "input_tokens_counted", "top_error",
+    slo.GOODPUT_REQUESTS, per_gpu(slo.GOODPUT_REQUESTS), slo.GOODPUT_TOKENS, "attainment",
+    *(slo.percentile_column(kind, slo.TAIL_QUANTILE) for kind in slo.SLO_KINDS),
+    "input_tokens_planned", "input_tokens_counted", "top_error",
 )
 
 

@@ -28,7 +28,14 @@ from crossover.exporter.derive import (
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
 from crossover.exporter.targets import Target
 from crossover.exporter.window import History, SeriesWindow
-from crossover.slo import GOODPUT_REQUESTS, GOODPUT_TOKENS, quantile_label
+from crossover.slo import (
+    GOODPUT_REQUESTS,
+    GOODPUT_TOKENS,
+    TAIL_KINDS,
+    TAIL_QUANTILE,
+    percentile_column,
+    quantile_label,
+)
 from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, format_duration, requests_source
 
 
@@ -289,18 +296,18 @@ def _group_json(view: GroupView) -> dict[str, Any]:
 def _headline(view: GroupView, window: str) -> dict[str, Any]:
     """A few flat figures of the shortest window, for quick readers (the app's live chart)."""
     derived = view.windows[window]
-    p99 = quantile_label(0.99)
+    tail = quantile_label(TAIL_QUANTILE)
 
-    def ms(short: str) -> float | None:
-        latency = derived.latency.get(short)
-        return None if latency is None else latency.quantiles[p99] * 1000.0
+    def ms(kind: str) -> float | None:
+        latency = derived.latency.get(kind)
+        return None if latency is None else latency.quantiles[tail] * 1000.0
 
     return {"requests_source": derived.requests_source,
             f"{GOODPUT_REQUESTS}_lower": derived.goodput_requests_per_second_lower,
             f"{GOODPUT_TOKENS}_lower": derived.goodput_tokens_per_second_lower,
             f"{GOODPUT_TOKENS}_upper": derived.goodput_tokens_per_second_upper,
             "output_tps": derived.generation_tokens_per_second,
-            "ttft_p99_ms": ms("ttft"), "tpot_p99_ms": ms("tpot"), "itl_p99_ms": ms("itl")}
+            **{percentile_column(kind, TAIL_QUANTILE): ms(kind) for kind in TAIL_KINDS}}
 
 
 def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from crossover import validate
 from crossover.catalog import TTFT
 from crossover.netutil import spec_on_free_ports
-from crossover import validate
 from crossover.spec import FleetSpec, SpecError, bucket_neighbours, load_spec, parse_duration, slo_warnings
 from tests.helpers import FIXTURES, SPECS
 

@@ -15,7 +15,13 @@ from crossover.exporter import state
 from crossover.exporter.derive import WindowBatch, derive, merge, window_sums
 from crossover.exporter.parse import ParsedSeries, Parser, SeriesKey
 from crossover.exporter.quantile import histogram_quantile
-from crossover.exporter.state import TargetHealth, build_snapshot, slos_seconds, topology_figures, window_names
+from crossover.exporter.state import (
+    TargetHealth,
+    build_snapshot,
+    slos_seconds,
+    topology_figures,
+    window_names,
+)
 from crossover.exporter.targets import spec_targets
 from crossover.exporter.window import History, SeriesWindow, counter_increase, is_cumulative, window_of
 from crossover.spec import FleetSpec, load_spec
@@ -426,8 +432,17 @@ def test_a_pd_topology_merges_each_role_once_per_window(monkeypatch):
     spec, health, now = _pd_histories()
     merges: list[str] = []
     batch_sums, plain_merge = WindowBatch.sums, state.merge
-    monkeypatch.setattr(WindowBatch, "sums", lambda self, rows: merges.append("batch") or batch_sums(self, rows))
-    monkeypatch.setattr(state, "merge", lambda parts: merges.append("plain") or plain_merge(parts))
+
+    def counted_batch(batch, rows):
+        merges.append("batch")
+        return batch_sums(batch, rows)
+
+    def counted_plain(parts):
+        merges.append("plain")
+        return plain_merge(parts)
+
+    monkeypatch.setattr(WindowBatch, "sums", counted_batch)
+    monkeypatch.setattr(state, "merge", counted_plain)
     snapshot = build_snapshot(spec, health, now)
     windows = window_names(spec)
     assert len(merges) == 4 * len(windows)
