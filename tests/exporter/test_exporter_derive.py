@@ -347,6 +347,13 @@ def _plain(value: object) -> object:
     return value
 
 
+def _real_payloads() -> list[ParsedSeries]:
+    """A real vLLM's /metrics idle, under load and after requests."""
+    parser = Parser()
+    return [parser.parse((FIXTURES / f"vllm-0.32.0-{n}.prom").read_text())
+            for n in ("idle", "under-load", "after-requests")]
+
+
 def _fleet_histories(seed: int) -> tuple[FleetSpec, list[TargetHealth], float]:
     """Two topologies of real vLLM payloads with per-target and per-series scaling (buckets out of
     order, ranks in the +Inf bucket), a reset, a target with a short history and one with its own
@@ -359,9 +366,7 @@ def _fleet_histories(seed: int) -> tuple[FleetSpec, list[TargetHealth], float]:
         for t in range(2)]
     spec["scrape"].update({"interval": "5s", "timeout": "5s", "windows": ["30s", "1m"]})
     fleet = FleetSpec.model_validate(spec)
-    parser = Parser()
-    payloads = [parser.parse((FIXTURES / f"vllm-0.32.0-{n}.prom").read_text())
-                for n in ("idle", "under-load", "after-requests")]
+    payloads = _real_payloads()
     health = [TargetHealth(t, History(70.0)) for t in spec_targets(fleet)]
     for index, record in enumerate(health):
         scale = rng.uniform(0.5, 3.0) * 10.0 ** rng.randint(-3, 3)
@@ -412,9 +417,7 @@ def _pd_histories() -> tuple[FleetSpec, list[TargetHealth], float]:
         for role in ("prefill", "decode") for i in range(2)])
     data["topologies"] = [pd]
     spec = FleetSpec.model_validate(data)
-    parser = Parser()
-    payloads = [parser.parse((FIXTURES / f"vllm-0.32.0-{n}.prom").read_text())
-                for n in ("idle", "under-load", "after-requests")]
+    payloads = _real_payloads()
     health = [TargetHealth(t, History(400.0)) for t in spec_targets(spec)]
     for index, record in enumerate(health):
         for step in range(12):
