@@ -36,9 +36,9 @@ def list_runs(results_dir: Path) -> list[PastRun]:
         return []
     found = []
     for child in results_dir.iterdir():
-        marker = child / RUN_FILE
         if not child.is_dir():
             continue
+        marker = child / RUN_FILE
         if marker.is_file():
             found.append(PastRun(child, child.name, marker.stat().st_mtime))
         elif (changed := _bench_change(child)) is not None:
@@ -47,30 +47,30 @@ def list_runs(results_dir: Path) -> list[PastRun]:
 
 
 def _bench_change(folder: Path) -> float | None:
-    """When a folder of result files the app imports (crossover analyze's reading) rather than a
-    sweep last changed: its newest JSON file, found in one walk; None for a sweep folder or a folder
-    without JSON files."""
+    """For a folder of result files the app imports (crossover analyze's reading) rather than a
+    sweep, when its newest JSON file changed (one walk); None for a sweep folder or one without
+    JSON files."""
     if (folder / RUN_FILE).exists():
         return None
     return max((path.stat().st_mtime for path in folder.rglob("*.json")), default=None)
 
 
-class Change(NamedTuple):
+class FolderChange(NamedTuple):
     modified: float  # unix time
     bench: bool  # a folder of vllm bench result files, not a sweep
 
 
-def last_change(run_dir: Path) -> Change:
+def last_change(run_dir: Path) -> FolderChange:
     """When a run folder last changed: its plan, or the summary loadgen rewrites after every level
     (for a folder of vllm bench result files, its newest file). Walks the folder at most once."""
     bench = _bench_change(run_dir)
     if bench is not None:
-        return Change(bench, bench=True)
+        return FolderChange(bench, bench=True)
     files = [run_dir / name for name in (RUN_FILE, SUMMARY_FILE)]
     times = [path.stat().st_mtime for path in files if path.exists()]
     if not times:
         raise FileNotFoundError(f"{run_dir}: no {RUN_FILE}")
-    return Change(max(times), bench=False)
+    return FolderChange(max(times), bench=False)
 
 
 def being_written(run_dir: Path) -> bool:
