@@ -103,10 +103,9 @@ def agree_within_bucket(server: float, client: float, buckets: tuple[float, ...]
 
 @contextmanager
 def serving_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """A threaded HTTP server of `handler` on a free loopback port, as host:port; shut down on exit."""
-    from crossover.netutil import free_port
-
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    """A threaded HTTP server of `handler` on a loopback port the OS picks as it binds, as host:port;
+    shut down on exit."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
