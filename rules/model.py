@@ -73,9 +73,10 @@ class KvFamily:
     rule_stem: str
     metrics: tuple[Metric, ...]
 
-    def names(self, suffix: str) -> str:
-        """A `__name__` regex matching the family's samples of every connector."""
-        return "|".join(re.escape(m.name + suffix) for m in self.metrics)
+    def names(self, suffix: str | None = None) -> str:
+        """A `__name__` regex matching the family's samples of every connector (`suffix` as in
+        _Builder.raw: None for the counters' PromQL names)."""
+        return "|".join(re.escape(m.promql_name if suffix is None else m.name + suffix) for m in self.metrics)
 
 
 KV_TIME = KvFamily("vllm_kv_transfer_time_seconds",
@@ -499,36 +500,36 @@ class _Builder:
     period_s: float
     kv_window: str
 
-    def sel(self, name: str, extra: str = "") -> str:
-        matchers = ",".join(m for m in (self.config.selector.strip(), extra) if m)
+    def sel(self, name: str, extra: str = "", first: str = "") -> str:
+        """`name{first,selector,extra}`: the configured selector between the given matchers."""
+        matchers = ",".join(m for m in (first, self.config.selector.strip(), extra) if m)
         return f"{name}{{{matchers}}}"
 
     def runbook(self, alert: str) -> str:
         return f"{self.config.runbook_base}#{alert.lower()}"
 
-    def raw(self, family: Metric | KvFamily, suffix: str = "", extra: str = "") -> str:
-        """A selector of a family's raw samples (`_bucket`, `_sum`, `_count`, or a counter's `_total`)."""
+    def raw(self, family: Metric | KvFamily, suffix: str | None = None, extra: str = "",
+            role: str = "") -> str:
+        """A selector of a family's raw samples: `suffix` `_bucket`, `_sum` or `_count`, or None for
+        a counter's or gauge's PromQL name; `role` a matcher on the scrape config's role label."""
         if isinstance(family, KvFamily):
             return self.sel("", ",".join(m for m in (f'__name__=~"{family.names(suffix)}"', extra) if m))
-        return self.sel(family.name + suffix, extra)
+        name = family.promql_name if suffix is None else family.name + suffix
+        return self.sel(name, extra, first=role)
 
-    def summed_rate(self, series: str, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-        """Summed rate of a raw series. Per topology (no role in `by`) the roles are picked as the
-        topology's users see it: see REQUEST_FAMILIES and TOPOLOGY_ROLES."""
-        if "role" in by:
-            return f"sum by ({_by(by)}) (rate({series}[{window}]))"
-        name, _, matchers = series.partition("{")
-        found = catalog.CATALOG.family_of_sample(name)
-        family = found[0].name if found else ""
+    def summed_rate(self, family: Metric | KvFamily, window: str, by: tuple[str, ...] = TOPOLOGY_BY,
+                    suffix: str | None = None, extra: str = "") -> str:
+        """Summed rate of a family's raw samples (`raw`). Per topology (no role in `by`) the roles are
+        picked as the topology's users see it: see REQUEST_FAMILIES and TOPOLOGY_ROLES."""
+        def summed(role: str = "") -> str:
+            return f"sum by ({_by(by)}) (rate({self.raw(family, suffix, extra, role)}[{window}]))"
 
-        def with_role(role: str) -> str:
-            return f"sum by ({_by(by)}) (rate({name}{{{role},{matchers}[{window}]))"
-
-        if family in REQUEST_FAMILIES:  # parenthesised: callers divide and multiply it
-            choices = "\n  or on (topology)\n  ".join(with_role(role) for _, role in USER_SOURCES)
+        if "role" in by or isinstance(family, KvFamily):
+            return summed()
+        if family.name in REQUEST_FAMILIES:  # parenthesised: callers divide and multiply it
+            choices = "\n  or on (topology)\n  ".join(summed(role) for _, role in USER_SOURCES)
             return f"(\n  {choices}\n)"
-        return with_role(TOPOLOGY_ROLES.get(family, NOT_ENTRYPOINT)) if name else \
-            f"sum by ({_by(by)}) (rate({series}[{window}]))"
+        return summed(TOPOLOGY_ROLES.get(family.name, NOT_ENTRYPOINT))
 
     def requests_source(self) -> RecordingRule:
         """Which source summed_rate picks per topology, for dashboards to show beside its figures."""
@@ -574,7 +575,7 @@ class _Builder:
         for window in windows:
             source = None if window == base else base
             for metric in RATE_COUNTERS:
-                raw = self.summed_rate(self.sel(metric.promql_name), window)
+                raw = self.summed_rate(metric, window)
                 rules.append(RecordingRule(rate_name(metric, window), self.averaged(
                     functools.partial(rate_name, metric), window, source, raw)))
             rules.append(RecordingRule(
@@ -599,7 +600,7 @@ class _Builder:
         total = histogram_rate_name(metric, "sum", window)
 
         def part(name: str, suffix: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-            raw = self.summed_rate(self.raw(metric, suffix), window, by)
+            raw = self.summed_rate(metric, window, by, suffix)
             return self.averaged(lambda w: histogram_rate_name(metric, name, w), window, source, raw)
 
         rules = [
@@ -620,9 +621,9 @@ class _Builder:
         counter has no model label: one spec serves one model, so it is added here. `served`: the
         recorded finished-requests rate of the same window and labels."""
         handlers = promql_string("|".join(re.escape(h) for h in slo.SERVING_HANDLERS))
-        series = self.sel(catalog.HTTP_REQUESTS.promql_name,
-                          f"handler=~{handlers},status!={promql_string(slo.CLIENT_ERROR_STATUS)}")
-        summed = self.summed_rate(series, window, tuple(label for label in by if label != "model_name"))
+        fleet = f"handler=~{handlers},status!={promql_string(slo.CLIENT_ERROR_STATUS)}"
+        summed = self.summed_rate(catalog.HTTP_REQUESTS, window,
+                                  tuple(label for label in by if label != "model_name"), extra=fleet)
         # vLLM creates the HTTP series at a handler's first response but the finished-reason series
         # at start: a 0 while the first is absent keeps the long windows' averages (avg_over_time of
         # these recordings) over the same samples, or a new series would look like lost requests.
@@ -637,9 +638,8 @@ class _Builder:
         rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
         served = rate_name(catalog.REQUEST_SUCCESS, window, level)
         api = api_requests_name(window, level)
-        raw_finished = self.summed_rate(self.sel(catalog.REQUEST_SUCCESS.promql_name), window,
-                                        (*by, "finished_reason"))
-        raw_rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)
+        raw_finished = self.summed_rate(catalog.REQUEST_SUCCESS, window, (*by, "finished_reason"))
+        raw_rejected = self.summed_rate(catalog.ADMISSION_REJECTIONS, window, by)
         return [
             RecordingRule(by_reason, self.averaged(lambda w: finished_by_reason_name(w, level), window,
                                                    source, raw_finished)),
@@ -727,12 +727,12 @@ class _Builder:
         for window in windows:
             for metric in ROLE_COUNTERS:
                 rules.append(RecordingRule(rate_name(metric, window, level),
-                                           self.summed_rate(self.sel(metric.promql_name), window, ROLE_BY)))
+                                           self.summed_rate(metric, window, ROLE_BY)))
             for metric in ROLE_HISTOGRAMS:
                 bucket = histogram_rate_name(metric, "bucket", window, level)
-                rules.append(RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
-                                                                    (*ROLE_BY, "le"))))
-                count = self.summed_rate(self.sel(metric.name + "_count"), window, ROLE_BY)
+                rules.append(RecordingRule(bucket, self.summed_rate(metric, window, (*ROLE_BY, "le"),
+                                                                    "_bucket")))
+                count = self.summed_rate(metric, window, ROLE_BY, "_count")
                 rules.append(RecordingRule(histogram_rate_name(metric, "count", window, level), count))
                 for quantile in slo.QUANTILES:
                     rules.append(RecordingRule(quantile_name(metric, quantile, window, level),
@@ -824,7 +824,7 @@ class _Builder:
             for family in KV_HISTOGRAMS:
                 rules.extend(self.histogram_rules(family, window))
             rules.append(RecordingRule(rate_name(KV_FAILURES, window),
-                                       self.summed_rate(self.raw(KV_FAILURES, "_total"), window)))
+                                       self.summed_rate(KV_FAILURES, window)))
             rules.append(RecordingRule(
                 kv_bandwidth_name(window),
                 f"{histogram_rate_name(KV_BYTES, 'sum', window)}\n/\n"
