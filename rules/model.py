@@ -93,8 +93,9 @@ KV_HISTOGRAMS: tuple[KvFamily, ...] = (KV_TIME, KV_BYTES)
 # (crossover.slo) follow the same choice, so a P/D request is never counted on both roles.
 REQUEST_FAMILIES: frozenset[str] = frozenset(m.name for m in (*catalog.ENTRYPOINT_FAMILIES,
                                                               *slo.OUTCOME_FAMILIES))
+ENTRYPOINT_MATCHER = f'role="{ENTRYPOINT_ROLE}"'
 USER_SOURCES: tuple[tuple[str, str], ...] = tuple(zip(REQUEST_SOURCES, (
-    f'role="{ENTRYPOINT_ROLE}"',
+    ENTRYPOINT_MATCHER,
     f'role="{Role.DECODE.value}"',
     f'role!~"{ENTRYPOINT_ROLE}|{Role.PREFILL.value}|{Role.DECODE.value}"'), strict=True))
 TOPOLOGY_ROLES: dict[str, str] = {
@@ -531,12 +532,15 @@ class _Builder:
             return f"(\n  {choices}\n)"
         return summed(TOPOLOGY_ROLES.get(family.name, NOT_ENTRYPOINT))
 
+    def entrypoint_request_series(self) -> str:
+        """The entrypoint targets' series that show they expose the request families
+        (catalog.ENTRYPOINT_FAMILIES): without them a topology's request figures fall back to decode."""
+        families = promql_string("|".join(re.escape(m.presence_name) for m in catalog.ENTRYPOINT_FAMILIES))
+        return self.sel("", f"__name__=~{families},{ENTRYPOINT_MATCHER}")
+
     def requests_source(self) -> RecordingRule:
         """Which source summed_rate picks per topology, for dashboards to show beside its figures."""
-        families = promql_string("|".join(re.escape(s) for m in catalog.ENTRYPOINT_FAMILIES
-                                          for s in (m.promql_name if m.type is catalog.MetricType.COUNTER
-                                                    else m.name + "_count",)))
-        exposed = {"entrypoint": self.sel("", f"__name__=~{families},{USER_SOURCES[0][1]}")}
+        exposed = {"entrypoint": self.entrypoint_request_series()}
         branches = []
         for source, role in USER_SOURCES:
             series = exposed.get(source, self.sel("up", role))
@@ -903,9 +907,7 @@ class _Builder:
         scaled = self.config.window_scale
         absent = []
         for metric in WATCHED_FAMILIES:
-            histogram = metric.type is catalog.MetricType.HISTOGRAM
-            series = metric.name + "_count" if histogram else metric.promql_name
-            absent.append(f'label_replace(({up} == 1) unless on (instance) {self.sel(series)}, '
+            absent.append(f'label_replace(({up} == 1) unless on (instance) {self.sel(metric.presence_name)}, '
                           f'"metric", "{metric.name}", "", "")')
         return AlertRule(
             "VllmMetricsAbsent", "\nor\n".join(absent), float(round(300 * scaled)), "warning",
@@ -919,7 +921,7 @@ class _Builder:
         scaled = self.config.window_scale
         missing = []
         for bucket in self.buckets:
-            count = self.sel(bucket.metric.name + "_count")
+            count = self.sel(bucket.metric.presence_name)
             good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
             missing.append(f'label_replace({count} unless on (instance) {good}, '
                            f'"slo", "{bucket.slo}", "", "")')
@@ -934,14 +936,10 @@ class _Builder:
     def entrypoint_alerts(self) -> tuple[AlertRule, ...]:
         if not any(t.entrypoint.metrics_url for t in self.spec.topologies):
             return ()
-        families = promql_string("|".join(re.escape(m.promql_name if m.type is catalog.MetricType.COUNTER
-                                                    else m.name + "_count")
-                                          for m in catalog.ENTRYPOINT_FAMILIES))
-        entry = f'role="{ENTRYPOINT_ROLE}"'
         return (AlertRule(
             "VllmEntrypointMetricsAbsent",
-            f"({self.sel('up', entry)} == 1)\nunless on (instance)\n"
-            f"count by (instance) ({self.sel('', f'__name__=~{families},{entry}')})",
+            f"({self.sel('up', ENTRYPOINT_MATCHER)} == 1)\nunless on (instance)\n"
+            f"count by (instance) ({self.entrypoint_request_series()})",
             float(round(300 * self.config.window_scale)), "warning",
             summary="The entrypoint of topology {{ $labels.topology }} exposes no request metrics",
             description="The entrypoint target {{ $labels.instance }} answers scrapes but exposes none "

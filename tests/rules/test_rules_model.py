@@ -307,3 +307,19 @@ def test_pd_fleets_record_request_figures_per_role() -> None:
             m.attainment_name("ttft", "1m", "topology_role")} <= names
     seed = build_rules(load_spec(SEED)).record_names
     assert not any(n.startswith("topology_role:") and ":rate" in n for n in seed)
+
+
+def test_a_family_is_present_by_one_series_in_the_source_choice_and_the_alerts() -> None:
+    """A histogram shows by its `_count`, a counter by `_total`: the entrypoint request source and the
+    alerts on missing families read the same series, so they cannot disagree on what is exposed."""
+    assert catalog.TTFT.presence_name == "vllm:time_to_first_token_seconds_count"
+    assert catalog.REQUEST_SUCCESS.presence_name == "vllm:request_success_total"
+    assert catalog.KV_CACHE_USAGE.presence_name == "vllm:kv_cache_usage_perc"
+    rules = build_rules(load_spec(PD))
+    exprs = {r.record: r.expr for r in rules.records}
+    alerts = {a.alert: a.expr for a in rules.alerts}
+    families = "|".join(re.escape(f.presence_name) for f in catalog.ENTRYPOINT_FAMILIES)
+    entry = f'{{job="vllm",__name__=~{m.promql_string(families)},role="entrypoint"}}'
+    assert entry in exprs[m.requests_source_name()] and entry in alerts["VllmEntrypointMetricsAbsent"]
+    for family in m.WATCHED_FAMILIES:
+        assert f'unless on (instance) {family.presence_name}{{job="vllm"}}' in alerts["VllmMetricsAbsent"]
