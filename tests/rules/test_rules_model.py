@@ -14,7 +14,7 @@ from crossover.errors import UserError
 from crossover.rules import model as m
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import BURN_ALERT, RulesConfig, build_rules, le_spellings, slo_buckets
-from crossover.spec import load_spec, parse_duration, parse_spec
+from crossover.spec import load_spec, parse_duration, parse_spec, spec_targets
 from tests.helpers import SPECS
 
 SEED = SPECS / "seed-70b-h100.yaml"
@@ -238,6 +238,26 @@ def test_scrape_config_attaches_topology_role_and_gpus() -> None:
     assert labels["127.0.0.1:8311"] == {"topology": "pd1p1d", "role": "decode", "gpus": "1",
                                         "replica": "decode-0"}
     assert config["rule_files"] == ["rules.yml"]
+
+
+def test_prometheus_scrapes_what_the_exporter_scrapes() -> None:
+    """The scrape config's static groups are the spec's targets (crossover.spec.spec_targets), the
+    exporter's list: same URLs, an https entrypoint on another path and an IPv6 instance included."""
+    data = _spec_data(PD)
+    data["topologies"][1]["entrypoint"]["metrics_url"] = "https://router.example:8443/vllm/metrics"
+    data["topologies"][0]["instances"][0]["url"] = "http://[::1]:8300/colo"
+    spec = parse_spec(data)
+    config = yaml.safe_load(outputs(spec, build_rules(spec), Format.PLAIN, "pd", "pd")["prometheus.yml"])
+    scraped = []
+    for group in config["scrape_configs"][0]["static_configs"]:
+        labels = group["labels"]
+        scheme, path = labels.get("__scheme__", "http"), labels.get("__metrics_path__", "/metrics")
+        scraped.append((labels["topology"], labels["replica"], labels["role"], int(labels["gpus"]),
+                        f"{scheme}://{group['targets'][0]}{path}"))
+    https = [s for s in scraped if s[4].startswith("https")]
+    assert https == [("pd1p1d", "pd1p1d-entrypoint", "entrypoint", 0,
+                      "https://router.example:8443/vllm/metrics")]
+    assert scraped == [(t.topology, t.instance, t.role, t.gpus, t.metrics_url) for t in spec_targets(spec)]
 
 
 def test_no_rule_names_a_metric_outside_the_catalog() -> None:
