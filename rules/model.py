@@ -41,6 +41,10 @@ TOPOLOGY_BY = ("topology", "model_name")
 ROLE_BY = ("topology", "role", "model_name")
 # The level of the per-role figures: its names start with it (topology_role:...).
 ROLE_LEVEL = "topology_role"
+# Per replica (the scrape config's and PodMonitor's `replica` label): the request outcome families,
+# read raw once here; the per-role outcome figures are sums of these.
+REPLICA_BY = ("topology", "role", "replica", "model_name")
+REPLICA_LEVEL = "topology_replica"
 JOB_NAME = "vllm"
 DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
 REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written for 30 days
@@ -325,9 +329,9 @@ def api_requests_name(window: str, level: str = "topology") -> str:
     return f"{level}:{catalog.HTTP_REQUESTS.rule_stem}_fleet:rate{window}"
 
 
-def failed_requests_name(window: str) -> str:
+def failed_requests_name(window: str, level: str = "topology") -> str:
     """Failed requests per second by `reason` (slo.FAILURE_REASONS)."""
-    return f"topology:vllm_failed_requests:rate{window}"
+    return f"{level}:vllm_failed_requests:rate{window}"
 
 
 def goodput_requests_name(window: str) -> str:
@@ -477,8 +481,10 @@ def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str 
                                          *builder.goodput_rules(raw_windows, dashboard_windows)), fast_s),
         RuleGroup("crossover-slo-windows", builder.long_window_rules(
             raw_windows, tuple(w for w in sli_windows if w not in raw_windows)), long_s),
-        *((RuleGroup("crossover-roles", builder.role_rules(dashboard_windows), fast_s),)
-          if disaggregated_topologies(spec) else ()),
+        # Per replica, then (P/D fleets) per role summed from the replicas' recordings of this evaluation.
+        RuleGroup("crossover-replicas", (*builder.replica_rules(dashboard_windows),
+                                         *(builder.role_rules(dashboard_windows)
+                                           if disaggregated_topologies(spec) else ())), fast_s),
         RuleGroup("crossover-kv-transfer", builder.kv_rules(tuple(dict.fromkeys((*dashboard_windows,
                                                                                    kv_window)))), fast_s),
         RuleGroup("crossover-slo-alerts", builder.slo_alerts(), fast_s),
@@ -635,23 +641,32 @@ class _Builder:
         return f"{named} or on ({', '.join(by)}) (0 * {served})"
 
     def outcome_rates(self, window: str, level: str = "topology", by: tuple[str, ...] = TOPOLOGY_BY,
-                      source: str | None = None) -> list[RecordingRule]:
-        """The raw rates of the outcome families (slo.OUTCOME_FAMILIES), each recorded once (or,
-        with a source window, averaged from its recordings)."""
+                      source: str | None = None, summed_from: str | None = None) -> list[RecordingRule]:
+        """The raw rates of the outcome families (slo.OUTCOME_FAMILIES), each recorded once: read
+        from the raw series, or with a source window averaged from its recordings, or with
+        `summed_from` summed from that finer level's recordings of the same window."""
         by_reason = finished_by_reason_name(window, level)
         rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
         served = rate_name(catalog.REQUEST_SUCCESS, window, level)
         api = api_requests_name(window, level)
-        raw_finished = self.summed_rate(catalog.REQUEST_SUCCESS, window, (*by, "finished_reason"))
-        raw_rejected = self.summed_rate(catalog.ADMISSION_REJECTIONS, window, by)
+        if summed_from is None:
+            raw_finished = self.summed_rate(catalog.REQUEST_SUCCESS, window, (*by, "finished_reason"))
+            raw_rejected = self.summed_rate(catalog.ADMISSION_REJECTIONS, window, by)
+            raw_api = self.fleet_requests(window, served, by)
+        else:
+            def summed(finer: str, labels: tuple[str, ...] = by) -> str:
+                return f"sum by ({_by(labels)}) ({finer})"
+
+            raw_finished = summed(finished_by_reason_name(window, summed_from), (*by, "finished_reason"))
+            raw_rejected = summed(rate_name(catalog.ADMISSION_REJECTIONS, window, summed_from))
+            raw_api = summed(api_requests_name(window, summed_from))
         return [
             RecordingRule(by_reason, self.averaged(lambda w: finished_by_reason_name(w, level), window,
                                                    source, raw_finished)),
             RecordingRule(served, f"sum without (finished_reason) ({by_reason})"),
             RecordingRule(rejected, self.averaged(lambda w: rate_name(catalog.ADMISSION_REJECTIONS, w, level),
                                                   window, source, raw_rejected)),
-            RecordingRule(api, self.averaged(lambda w: api_requests_name(w, level), window, source,
-                                             self.fleet_requests(window, served, by))),
+            RecordingRule(api, self.averaged(lambda w: api_requests_name(w, level), window, source, raw_api)),
         ]
 
     def counted(self, window: str, level: str, by: tuple[str, ...]) -> str:
@@ -719,13 +734,24 @@ class _Builder:
                                        f"{good} / on ({_by(by)}) {every}"))
         return rules
 
+    def replica_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+        """The outcome families per replica, and its failed requests by reason as the topology's
+        are counted (failed_requests), for the dashboards' per-instance view."""
+        rules: list[RecordingRule] = []
+        for window in windows:
+            rules.extend(self.outcome_rates(window, REPLICA_LEVEL, REPLICA_BY))
+        longest = max(windows, key=parse_duration)
+        rules.append(self.unfinished_rule(longest, REPLICA_LEVEL, REPLICA_BY))
+        rules.extend(self.failed_requests(window, longest, REPLICA_LEVEL) for window in windows)
+        return tuple(rules)
+
     def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """Request figures per P/D role: the decode side is what users see after the first token
         (its TTFT covers the KV-transfer wait), the prefill side the prefill work."""
         level = ROLE_LEVEL
         rules: list[RecordingRule] = []
         for window in windows:
-            rules.extend(self.outcome_rates(window, level, ROLE_BY))
+            rules.extend(self.outcome_rates(window, level, ROLE_BY, summed_from=REPLICA_LEVEL))
         longest = max(windows, key=parse_duration)
         rules.append(self.unfinished_rule(longest, level, ROLE_BY))
         for window in windows:
@@ -753,8 +779,7 @@ class _Builder:
             rules.extend(self.slo_rules(window, raw_windows[-1]))
             rules.extend(self.sli_errors(window))
         for window in dashboard_windows:
-            rules.append(RecordingRule(failed_requests_name(window),
-                                       self.failed_requests(window, raw_windows[-1])))
+            rules.append(self.failed_requests(window, raw_windows[-1]))
             if request_slos:
                 names = [attainment_name(b.slo, window) for b in request_slos]
                 # Frechet bounds on "every SLO met" from the per-SLO shares.
@@ -810,17 +835,18 @@ class _Builder:
             f"1 - {sli_error_name(period)} / {error_budget(self.spec)!r}"))
         return tuple(rules)
 
-    def failed_requests(self, window: str, unfinished_window: str) -> str:
+    def failed_requests(self, window: str, unfinished_window: str, level: str = "topology") -> RecordingRule:
         """Failed requests/s by reason (slo.FAILURE_REASONS): abort and error (finished_reason),
         rejected (admission), unfinished (over the longest raw window), from the recordings."""
         failed = promql_string("|".join(slo.FAILED_REASONS))
-        by_reason = f"{finished_by_reason_name(window)}{{finished_reason=~{failed}}}"
-        rejected = rate_name(catalog.ADMISSION_REJECTIONS, window)
-        unfinished = requests_name("unfinished", unfinished_window)
+        by_reason = f"{finished_by_reason_name(window, level)}{{finished_reason=~{failed}}}"
+        rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
+        unfinished = requests_name("unfinished", unfinished_window, level)
         relabelled = f'label_replace({by_reason}, "reason", "$1", "finished_reason", "(.*)")'
-        return (f"sum without (finished_reason) ({relabelled})\n"
-                f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")\n'
-                f'or\nlabel_replace({unfinished}, "reason", {promql_string(slo.UNFINISHED_REASON)}, "", "")')
+        return RecordingRule(failed_requests_name(window, level), (
+            f"sum without (finished_reason) ({relabelled})\n"
+            f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")\n'
+            f'or\nlabel_replace({unfinished}, "reason", {promql_string(slo.UNFINISHED_REASON)}, "", "")'))
 
     def kv_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []

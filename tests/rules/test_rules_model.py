@@ -329,6 +329,32 @@ def test_pd_fleets_record_request_figures_per_role() -> None:
     assert not any(n.startswith("topology_role:") and ":rate" in n for n in seed)
 
 
+def test_failures_per_replica_are_counted_as_per_topology_and_roles_sum_replicas() -> None:
+    """Every fleet records failed requests per replica with the topology's formula (the dashboard's
+    per-instance panel reads it); a P/D fleet's per-role outcome rates are sums of the replicas'
+    recordings of the same group, so the raw outcome families are read once per window."""
+    for spec in (SEED, PD):
+        rules = build_rules(load_spec(spec))
+        exprs = {r.record: r.expr for r in rules.records}
+        group = next(g for g in rules.groups if g.name == "crossover-replicas")
+        order = [r.record for r in group.rules if isinstance(r, m.RecordingRule)]
+        for window in rules.dashboard_windows:
+            replica = exprs[m.failed_requests_name(window, m.REPLICA_LEVEL)]
+            topology = exprs[m.failed_requests_name(window)]
+            assert replica == topology.replace("topology:", "topology_replica:").replace(
+                "topology_finished_reason:", "topology_replica_finished_reason:")
+            for name in (m.finished_by_reason_name(window, m.REPLICA_LEVEL),
+                         m.rate_name(catalog.ADMISSION_REJECTIONS, window, m.REPLICA_LEVEL),
+                         m.api_requests_name(window, m.REPLICA_LEVEL)):
+                assert "rate(" in exprs[name] and "sum by (topology, role, replica" in exprs[name]
+                if spec == PD:
+                    role = name.replace(f"{m.REPLICA_LEVEL}:", f"{m.ROLE_LEVEL}:").replace(
+                        f"{m.REPLICA_LEVEL}_", f"{m.ROLE_LEVEL}_")
+                    assert exprs[role].startswith("sum by (topology, role, model_name") and \
+                        exprs[role].endswith(f"({name})")
+                    assert order.index(name) < order.index(role)
+
+
 def test_a_family_is_present_by_one_series_in_the_source_choice_and_the_alerts() -> None:
     """A histogram shows by its `_count`, a counter by `_total`: the entrypoint request source and the
     alerts on missing families read the same series, so they cannot disagree on what is exposed."""
