@@ -736,10 +736,13 @@ class _Builder:
 
     def replica_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """The outcome families per replica, and its failed requests by reason as the topology's
-        are counted (failed_requests), for the dashboards' per-instance view."""
+        are counted (failed_requests), for the dashboards' per-instance view. As per topology, raw
+        series are read over the shortest window only; the longer ones average its recordings."""
         rules: list[RecordingRule] = []
+        base = min(windows, key=parse_duration)
         for window in windows:
-            rules.extend(self.outcome_rates(window, REPLICA_LEVEL, REPLICA_BY))
+            rules.extend(self.outcome_rates(window, REPLICA_LEVEL, REPLICA_BY,
+                                             source=None if window == base else base))
         longest = max(windows, key=parse_duration)
         rules.append(self.unfinished_rule(longest, REPLICA_LEVEL, REPLICA_BY))
         rules.extend(self.failed_requests(window, longest, REPLICA_LEVEL) for window in windows)

@@ -331,8 +331,9 @@ def test_pd_fleets_record_request_figures_per_role() -> None:
 
 def test_failures_per_replica_are_counted_as_per_topology_and_roles_sum_replicas() -> None:
     """Every fleet records failed requests per replica with the topology's formula (the dashboard's
-    per-instance panel reads it); a P/D fleet's per-role outcome rates are sums of the replicas'
-    recordings of the same group, so the raw outcome families are read once per window."""
+    per-instance panel reads it), raw series over the shortest window and averages of it beyond, as
+    per topology; a P/D fleet's per-role outcome rates are sums of the replicas' recordings of the
+    same group, so the raw outcome families are read once per window."""
     for spec in (SEED, PD):
         rules = build_rules(load_spec(spec))
         exprs = {r.record: r.expr for r in rules.records}
@@ -346,7 +347,11 @@ def test_failures_per_replica_are_counted_as_per_topology_and_roles_sum_replicas
             for name in (m.finished_by_reason_name(window, m.REPLICA_LEVEL),
                          m.rate_name(catalog.ADMISSION_REJECTIONS, window, m.REPLICA_LEVEL),
                          m.api_requests_name(window, m.REPLICA_LEVEL)):
-                assert "rate(" in exprs[name] and "sum by (topology, role, replica" in exprs[name]
+                if window == rules.dashboard_windows[0]:  # raw over the shortest window only
+                    assert "rate(" in exprs[name] and "sum by (topology, role, replica" in exprs[name]
+                else:
+                    base = name.replace(f"rate{window}", f"rate{rules.dashboard_windows[0]}")
+                    assert exprs[name] == f"avg_over_time({base}[{window}])"
                 if spec == PD:
                     role = name.replace(f"{m.REPLICA_LEVEL}:", f"{m.ROLE_LEVEL}:").replace(
                         f"{m.REPLICA_LEVEL}_", f"{m.ROLE_LEVEL}_")
