@@ -26,10 +26,9 @@ from crossover.exporter.derive import (
     window_sums,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
-from crossover.exporter.targets import Target
 from crossover.exporter.window import History, SeriesWindow
 from crossover.slo import GOODPUT_REQUESTS, GOODPUT_TOKENS, quantile_label
-from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, format_duration
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, Target, format_duration
 
 
 @dataclass

@@ -25,9 +25,8 @@ from crossover.exporter.derive import WindowSums, merge, window_sums
 from crossover.exporter.parse import ParsedSeries, Parser
 from crossover.exporter.scrape import scrape
 from crossover.exporter.state import slos_seconds, topology_figures
-from crossover.exporter.targets import Target, spec_targets
 from crossover.exporter.window import Scrape, window_of
-from crossover.spec import FleetSpec
+from crossover.spec import FleetSpec, Target, spec_targets
 
 T = TypeVar("T")
 
