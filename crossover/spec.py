@@ -12,6 +12,7 @@ import math
 import os
 import re
 import typing
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -605,3 +606,30 @@ def slo_warnings(spec: FleetSpec, source: str = "spec") -> list[str]:
             f"(neighbours {near}); histogram-based goodput is interpolated there, exact only on a boundary")
     return warnings
 
+
+@dataclass(frozen=True)
+class Target:
+    """One scrape target of the fleet and the labels it carries (the exporter's, the scrape config's)."""
+
+    topology: str
+    instance: str  # the spec's instance name (the `replica` label in Prometheus)
+    role: str
+    metrics_url: str
+    gpus: int  # the instance's tensor-parallel size (0 for an entrypoint)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.topology, self.instance)
+
+
+def spec_targets(spec: FleetSpec) -> list[Target]:
+    """What the spec says to scrape: every instance's /metrics, then the topology's entrypoint
+    metrics (role entrypoint, no GPUs) where it gives them."""
+    out = []
+    for topology in spec.topologies:
+        out += [Target(topology.name, instance.name, instance.role.value, instance.url + "/metrics",
+                       topology.tensor_parallel_size) for instance in topology.instances]
+        if topology.entrypoint.metrics_url is not None:
+            out.append(Target(topology.name, entrypoint_replica(topology.name), ENTRYPOINT_ROLE,
+                              topology.entrypoint.metrics_url, 0))
+    return out

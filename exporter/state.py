@@ -26,7 +26,6 @@ from crossover.exporter.derive import (
     window_sums,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
-from crossover.exporter.targets import Target
 from crossover.exporter.window import History, SeriesWindow
 from crossover.slo import (
     GOODPUT_REQUESTS,
@@ -36,7 +35,7 @@ from crossover.slo import (
     percentile_column,
     quantile_label,
 )
-from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, format_duration, requests_source
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, Target, format_duration, requests_source
 
 
 @dataclass

@@ -280,6 +280,9 @@ def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) 
         expectations.append((m.attainment_name(bucket.slo, window), key, load.attained))
     for reason, per_s in load.failed.items():
         expectations.append((m.failed_requests_name(window), {**key, "reason": reason}, per_s * serving))
+        for instance in topology.instances:  # the dashboard's per-instance view, counted the same way
+            replica = {**key, "role": instance.role.value, "replica": instance.name, "reason": reason}
+            expectations.append((m.failed_requests_name(window, m.REPLICA_LEVEL), replica, per_s))
     if request_slos:
         expectations.append((m.joint_attainment_name("lower", window), key, lower))
         expectations.append((m.joint_attainment_name("upper", window), key, upper))

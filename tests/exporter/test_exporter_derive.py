@@ -22,9 +22,8 @@ from crossover.exporter.state import (
     topology_figures,
     window_names,
 )
-from crossover.exporter.targets import spec_targets
 from crossover.exporter.window import History, SeriesWindow, counter_increase, is_cumulative, window_of
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import FleetSpec, load_spec, spec_targets
 from tests.helpers import FIXTURES, SPECS
 
 ENGINE = (("engine", "0"), ("model_name", "m"))
