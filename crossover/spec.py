@@ -107,6 +107,15 @@ REQUEST_SOURCES: dict[str, str] = {
 }
 
 
+def requests_source(*, entrypoint_counts: bool, has_decode: bool) -> str:
+    """Which of REQUEST_SOURCES stands for a topology's requests, so that each is counted once: its
+    entrypoint when that counts requests, else its decode role (never both P/D roles), else its
+    instances."""
+    if entrypoint_counts:
+        return "entrypoint"
+    return "decode" if has_decode else "instances"
+
+
 def entrypoint_replica(topology: str) -> str:
     """The instance (exporter) and replica (Prometheus) label of a topology's entrypoint target."""
     return f"{topology}-entrypoint"
@@ -247,6 +256,13 @@ class Topology(_Strict):
     @property
     def disaggregated(self) -> bool:
         return any(i.role is not Role.COLOCATED for i in self.instances)
+
+    @property
+    def configured_requests_source(self) -> str:
+        """requests_source as the spec sets it up (the exporter falls back to the decode role when
+        the entrypoint's metrics turn out to count no requests)."""
+        return requests_source(entrypoint_counts=self.entrypoint.metrics_url is not None,
+                               has_decode=self.disaggregated)
 
     @property
     def gpus_per_instance(self) -> int:

@@ -45,7 +45,7 @@ def _tail_latency(kind: str) -> ComparedMetric:
                           f"{label} {kind.upper()}", kind)
 
 
-_TAIL_LATENCIES = tuple(_tail_latency(kind) for kind in ("ttft", "tpot", "itl"))
+_TAIL_LATENCIES = tuple(_tail_latency(kind) for kind in slo.TAIL_KINDS)
 METRICS: dict[str, ComparedMetric] = {m.name: m for m in (
     ComparedMetric("output_tps", per_gpu("output_tps"), True, "output tokens/s per GPU"),
     ComparedMetric(slo.GOODPUT_REQUESTS, per_gpu(slo.GOODPUT_REQUESTS), True, "goodput"),

@@ -193,8 +193,7 @@ class _Load:
 
     @classmethod
     def of(cls, t_index: int, topology: Topology) -> _Load:
-        requests_from = ("entrypoint" if topology.entrypoint.metrics_url else
-                         "decode" if topology.disaggregated else "instances")
+        requests_from = topology.configured_requests_source
         # Failures on colocated topologies only: one source of request figures, one count.
         failed = FAILED_PER_S[t_index % len(FAILED_PER_S)] if requests_from == "instances" else {}
         return cls(GOOD_SHARE[t_index % len(GOOD_SHARE)], requests_from, failed)
