@@ -28,9 +28,9 @@ CHART_METRICS: tuple[ChartMetric, ...] = (
     ChartMetric("output_tps", "Output tokens/s", "tok/s", True, "output_tps"),
     ChartMetric(slo.GOODPUT_REQUESTS, "Goodput (requests/s within SLO)", "req/s", True, slo.GOODPUT_REQUESTS),
     ChartMetric(slo.GOODPUT_TOKENS, "Goodput (tokens/s within SLO)", "tok/s", True, slo.GOODPUT_TOKENS),
-    ChartMetric("ttft_p99_ms", "TTFT p99", "ms", False),
-    ChartMetric("tpot_p99_ms", "TPOT p99", "ms", False),
-    ChartMetric("itl_p99_ms", "ITL p99", "ms", False),
+    *(ChartMetric(slo.percentile_column(kind, slo.TAIL_QUANTILE),
+                  f"{kind.upper()} {slo.percentile_label(slo.TAIL_QUANTILE)}", "ms", False)
+      for kind in slo.TAIL_KINDS),
 )
 
 

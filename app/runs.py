@@ -8,7 +8,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -36,29 +36,41 @@ def list_runs(results_dir: Path) -> list[PastRun]:
         return []
     found = []
     for child in results_dir.iterdir():
+        if not child.is_dir():
+            continue
         marker = child / RUN_FILE
-        if child.is_dir() and marker.is_file():
+        if marker.is_file():
             found.append(PastRun(child, child.name, marker.stat().st_mtime))
-        elif child.is_dir() and is_bench_folder(child):
-            found.append(PastRun(child, f"{child.name} (vllm bench results)", last_change(child)))
+        elif (changed := _bench_change(child)) is not None:
+            found.append(PastRun(child, f"{child.name} (vllm bench results)", changed))
     return sorted(found, key=lambda run: (-run.modified, run.name))
 
 
-def is_bench_folder(folder: Path) -> bool:
-    """A folder of result files the app imports (crossover analyze's reading) rather than a sweep."""
-    return not (folder / RUN_FILE).exists() and any(folder.rglob("*.json"))
+def _bench_change(folder: Path) -> float | None:
+    """For a folder of result files the app imports (crossover analyze's reading) rather than a
+    sweep, when its newest JSON file changed (one walk); None for a sweep folder or one without
+    JSON files."""
+    if (folder / RUN_FILE).exists():
+        return None
+    return max((path.stat().st_mtime for path in folder.rglob("*.json")), default=None)
 
 
-def last_change(run_dir: Path) -> float:
+class FolderChange(NamedTuple):
+    modified: float  # unix time
+    bench: bool  # a folder of vllm bench result files, not a sweep
+
+
+def last_change(run_dir: Path) -> FolderChange:
     """When a run folder last changed: its plan, or the summary loadgen rewrites after every level
-    (for a folder of vllm bench result files, its newest file)."""
-    if is_bench_folder(run_dir):
-        return max(path.stat().st_mtime for path in run_dir.rglob("*.json"))
+    (for a folder of vllm bench result files, its newest file). Walks the folder at most once."""
+    bench = _bench_change(run_dir)
+    if bench is not None:
+        return FolderChange(bench, bench=True)
     files = [run_dir / name for name in (RUN_FILE, SUMMARY_FILE)]
     times = [path.stat().st_mtime for path in files if path.exists()]
     if not times:
         raise FileNotFoundError(f"{run_dir}: no {RUN_FILE}")
-    return max(times)
+    return FolderChange(max(times), bench=False)
 
 
 def being_written(run_dir: Path) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from crossover import slo
 from crossover.app.config import AppConfig
 from crossover.app.runner import LevelMark
 from crossover.spec import FleetSpec, format_duration
@@ -38,9 +39,9 @@ class Series:
 SERIES: tuple[Series, ...] = (
     Series("goodput_tps", "Server-side token goodput, lower bound", "tok/s"),
     Series("output_tps", "Server-side output tokens/s", "tok/s"),
-    Series("ttft_p99_ms", "Server-side TTFT p99", "ms"),
-    Series("tpot_p99_ms", "Server-side TPOT p99", "ms"),
-    Series("itl_p99_ms", "Server-side ITL p99", "ms"),
+    *(Series(slo.percentile_column(kind, slo.TAIL_QUANTILE),
+             f"Server-side {kind.upper()} {slo.percentile_label(slo.TAIL_QUANTILE)}", "ms")
+      for kind in slo.TAIL_KINDS),
 )
 
 
@@ -133,9 +134,9 @@ def prometheus_queries(spec: FleetSpec) -> dict[str, str]:
     return {
         "goodput_tps": rules.goodput_tokens_name(window),
         "output_tps": rules.rate_name(catalog.GENERATION_TOKENS, window),
-        "ttft_p99_ms": f"1000 * {rules.quantile_name(catalog.TTFT, 0.99, window)}",
-        "tpot_p99_ms": f"1000 * {rules.quantile_name(catalog.TPOT, 0.99, window)}",
-        "itl_p99_ms": f"1000 * {rules.quantile_name(catalog.ITL, 0.99, window)}",
+        **{slo.percentile_column(kind, slo.TAIL_QUANTILE):
+           f"1000 * {rules.quantile_name(slo.SLO_HISTOGRAMS[kind], slo.TAIL_QUANTILE, window)}"
+           for kind in slo.TAIL_KINDS},
         SOURCE: rules.requests_source_name(),
     }
 

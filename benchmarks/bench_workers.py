@@ -36,14 +36,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 sys.path.append(str(REPO / "benchmarks"))
 
-from bench_loadgen import _all_emitted, _quantiles, cpu_seconds  # noqa: E402
+from bench_loadgen import _quantiles, cpu_seconds  # noqa: E402
 
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import Traffic, run_sweep  # noqa: E402
 from crossover.netutil import free_port  # noqa: E402
 from crossover.sim import fleet as sim_fleet  # noqa: E402
 from crossover.spec import FleetSpec, load_spec  # noqa: E402
-from tests.loadgen.loadgen_sim_process import sim_process  # noqa: E402
+from tests.loadgen.loadgen_sim_process import emitted_by_id, sim_process, stamp_errors  # noqa: E402
 
 TOPOLOGY = "tp4xN"
 
@@ -95,26 +95,16 @@ def one(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path,
     sim_cpu = sum(cpu_seconds(pid) for pid in sim_pids) - sim_cpu
     client_cpu = _client_cpu_seconds() - client_cpu - _start_cpu_seconds(spec, plan, workers, folder)
     frame = result.requests
-    served = {r["id"]: r for r in _all_emitted(spec, TOPOLOGY)}
-    first, itl = [], []
-    events = 0
-    for _, row in frame.iterrows():
-        record = served.get(row["completion_id"])
-        stamped = row["send_time"] + np.asarray(row["chunk_times"])
-        events += len(stamped)
-        if not row["ok"] or record is None or len(stamped) != len(record["token_times"]):
-            continue
-        server = np.asarray(record["token_times"])
-        first.append(stamped[0] - server[0])
-        itl.extend(np.diff(stamped) - np.diff(server))
+    stamps = stamp_errors(frame, emitted_by_id(spec, TOPOLOGY))
+    events, first = stamps.events, stamps.first
     traffic = float(frame["end_time"].max() - frame["send_time"].min())
-    first_q, itl_q = _quantiles(np.abs(np.asarray(first))), _quantiles(np.abs(np.asarray(itl)))
+    first_q, itl_q = _quantiles(np.abs(first)), _quantiles(np.abs(stamps.itl))
     return {"workers": workers, "ok": int(frame["ok"].sum()), "requests": len(frame), "events": events,
             "traffic_s": traffic, "wall_s": wall, "events_per_s": events / traffic,
             "sim_cpu": sim_cpu / traffic, "events_per_client_cpu_s": events / client_cpu,
             "shared": float(frame["shared_reads"].sum()) / events,
             "first_p50": first_q["p50_ms"], "first_p99": first_q["p99_ms"],
-            "first_signed_p50": float(np.median(first) * 1000) if first else float("nan"),
+            "first_signed_p50": float(np.median(first) * 1000) if first.size else float("nan"),
             "itl_p50": itl_q["p50_ms"], "itl_p99": itl_q["p99_ms"]}
 
 

@@ -92,6 +92,12 @@ class Metric:
         return self.name + "_total" if self.type is MetricType.COUNTER else self.name
 
     @property
+    def presence_name(self) -> str:
+        """The one series whose presence shows a target exposes the family: a histogram's `_count`,
+        else the PromQL name."""
+        return self.name + "_count" if self.type is MetricType.HISTOGRAM else self.promql_name
+
+    @property
     def rule_stem(self) -> str:
         """Metric part of a recording rule name: `vllm:generation_tokens` -> `vllm_generation_tokens`."""
         return self.name.replace(":", "_")

@@ -43,6 +43,8 @@ PER_REQUEST_SLOS: tuple[str, ...] = ("ttft", "tpot", "e2el")
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 # The tail quantile that tables, crossings and server-side columns show of each kind (p99).
 TAIL_QUANTILE = 0.99
+# The kinds whose tail latency headlines, charts and crossings compare (e2el is in the tables only).
+TAIL_KINDS: tuple[str, ...] = ("ttft", "tpot", "itl")
 
 
 def quantile_label(q: float) -> str:

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import typing
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -104,6 +105,15 @@ REQUEST_SOURCES: dict[str, str] = {
     "decode": "decode-side: excludes the prefill",
     "instances": "instances",
 }
+
+
+def requests_source(*, entrypoint_counts: bool, has_decode: bool) -> str:
+    """Which of REQUEST_SOURCES stands for a topology's requests, so that each is counted once: its
+    entrypoint when that counts requests, else its decode role (never both P/D roles), else its
+    instances."""
+    if entrypoint_counts:
+        return "entrypoint"
+    return "decode" if has_decode else "instances"
 
 
 def entrypoint_replica(topology: str) -> str:
@@ -246,6 +256,13 @@ class Topology(_Strict):
     @property
     def disaggregated(self) -> bool:
         return any(i.role is not Role.COLOCATED for i in self.instances)
+
+    @property
+    def configured_requests_source(self) -> str:
+        """requests_source as the spec sets it up (the exporter falls back to the decode role when
+        the entrypoint's metrics turn out to count no requests)."""
+        return requests_source(entrypoint_counts=self.entrypoint.metrics_url is not None,
+                               has_decode=self.disaggregated)
 
     @property
     def gpus_per_instance(self) -> int:
@@ -589,3 +606,30 @@ def slo_warnings(spec: FleetSpec, source: str = "spec") -> list[str]:
             f"(neighbours {near}); histogram-based goodput is interpolated there, exact only on a boundary")
     return warnings
 
+
+@dataclass(frozen=True)
+class Target:
+    """One scrape target of the fleet and the labels it carries (the exporter's, the scrape config's)."""
+
+    topology: str
+    instance: str  # the spec's instance name (the `replica` label in Prometheus)
+    role: str
+    metrics_url: str
+    gpus: int  # the instance's tensor-parallel size (0 for an entrypoint)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.topology, self.instance)
+
+
+def spec_targets(spec: FleetSpec) -> list[Target]:
+    """What the spec says to scrape: every instance's /metrics, then the topology's entrypoint
+    metrics (role entrypoint, no GPUs) where it gives them."""
+    out = []
+    for topology in spec.topologies:
+        out += [Target(topology.name, instance.name, instance.role.value, instance.url + "/metrics",
+                       topology.tensor_parallel_size) for instance in topology.instances]
+        if topology.entrypoint.metrics_url is not None:
+            out.append(Target(topology.name, entrypoint_replica(topology.name), ENTRYPOINT_ROLE,
+                              topology.entrypoint.metrics_url, 0))
+    return out

@@ -22,11 +22,10 @@ def run(args: argparse.Namespace) -> int:
         for topology in spec.topologies:
             roles = ",".join(sorted({i.role.value for i in topology.instances}))
             target = topology.entrypoint.url or f"client-side {topology.entrypoint.balance.value}"  # type: ignore[union-attr]
-            metrics = topology.entrypoint.metrics_url
             # where its request figures come from (docs/routers.md)
-            source = (f"; entrypoint metrics {metrics}" if metrics
-                      else "; decode-side request figures (no entrypoint metrics)" if topology.disaggregated
-                      else "")
+            source = {"entrypoint": f"; entrypoint metrics {topology.entrypoint.metrics_url}",
+                      "decode": "; decode-side request figures (no entrypoint metrics)",
+                      "instances": ""}[topology.configured_requests_source]
             print(f"  {topology.name}: {topology.gpus} GPUs, TP={topology.tensor_parallel_size} x "
                   f"{len(topology.instances)} ({roles}), traffic to {target}{source}")
         slos = ", ".join(f"{k} {v:g} ms" for k, v in spec.slos.thresholds_ms.items())

@@ -29,13 +29,9 @@ _VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
 def counter_like_names() -> frozenset[str]:
     """Raw series that only make sense under rate(): counters and histogram parts."""
-    names: set[str] = set()
-    for metric in catalog.CATALOG.metrics:
-        if metric.type is MetricType.COUNTER:
-            names.add(metric.promql_name)
-        elif metric.type is MetricType.HISTOGRAM:
-            names.update(metric.name + s for s in ("_bucket", "_count", "_sum"))
-    return frozenset(names)
+    rated = (MetricType.COUNTER, MetricType.HISTOGRAM)
+    return frozenset(name for metric in catalog.CATALOG.metrics if metric.type in rated
+                     for name in metric.sample_names)
 
 
 def known_names(rules: RuleSet) -> frozenset[str]:

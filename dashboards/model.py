@@ -7,10 +7,9 @@ Rendering to Grafana JSON (grafanalib) lives in render.py; the lint in lint.py.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from crossover import catalog, slo
+from crossover import catalog
 from crossover.rules import model as m
 from crossover.rules.model import RuleSet
 from crossover.spec import REQUEST_SOURCES
@@ -126,32 +125,15 @@ def _failed_per_topology() -> Panel:
         min=0, scope="any")
 
 
-def _failed_per_instance(rules: RuleSet) -> Panel:
-    """The same reasons per instance, from the raw counters over $__rate_interval."""
-    sel = f"{rules.config.selector},{FILTERS}"
-    by = "topology, replica"
-
-    def rate(series: str, extra: str = "", labels: str = by, matchers: str = sel) -> str:
-        return f"sum by ({labels}) (rate({series}{{{matchers}{extra}}}[{RATE_INTERVAL}]))"
-
-    failed = "|".join(slo.FAILED_REASONS)
-    handlers = "|".join(re.escape(h) for h in slo.SERVING_HANDLERS)
-    success = catalog.REQUEST_SUCCESS.promql_name
-    rejected = rate(catalog.ADMISSION_REJECTIONS.promql_name)
-    served = rate(success)
-    fleet = f',handler=~"{handlers}",status!="{slo.CLIENT_ERROR_STATUS}"'
-    # The API server's counter has no model label.
-    without_model = f"{rules.config.selector},{TOPOLOGY_FILTER}"
-    http = rate(catalog.HTTP_REQUESTS.promql_name, fleet, matchers=without_model)
-    unfinished = f"clamp_min({http} - on ({by}) {served} - on ({by}) ({rejected} or 0 * {served}), 0)"
+def _failed_per_instance() -> Panel:
+    """The same reasons per instance, from the rules' per-replica recordings."""
     return Panel(
         title="Failed requests/s per instance",
-        description="Failed requests per second of each instance by reason (as the panel per topology).",
+        description="Failed requests per second of each instance by reason, counted as on the panel per "
+                    "topology (unfinished over the longest window there too).",
         unit="reqps",
-        queries=(Query(rate(success, f',finished_reason=~"{failed}"', f"{by}, finished_reason"),
-                       "{{topology}} {{replica}} {{finished_reason}}"),
-                 Query(rejected, f"{{{{topology}}}} {{{{replica}}}} {slo.REJECTED_REASON}"),
-                 Query(unfinished, f"{{{{topology}}}} {{{{replica}}}} {slo.UNFINISHED_REASON}")),
+        queries=(Query(_sel(m.failed_requests_name(WINDOW, m.REPLICA_LEVEL)),
+                       "{{topology}} {{replica}} {{reason}}"),),
         min=0, scope="any")
 
 
@@ -171,7 +153,7 @@ def _goodput_panels(rules: RuleSet) -> tuple[Panel, ...]:
                     "served, so failed requests (errors, rejections, cut streams) count as missed. "
                     f"The red line is the objective ({objective:g}).",
         unit="percentunit", queries=slo_queries, lines=(Line(objective),), min=0, max=1),
-        _failed_per_topology(), _failed_per_instance(rules),
+        _failed_per_topology(), _failed_per_instance(),
         Panel(title="Failures counted",
               description="1: every instance exposes finished_reason, so attainment counts failed requests; "
                           "0: an instance does not (vLLM before finished_reason): its attainment is the "

@@ -30,7 +30,7 @@ def _latency_rows(short: str, latency: Latency | None) -> Iterator[Row]:
 
 def derived_rows(derived: Derived) -> Iterator[Row]:
     """Every (suffix, extra labels, value) of one Derived; None values are skipped."""
-    for short in ("ttft", "tpot", "itl", "e2el"):
+    for short in slo.SLO_KINDS:
         yield from _latency_rows(short, derived.latency.get(short))
     scalars: dict[str, float | None] = {
         "prompt_tokens_per_second": derived.prompt_tokens_per_second,

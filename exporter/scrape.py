@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from crossover.exporter.parse import ParsedSeries, ParseError, Parser
-from crossover.exporter.targets import Target
+from crossover.spec import Target
 
 # The `reason` label values of crossover_scrape_errors_total.
 ERROR_REASONS: tuple[str, ...] = ("timeout", "connection", "http_status", "too_large", "read", "parse",

@@ -30,9 +30,9 @@ from crossover.exporter.collector import SnapshotCollector
 from crossover.exporter.parse import Parser
 from crossover.exporter.scrape import scrape
 from crossover.exporter.state import Snapshot, TargetHealth, build_snapshot, empty_snapshot, snapshot_json
-from crossover.exporter.targets import FileSd, Target, all_targets
+from crossover.exporter.targets import FileSd, all_targets
 from crossover.exporter.window import History
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import FleetSpec, Target, load_spec
 
 log = logging.getLogger("crossover.exporter")
 

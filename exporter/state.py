@@ -26,10 +26,16 @@ from crossover.exporter.derive import (
     window_sums,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
-from crossover.exporter.targets import Target
 from crossover.exporter.window import History, SeriesWindow
-from crossover.slo import GOODPUT_REQUESTS, GOODPUT_TOKENS, quantile_label
-from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, format_duration
+from crossover.slo import (
+    GOODPUT_REQUESTS,
+    GOODPUT_TOKENS,
+    TAIL_KINDS,
+    TAIL_QUANTILE,
+    percentile_column,
+    quantile_label,
+)
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, Target, format_duration, requests_source
 
 
 @dataclass
@@ -125,6 +131,7 @@ class _WindowDerivation:
         self.windows: dict[tuple[str, str], SeriesWindow | None] = {
             record.target.key: record.history.window(now, seconds) for record in health}
         self._sums: dict[tuple[str, str], WindowSums] = {}
+        self._group_sums: dict[tuple[tuple[str, str], ...], WindowSums] = {}
         self.rows: dict[tuple[str, str], tuple[WindowBatch, int]] = {}
         self.instances: dict[tuple[str, str], Derived] = {}
         layouts: dict[int, list[TargetHealth]] = {}
@@ -162,6 +169,15 @@ class _WindowDerivation:
                            window_seconds=self.seconds)
 
     def sums(self, members: Sequence[Target]) -> WindowSums:
+        """The members' window, merged once however many groups read it (a P/D topology's figures
+        read its roles' sums, which its role rows show too)."""
+        key = tuple(t.key for t in members)
+        sums = self._group_sums.get(key)
+        if sums is None:
+            sums = self._group_sums[key] = self._merged(members)
+        return sums
+
+    def _merged(self, members: Sequence[Target]) -> WindowSums:
         if not members:
             return WindowSums()
         present = [t for t in members if self.windows[t.key] is not None]
@@ -190,13 +206,9 @@ def topology_figures(members: Sequence[Target], sums_of: Callable[[Sequence[Targ
         by_role.setdefault(target.role, []).append(target)
     entry = sums_of(by_role.get(ENTRYPOINT_ROLE, []))
     instances = sums_of([t for t in members if t.role != ENTRYPOINT_ROLE])
-    silent = entry.targets > 0 and not exposes_requests(entry)
-    if exposes_requests(entry):
-        source = "entrypoint"
-    elif Role.DECODE.value in by_role:
-        source = "decode"
-    else:
-        source = "instances"
+    counted = exposes_requests(entry)
+    silent = entry.targets > 0 and not counted
+    source = requests_source(entrypoint_counts=counted, has_decode=Role.DECODE.value in by_role)
     sums = instances
     if source != "instances" or ENTRYPOINT_ROLE in by_role:
         decode = sums_of(by_role[Role.DECODE.value]) if Role.DECODE.value in by_role else instances
@@ -283,18 +295,18 @@ def _group_json(view: GroupView) -> dict[str, Any]:
 def _headline(view: GroupView, window: str) -> dict[str, Any]:
     """A few flat figures of the shortest window, for quick readers (the app's live chart)."""
     derived = view.windows[window]
-    p99 = quantile_label(0.99)
+    tail = quantile_label(TAIL_QUANTILE)
 
-    def ms(short: str) -> float | None:
-        latency = derived.latency.get(short)
-        return None if latency is None else latency.quantiles[p99] * 1000.0
+    def ms(kind: str) -> float | None:
+        latency = derived.latency.get(kind)
+        return None if latency is None else latency.quantiles[tail] * 1000.0
 
     return {"requests_source": derived.requests_source,
             f"{GOODPUT_REQUESTS}_lower": derived.goodput_requests_per_second_lower,
             f"{GOODPUT_TOKENS}_lower": derived.goodput_tokens_per_second_lower,
             f"{GOODPUT_TOKENS}_upper": derived.goodput_tokens_per_second_upper,
             "output_tps": derived.generation_tokens_per_second,
-            "ttft_p99_ms": ms("ttft"), "tpot_p99_ms": ms("tpot"), "itl_p99_ms": ms("itl")}
+            **{percentile_column(kind, TAIL_QUANTILE): ms(kind) for kind in TAIL_KINDS}}
 
 
 def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:

@@ -12,38 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from crossover.errors import UserError
-from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, entrypoint_replica
-
-
-@dataclass(frozen=True)
-class Target:
-    """One scrape target and the labels the exporter attaches to it."""
-
-    topology: str
-    instance: str
-    role: str
-    metrics_url: str
-    gpus: int  # the instance's tensor-parallel size (0 for an entrypoint)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.topology, self.instance)
-
-
-def spec_targets(spec: FleetSpec) -> list[Target]:
-    out = []
-    for topology in spec.topologies:
-        out += [Target(topology.name, instance.name, instance.role.value, instance.url + "/metrics",
-                       topology.tensor_parallel_size) for instance in topology.instances]
-        if topology.entrypoint.metrics_url is not None:
-            out.append(Target(topology.name, entrypoint_replica(topology.name), ENTRYPOINT_ROLE,
-                              topology.entrypoint.metrics_url, 0))
-    return out
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, Target, spec_targets
 
 
 def parse_file_sd(text: str, spec: FleetSpec, source: str) -> list[Target]:

@@ -23,7 +23,7 @@ import pandas as pd
 
 from crossover import slo
 from crossover.errors import UserError
-from crossover.loadgen.summary import mark_requests
+from crossover.loadgen.summary import latency_samples, mark_requests
 
 PERCENTILE_METRICS = slo.SLO_KINDS
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # as vllm bench serve, for generative models
@@ -82,10 +82,6 @@ def bench_result(requests: pd.DataFrame, *, topology: str, level: float, axis: s
     rate = 1.0 / duration if duration > 0 else 0.0
     total_input = int(ok["input_tokens"].sum())
     total_output = int(ok["output_tokens"].sum())
-    tpots = ok.loc[ok["output_tokens"] > 1, "tpot"].to_numpy(float)
-    itls = np.concatenate([np.asarray(v, float) for v in ok["itl"]]) if len(ok) else np.array([])
-    values = {"ttft": ok["ttft"].to_numpy(float), "tpot": tpots, "itl": itls,
-              "e2el": ok["e2e"].to_numpy(float)}
     good = int(mark_requests(ordered, slos_ms)["good"].sum()) if len(ordered) else 0
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": BACKENDS[endpoint],
@@ -102,7 +98,7 @@ def bench_result(requests: pd.DataFrame, *, topology: str, level: float, axis: s
         "max_concurrent_requests": _max_in_flight(ordered),
     }
     for name in options.percentile_metrics:
-        result.update(_stats(values[name], name, options.metric_percentiles))
+        result.update(_stats(latency_samples(ordered, name), name, options.metric_percentiles))
     if options.detailed:
         start = float(ordered["send_time"].min()) if len(ordered) else 0.0
         result.update({

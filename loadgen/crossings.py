@@ -23,7 +23,7 @@ from scipy.optimize import brentq
 
 from crossover import slo
 from crossover.loadgen.plan import SweepPlan
-from crossover.loadgen.summary import SOURCE_COLUMN, mark_requests, per_gpu
+from crossover.loadgen.summary import mark_requests, per_gpu, request_itls, request_latencies
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def _tail_latency(kind: str) -> ComparedMetric:
                           f"{label} {kind.upper()}", kind)
 
 
-_TAIL_LATENCIES = tuple(_tail_latency(kind) for kind in ("ttft", "tpot", "itl"))
+_TAIL_LATENCIES = tuple(_tail_latency(kind) for kind in slo.TAIL_KINDS)
 METRICS: dict[str, ComparedMetric] = {m.name: m for m in (
     ComparedMetric("output_tps", per_gpu("output_tps"), True, "output tokens/s per GPU"),
     ComparedMetric(slo.GOODPUT_REQUESTS, per_gpu(slo.GOODPUT_REQUESTS), True, "goodput"),
@@ -234,11 +234,7 @@ def _metric_replicates(group: pd.DataFrame, metric: ComparedMetric, duration: fl
     if metric.name == slo.ATTAINMENT:
         return group["good"].to_numpy(float)[indices].mean(axis=1)
     if metric.kind in ("ttft", "tpot"):
-        source = group[SOURCE_COLUMN[metric.kind]].to_numpy(float).copy()
-        source[~ok] = np.nan
-        if metric.kind == "tpot":
-            source[group["output_tokens"].to_numpy() <= 1] = np.nan
-        picked = source[indices]
+        picked = request_latencies(group, metric.kind)[indices]
         out = np.full(len(indices), np.nan)
         has = np.isfinite(picked).any(axis=1)
         if has.any():
@@ -248,7 +244,7 @@ def _metric_replicates(group: pd.DataFrame, metric: ComparedMetric, duration: fl
         # Pooled over tokens: a resample repeats each request's ITLs as often as it drew the
         # request, so a replicate's quantile is a weighted quantile of all ITLs sorted once (weight
         # = draws of the owning request). Only the top few per cent can hold the p99: scan those.
-        itls = [np.asarray(v, float) if o else np.empty(0) for v, o in zip(group["itl"], ok, strict=True)]
+        itls = request_itls(group)
         out = np.full(len(indices), np.nan)
         lengths = np.array([len(v) for v in itls], dtype=float)
         if not lengths.sum():

@@ -193,31 +193,39 @@ def read_requests(out_dir: Path) -> pd.DataFrame:
     return requests.sort_values(order, kind="stable").reset_index(drop=True)
 
 
-def read_server_views(out_dir: Path) -> pd.DataFrame:
-    """The servers' figures of every finished level (LEVEL.server.json), one row per level."""
+def read_server_views(out_dir: Path, plan: SweepPlan, requests: pd.DataFrame) -> pd.DataFrame:
+    """The servers' figures of every finished level (LEVEL.server.json beside the level's requests;
+    `requests` as read_requests gives them, so no level file is read again), one row per level."""
     from crossover.loadgen.serverside import server_frame
 
+    if requests.empty:
+        return server_frame([])
     views = []
-    for path in sorted((out_dir / LEVELS_DIR).glob(f"*/*{SERVER_SUFFIX}")):
-        requests = path.with_name(path.name.removesuffix(SERVER_SUFFIX) + ".parquet")
+    levels = requests[["topology", "level", REPEAT_COLUMN]].drop_duplicates()
+    for topology, level, repeat in levels.itertuples(index=False):
+        path = level_path(out_dir, plan, topology, float(level), int(repeat)).with_suffix(SERVER_SUFFIX)
         try:
-            level = float(pd.read_parquet(requests, columns=["level"])["level"].iloc[0])
-            views.append((path.parent.name, level, json.loads(path.read_text())))
-        except (OSError, ValueError, IndexError, KeyError):
-            continue  # a level without its requests table is not finished
-    return server_frame(views)
+            views.append((path, (str(topology), float(level), json.loads(path.read_text()))))
+        except (OSError, ValueError):
+            continue  # a level measured without the servers' view
+    return server_frame([view for _, view in sorted(views, key=lambda found: found[0])])
+
+
+def read_info(folder: Path) -> RunInfo:
+    """A run folder's plan, SLOs and topologies (run.json); UserError when it has none."""
+    path = folder / RUN_FILE
+    if not path.exists():
+        raise UserError(f"{folder}: not a sweep folder (no {RUN_FILE})")
+    try:
+        return RunInfo.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: cannot read it ({exc})") from None
 
 
 def load_run(out_dir: str | os.PathLike[str]) -> Run:
     """Open a past run: its plan, every finished level's requests, the summary and crossover."""
     folder = Path(out_dir)
-    path = folder / RUN_FILE
-    if not path.exists():
-        raise UserError(f"{folder}: not a sweep folder (no {RUN_FILE})")
-    try:
-        info = RunInfo.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path}: cannot read it ({exc})") from None
+    info = read_info(folder)
     from crossover.loadgen.crossings import current_names
     from crossover.loadgen.summary import summarize, turn_summary  # recomputed, never trusted stale
 
@@ -225,7 +233,8 @@ def load_run(out_dir: str | os.PathLike[str]) -> Run:
     summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
     crossover_path = folder / CROSSOVER_FILE
     crossover = current_names(json.loads(crossover_path.read_text())) if crossover_path.exists() else {}
-    return Run(folder, info, requests, summary, crossover, turn_summary(requests), read_server_views(folder))
+    return Run(folder, info, requests, summary, crossover, turn_summary(requests),
+               read_server_views(folder, info.plan, requests))
 
 
 def merge_runs(folders: list[Path], out_dir: Path, n_boot: int = 200) -> Run:

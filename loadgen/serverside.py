@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pandas as pd
@@ -25,9 +25,10 @@ from crossover.exporter.derive import WindowSums, merge, window_sums
 from crossover.exporter.parse import ParsedSeries, Parser
 from crossover.exporter.scrape import scrape
 from crossover.exporter.state import slos_seconds, topology_figures
-from crossover.exporter.targets import Target, spec_targets
 from crossover.exporter.window import Scrape, window_of
-from crossover.spec import FleetSpec
+from crossover.spec import FleetSpec, Target, spec_targets
+
+T = TypeVar("T")
 
 
 def _name(suffix: str, labels: Sequence[str]) -> str:
@@ -82,6 +83,12 @@ class ServerView:
             else:
                 errors[result.target.instance] = f"{result.reason}: {result.error}"
         return Scrapes(taken, series, errors)
+
+    async def around(self, level: Awaitable[T]) -> tuple[T, dict[str, Any]]:
+        """What `level` returns, and the figures over the time it ran (scraped before and after)."""
+        before = await self.scrape_all()
+        result = await level
+        return result, self.level_figures(before, await self.scrape_all())
 
     def level_figures(self, before: Scrapes, after: Scrapes) -> dict[str, Any]:
         """The exporter's figures for the topology over [before, after]."""

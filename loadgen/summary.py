@@ -37,6 +37,34 @@ INPUT_LEN_TOLERANCE_TOKENS = 2.0
 SHARED_READS_LIMIT = 0.05
 # The requests column each SLO kind judges a request by (ITL: its worst gap).
 SOURCE_COLUMN = {"ttft": "ttft", "tpot": "tpot", "itl": "itl_max", "e2el": "e2e"}
+# The requests column holding each latency kind's samples (ITL: a list per request).
+SAMPLE_COLUMN = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
+
+
+def sampled(requests: pd.DataFrame, kind: str) -> np.ndarray:
+    """Per row, whether the request gives `kind` samples: it finished, and for TPOT it has more than
+    one output token (as `vllm bench serve` leaves those out)."""
+    ok = requests["ok"].to_numpy(bool)
+    return ok & (requests["output_tokens"].to_numpy() > 1) if kind == "tpot" else ok
+
+
+def request_latencies(requests: pd.DataFrame, kind: str) -> np.ndarray:
+    """Per row, the request's `kind` latency in seconds, NaN where it gives no sample (see `sampled`)."""
+    return np.where(sampled(requests, kind), requests[SAMPLE_COLUMN[kind]].to_numpy(float), np.nan)
+
+
+def request_itls(requests: pd.DataFrame) -> list[np.ndarray]:
+    """Per row, the request's inter-token latencies in seconds (none for a failed request)."""
+    return [np.asarray(itl, float) if ok else np.empty(0)
+            for itl, ok in zip(requests["itl"], sampled(requests, "itl"), strict=True)]
+
+
+def latency_samples(requests: pd.DataFrame, kind: str) -> np.ndarray:
+    """The `kind` latencies in seconds that its mean and percentiles are taken over: one per request
+    that gives a sample, and for ITL every inter-token latency of them pooled."""
+    if kind == "itl":
+        return np.concatenate([np.empty(0), *request_itls(requests)])
+    return requests[SAMPLE_COLUMN[kind]].to_numpy(float)[sampled(requests, kind)]
 
 
 def mark_requests(requests: pd.DataFrame, slos_ms: Mapping[str, float],
@@ -117,11 +145,8 @@ def _level_row(group: pd.DataFrame, slos_ms: Mapping[str, float], gpus: int, lev
         row[slo.attainment_column(kind)] = float(counted[f"good_{kind}"].sum()) / n if n else float("nan")
     for name in ("output_tps", "total_tps", slo.GOODPUT_REQUESTS, slo.GOODPUT_TOKENS):
         row[per_gpu(name)] = row[name] / gpus
-    row.update(_percentiles(finished["ttft"].to_numpy(float), "ttft"))
-    row.update(_percentiles(finished.loc[finished["output_tokens"] > 1, "tpot"].to_numpy(float), "tpot"))
-    itl = np.concatenate([np.asarray(v, float) for v in finished["itl"]]) if len(finished) else np.array([])
-    row.update(_percentiles(itl, "itl"))
-    row.update(_percentiles(finished["e2e"].to_numpy(float), "e2el"))
+    for kind in slo.SLO_KINDS:
+        row.update(_percentiles(latency_samples(finished, kind), kind))
     row.update(_input_lengths(finished))
     row["shared_read_share"] = _shared_read_share(finished)
     errors = counted.loc[~counted["ok"], "error"]
@@ -185,13 +210,11 @@ def turn_summary(requests: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (topology, level, turn), group in requests.groupby(["topology", "level", "turn"], sort=True):
         finished = group[group["ok"].astype(bool)]
-        itl = (np.concatenate([np.asarray(v, float) for v in finished["itl"]]) if len(finished)
-               else np.array([]))
         row = {"topology": topology, "level": float(level), "turn": int(turn),  # type: ignore[arg-type,call-overload]
                "requests": len(group), "failed": len(group) - len(finished),
                "input_tokens": float(finished["input_tokens"].mean())}
-        row.update(_percentiles(finished["ttft"].to_numpy(float), "ttft"))
-        row.update(_percentiles(itl, "itl"))
+        for kind in ("ttft", "itl"):
+            row.update(_percentiles(latency_samples(finished, kind), kind))
         rows.append(row)
     return pd.DataFrame(rows)
 

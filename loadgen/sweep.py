@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pandas as pd
 
@@ -45,6 +45,8 @@ from crossover.loadgen.summary import summarize, summarize_repeats, turn_summary
 from crossover.loadgen.tokens import open_tokenizer
 from crossover.loadgen.workers import Share, WorkerPool, check_workers, shares
 from crossover.spec import Balance, FleetSpec, Topology
+
+T = TypeVar("T")
 
 
 class StopFlag(Protocol):
@@ -149,8 +151,7 @@ class _LevelRunner:
 
     def __init__(self, info: TopologyInfo, model: str, plan: SweepPlan, level: float,
                  on_request: RequestCallback | None, client: ClientOptions,
-                 prepared: Iterator[Prepared], turn_tokens: int = 0,
-                 server_view: ServerView | None = None, share: Share | None = None) -> None:
+                 prepared: Iterator[Prepared], turn_tokens: int = 0, share: Share | None = None) -> None:
         policy = Balance.ROUND_ROBIN if info.balance == "entrypoint" else Balance(info.balance)
         self.balancer = Balancer(list(info.targets), policy)
         self.info, self.model, self.plan, self.level = info, model, plan, level
@@ -163,8 +164,6 @@ class _LevelRunner:
         self.mine = (None if self.total is None else
                      sum(1 for i in range(self.total) if share.owns(plan, level, i)))
         self.turn_tokens = turn_tokens
-        self.server_view = server_view
-        self.server: dict[str, Any] | None = None  # the servers' figures over the level
         self.path = PATHS[plan.endpoint]
 
     async def _one(self, session: HTTPClient, prepared: Prepared) -> None:
@@ -209,14 +208,11 @@ class _LevelRunner:
         await self._send(session, url, request, payload)
 
     async def run(self) -> list[RequestRecord]:
-        before = await self.server_view.scrape_all() if self.server_view else None
         async with HTTPClient(kernel_stamps=self.client.kernel_stamps) as session:
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:
                 await self._open(session)
-        if self.server_view is not None and before is not None:
-            self.server = self.server_view.level_figures(before, await self.server_view.scrape_all())
         return self.records
 
     async def _closed(self, session: HTTPClient) -> None:
@@ -267,8 +263,7 @@ async def _until_stopped(stop: StopFlag) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _run_or_stop(job: Coroutine[Any, Any, list[RequestRecord]],
-                       stop: StopFlag | None) -> list[RequestRecord] | None:
+async def _run_or_stop(job: Coroutine[Any, Any, T], stop: StopFlag | None) -> T | None:
     """Run the level; None when stop was set first (the level's task is cancelled)."""
     task = asyncio.ensure_future(job)
     if stop is None:
@@ -390,9 +385,9 @@ class _Sweep:
             mine = (prepared if share.count == 1
                     else (p for p in prepared if share.owns(plan, level, p[0].index)))
             runner = _LevelRunner(self.info.topologies[name], self.info.model, plan, level,
-                                  self.on_request, self.client, mine, self.workload.turn_tokens, view,
-                                  share=share)
-            return await _run_or_stop(runner.run(), self.stop), runner.server
+                                  self.on_request, self.client, mine, self.workload.turn_tokens, share=share)
+            measured = await _run_or_stop(view.around(runner.run()), self.stop)
+            return measured if measured is not None else (None, None)
         total = plan.requests_for(level)
         sent = 0
 
@@ -402,10 +397,8 @@ class _Sweep:
             if self.on_request is not None:
                 self.on_request(name, level, sent, total)
 
-        before = await view.scrape_all()
-        records = await self.pool.run_level(self.info.topologies[name], self.info.model, plan, level,
-                                            list(prepared), self.stop, progress)
-        return records, (view.level_figures(before, await view.scrape_all()) if before is not None else None)
+        return await view.around(self.pool.run_level(self.info.topologies[name], self.info.model, plan, level,
+                                                     list(prepared), self.stop, progress))
 
     async def level(self, level: float, total: int, repeat: int = 1) -> bool:
         """Every topology at `level` (its `repeat`-th measurement), read back where a previous run

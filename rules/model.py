@@ -41,6 +41,10 @@ TOPOLOGY_BY = ("topology", "model_name")
 ROLE_BY = ("topology", "role", "model_name")
 # The level of the per-role figures: its names start with it (topology_role:...).
 ROLE_LEVEL = "topology_role"
+# Per replica (the scrape config's and PodMonitor's `replica` label): the request outcome families,
+# read raw once here; the per-role outcome figures are sums of these.
+REPLICA_BY = ("topology", "role", "replica", "model_name")
+REPLICA_LEVEL = "topology_replica"
 JOB_NAME = "vllm"
 DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
 REFERENCE_PERIOD_S = 30 * 86400.0  # the SRE workbook's burn table is written for 30 days
@@ -73,9 +77,10 @@ class KvFamily:
     rule_stem: str
     metrics: tuple[Metric, ...]
 
-    def names(self, suffix: str) -> str:
-        """A `__name__` regex matching the family's samples of every connector."""
-        return "|".join(re.escape(m.name + suffix) for m in self.metrics)
+    def names(self, suffix: str | None = None) -> str:
+        """A `__name__` regex matching the family's samples of every connector (`suffix` as in
+        _Builder.raw: None for the counters' PromQL names)."""
+        return "|".join(re.escape(m.promql_name if suffix is None else m.name + suffix) for m in self.metrics)
 
 
 KV_TIME = KvFamily("vllm_kv_transfer_time_seconds",
@@ -92,8 +97,9 @@ KV_HISTOGRAMS: tuple[KvFamily, ...] = (KV_TIME, KV_BYTES)
 # (crossover.slo) follow the same choice, so a P/D request is never counted on both roles.
 REQUEST_FAMILIES: frozenset[str] = frozenset(m.name for m in (*catalog.ENTRYPOINT_FAMILIES,
                                                               *slo.OUTCOME_FAMILIES))
+ENTRYPOINT_MATCHER = f'role="{ENTRYPOINT_ROLE}"'
 USER_SOURCES: tuple[tuple[str, str], ...] = tuple(zip(REQUEST_SOURCES, (
-    f'role="{ENTRYPOINT_ROLE}"',
+    ENTRYPOINT_MATCHER,
     f'role="{Role.DECODE.value}"',
     f'role!~"{ENTRYPOINT_ROLE}|{Role.PREFILL.value}|{Role.DECODE.value}"'), strict=True))
 TOPOLOGY_ROLES: dict[str, str] = {
@@ -323,9 +329,9 @@ def api_requests_name(window: str, level: str = "topology") -> str:
     return f"{level}:{catalog.HTTP_REQUESTS.rule_stem}_fleet:rate{window}"
 
 
-def failed_requests_name(window: str) -> str:
+def failed_requests_name(window: str, level: str = "topology") -> str:
     """Failed requests per second by `reason` (slo.FAILURE_REASONS)."""
-    return f"topology:vllm_failed_requests:rate{window}"
+    return f"{level}:vllm_failed_requests:rate{window}"
 
 
 def goodput_requests_name(window: str) -> str:
@@ -475,8 +481,10 @@ def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str 
                                          *builder.goodput_rules(raw_windows, dashboard_windows)), fast_s),
         RuleGroup("crossover-slo-windows", builder.long_window_rules(
             raw_windows, tuple(w for w in sli_windows if w not in raw_windows)), long_s),
-        *((RuleGroup("crossover-roles", builder.role_rules(dashboard_windows), fast_s),)
-          if disaggregated_topologies(spec) else ()),
+        # Per replica, then (P/D fleets) per role summed from the replicas' recordings of this evaluation.
+        RuleGroup("crossover-replicas", (*builder.replica_rules(dashboard_windows),
+                                         *(builder.role_rules(dashboard_windows)
+                                           if disaggregated_topologies(spec) else ())), fast_s),
         RuleGroup("crossover-kv-transfer", builder.kv_rules(tuple(dict.fromkeys((*dashboard_windows,
                                                                                    kv_window)))), fast_s),
         RuleGroup("crossover-slo-alerts", builder.slo_alerts(), fast_s),
@@ -499,43 +507,46 @@ class _Builder:
     period_s: float
     kv_window: str
 
-    def sel(self, name: str, extra: str = "") -> str:
-        matchers = ",".join(m for m in (self.config.selector.strip(), extra) if m)
+    def sel(self, name: str, extra: str = "", first: str = "") -> str:
+        """`name{first,selector,extra}`: the configured selector between the given matchers."""
+        matchers = ",".join(m for m in (first, self.config.selector.strip(), extra) if m)
         return f"{name}{{{matchers}}}"
 
     def runbook(self, alert: str) -> str:
         return f"{self.config.runbook_base}#{alert.lower()}"
 
-    def raw(self, family: Metric | KvFamily, suffix: str = "", extra: str = "") -> str:
-        """A selector of a family's raw samples (`_bucket`, `_sum`, `_count`, or a counter's `_total`)."""
+    def raw(self, family: Metric | KvFamily, suffix: str | None = None, extra: str = "",
+            role: str = "") -> str:
+        """A selector of a family's raw samples: `suffix` `_bucket`, `_sum` or `_count`, or None for
+        a counter's or gauge's PromQL name; `role` a matcher on the scrape config's role label."""
         if isinstance(family, KvFamily):
             return self.sel("", ",".join(m for m in (f'__name__=~"{family.names(suffix)}"', extra) if m))
-        return self.sel(family.name + suffix, extra)
+        name = family.promql_name if suffix is None else family.name + suffix
+        return self.sel(name, extra, first=role)
 
-    def summed_rate(self, series: str, window: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-        """Summed rate of a raw series. Per topology (no role in `by`) the roles are picked as the
-        topology's users see it: see REQUEST_FAMILIES and TOPOLOGY_ROLES."""
-        if "role" in by:
-            return f"sum by ({_by(by)}) (rate({series}[{window}]))"
-        name, _, matchers = series.partition("{")
-        found = catalog.CATALOG.family_of_sample(name)
-        family = found[0].name if found else ""
+    def summed_rate(self, family: Metric | KvFamily, window: str, by: tuple[str, ...] = TOPOLOGY_BY,
+                    suffix: str | None = None, extra: str = "") -> str:
+        """Summed rate of a family's raw samples (`raw`). Per topology (no role in `by`) the roles are
+        picked as the topology's users see it: see REQUEST_FAMILIES and TOPOLOGY_ROLES."""
+        def summed(role: str = "") -> str:
+            return f"sum by ({_by(by)}) (rate({self.raw(family, suffix, extra, role)}[{window}]))"
 
-        def with_role(role: str) -> str:
-            return f"sum by ({_by(by)}) (rate({name}{{{role},{matchers}[{window}]))"
-
-        if family in REQUEST_FAMILIES:  # parenthesised: callers divide and multiply it
-            choices = "\n  or on (topology)\n  ".join(with_role(role) for _, role in USER_SOURCES)
+        if "role" in by or isinstance(family, KvFamily):
+            return summed()
+        if family.name in REQUEST_FAMILIES:  # parenthesised: callers divide and multiply it
+            choices = "\n  or on (topology)\n  ".join(summed(role) for _, role in USER_SOURCES)
             return f"(\n  {choices}\n)"
-        return with_role(TOPOLOGY_ROLES.get(family, NOT_ENTRYPOINT)) if name else \
-            f"sum by ({_by(by)}) (rate({series}[{window}]))"
+        return summed(TOPOLOGY_ROLES.get(family.name, NOT_ENTRYPOINT))
+
+    def entrypoint_request_series(self) -> str:
+        """The entrypoint targets' series that show they expose the request families
+        (catalog.ENTRYPOINT_FAMILIES): without them a topology's request figures fall back to decode."""
+        families = promql_string("|".join(re.escape(m.presence_name) for m in catalog.ENTRYPOINT_FAMILIES))
+        return self.sel("", f"__name__=~{families},{ENTRYPOINT_MATCHER}")
 
     def requests_source(self) -> RecordingRule:
         """Which source summed_rate picks per topology, for dashboards to show beside its figures."""
-        families = promql_string("|".join(re.escape(s) for m in catalog.ENTRYPOINT_FAMILIES
-                                          for s in (m.promql_name if m.type is catalog.MetricType.COUNTER
-                                                    else m.name + "_count",)))
-        exposed = {"entrypoint": self.sel("", f"__name__=~{families},{USER_SOURCES[0][1]}")}
+        exposed = {"entrypoint": self.entrypoint_request_series()}
         branches = []
         for source, role in USER_SOURCES:
             series = exposed.get(source, self.sel("up", role))
@@ -574,7 +585,7 @@ class _Builder:
         for window in windows:
             source = None if window == base else base
             for metric in RATE_COUNTERS:
-                raw = self.summed_rate(self.sel(metric.promql_name), window)
+                raw = self.summed_rate(metric, window)
                 rules.append(RecordingRule(rate_name(metric, window), self.averaged(
                     functools.partial(rate_name, metric), window, source, raw)))
             rules.append(RecordingRule(
@@ -599,7 +610,7 @@ class _Builder:
         total = histogram_rate_name(metric, "sum", window)
 
         def part(name: str, suffix: str, by: tuple[str, ...] = TOPOLOGY_BY) -> str:
-            raw = self.summed_rate(self.raw(metric, suffix), window, by)
+            raw = self.summed_rate(metric, window, by, suffix)
             return self.averaged(lambda w: histogram_rate_name(metric, name, w), window, source, raw)
 
         rules = [
@@ -620,9 +631,9 @@ class _Builder:
         counter has no model label: one spec serves one model, so it is added here. `served`: the
         recorded finished-requests rate of the same window and labels."""
         handlers = promql_string("|".join(re.escape(h) for h in slo.SERVING_HANDLERS))
-        series = self.sel(catalog.HTTP_REQUESTS.promql_name,
-                          f"handler=~{handlers},status!={promql_string(slo.CLIENT_ERROR_STATUS)}")
-        summed = self.summed_rate(series, window, tuple(label for label in by if label != "model_name"))
+        fleet = f"handler=~{handlers},status!={promql_string(slo.CLIENT_ERROR_STATUS)}"
+        summed = self.summed_rate(catalog.HTTP_REQUESTS, window,
+                                  tuple(label for label in by if label != "model_name"), extra=fleet)
         # vLLM creates the HTTP series at a handler's first response but the finished-reason series
         # at start: a 0 while the first is absent keeps the long windows' averages (avg_over_time of
         # these recordings) over the same samples, or a new series would look like lost requests.
@@ -630,24 +641,32 @@ class _Builder:
         return f"{named} or on ({', '.join(by)}) (0 * {served})"
 
     def outcome_rates(self, window: str, level: str = "topology", by: tuple[str, ...] = TOPOLOGY_BY,
-                      source: str | None = None) -> list[RecordingRule]:
-        """The raw rates of the outcome families (slo.OUTCOME_FAMILIES), each recorded once (or,
-        with a source window, averaged from its recordings)."""
+                      source: str | None = None, summed_from: str | None = None) -> list[RecordingRule]:
+        """The raw rates of the outcome families (slo.OUTCOME_FAMILIES), each recorded once: read
+        from the raw series, or with a source window averaged from its recordings, or with
+        `summed_from` summed from that finer level's recordings of the same window."""
         by_reason = finished_by_reason_name(window, level)
         rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
         served = rate_name(catalog.REQUEST_SUCCESS, window, level)
         api = api_requests_name(window, level)
-        raw_finished = self.summed_rate(self.sel(catalog.REQUEST_SUCCESS.promql_name), window,
-                                        (*by, "finished_reason"))
-        raw_rejected = self.summed_rate(self.sel(catalog.ADMISSION_REJECTIONS.promql_name), window, by)
+        if summed_from is None:
+            raw_finished = self.summed_rate(catalog.REQUEST_SUCCESS, window, (*by, "finished_reason"))
+            raw_rejected = self.summed_rate(catalog.ADMISSION_REJECTIONS, window, by)
+            raw_api = self.fleet_requests(window, served, by)
+        else:
+            def summed(finer: str, labels: tuple[str, ...] = by) -> str:
+                return f"sum by ({_by(labels)}) ({finer})"
+
+            raw_finished = summed(finished_by_reason_name(window, summed_from), (*by, "finished_reason"))
+            raw_rejected = summed(rate_name(catalog.ADMISSION_REJECTIONS, window, summed_from))
+            raw_api = summed(api_requests_name(window, summed_from))
         return [
             RecordingRule(by_reason, self.averaged(lambda w: finished_by_reason_name(w, level), window,
                                                    source, raw_finished)),
             RecordingRule(served, f"sum without (finished_reason) ({by_reason})"),
             RecordingRule(rejected, self.averaged(lambda w: rate_name(catalog.ADMISSION_REJECTIONS, w, level),
                                                   window, source, raw_rejected)),
-            RecordingRule(api, self.averaged(lambda w: api_requests_name(w, level), window, source,
-                                             self.fleet_requests(window, served, by))),
+            RecordingRule(api, self.averaged(lambda w: api_requests_name(w, level), window, source, raw_api)),
         ]
 
     def counted(self, window: str, level: str, by: tuple[str, ...]) -> str:
@@ -715,24 +734,38 @@ class _Builder:
                                        f"{good} / on ({_by(by)}) {every}"))
         return rules
 
+    def replica_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
+        """The outcome families per replica, and its failed requests by reason as the topology's
+        are counted (failed_requests), for the dashboards' per-instance view. As per topology, raw
+        series are read over the shortest window only; the longer ones average its recordings."""
+        rules: list[RecordingRule] = []
+        base = min(windows, key=parse_duration)
+        for window in windows:
+            rules.extend(self.outcome_rates(window, REPLICA_LEVEL, REPLICA_BY,
+                                             source=None if window == base else base))
+        longest = max(windows, key=parse_duration)
+        rules.append(self.unfinished_rule(longest, REPLICA_LEVEL, REPLICA_BY))
+        rules.extend(self.failed_requests(window, longest, REPLICA_LEVEL) for window in windows)
+        return tuple(rules)
+
     def role_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         """Request figures per P/D role: the decode side is what users see after the first token
         (its TTFT covers the KV-transfer wait), the prefill side the prefill work."""
         level = ROLE_LEVEL
         rules: list[RecordingRule] = []
         for window in windows:
-            rules.extend(self.outcome_rates(window, level, ROLE_BY))
+            rules.extend(self.outcome_rates(window, level, ROLE_BY, summed_from=REPLICA_LEVEL))
         longest = max(windows, key=parse_duration)
         rules.append(self.unfinished_rule(longest, level, ROLE_BY))
         for window in windows:
             for metric in ROLE_COUNTERS:
                 rules.append(RecordingRule(rate_name(metric, window, level),
-                                           self.summed_rate(self.sel(metric.promql_name), window, ROLE_BY)))
+                                           self.summed_rate(metric, window, ROLE_BY)))
             for metric in ROLE_HISTOGRAMS:
                 bucket = histogram_rate_name(metric, "bucket", window, level)
-                rules.append(RecordingRule(bucket, self.summed_rate(self.sel(metric.name + "_bucket"), window,
-                                                                    (*ROLE_BY, "le"))))
-                count = self.summed_rate(self.sel(metric.name + "_count"), window, ROLE_BY)
+                rules.append(RecordingRule(bucket, self.summed_rate(metric, window, (*ROLE_BY, "le"),
+                                                                    "_bucket")))
+                count = self.summed_rate(metric, window, ROLE_BY, "_count")
                 rules.append(RecordingRule(histogram_rate_name(metric, "count", window, level), count))
                 for quantile in slo.QUANTILES:
                     rules.append(RecordingRule(quantile_name(metric, quantile, window, level),
@@ -749,8 +782,7 @@ class _Builder:
             rules.extend(self.slo_rules(window, raw_windows[-1]))
             rules.extend(self.sli_errors(window))
         for window in dashboard_windows:
-            rules.append(RecordingRule(failed_requests_name(window),
-                                       self.failed_requests(window, raw_windows[-1])))
+            rules.append(self.failed_requests(window, raw_windows[-1]))
             if request_slos:
                 names = [attainment_name(b.slo, window) for b in request_slos]
                 # Frechet bounds on "every SLO met" from the per-SLO shares.
@@ -806,17 +838,18 @@ class _Builder:
             f"1 - {sli_error_name(period)} / {error_budget(self.spec)!r}"))
         return tuple(rules)
 
-    def failed_requests(self, window: str, unfinished_window: str) -> str:
+    def failed_requests(self, window: str, unfinished_window: str, level: str = "topology") -> RecordingRule:
         """Failed requests/s by reason (slo.FAILURE_REASONS): abort and error (finished_reason),
         rejected (admission), unfinished (over the longest raw window), from the recordings."""
         failed = promql_string("|".join(slo.FAILED_REASONS))
-        by_reason = f"{finished_by_reason_name(window)}{{finished_reason=~{failed}}}"
-        rejected = rate_name(catalog.ADMISSION_REJECTIONS, window)
-        unfinished = requests_name("unfinished", unfinished_window)
+        by_reason = f"{finished_by_reason_name(window, level)}{{finished_reason=~{failed}}}"
+        rejected = rate_name(catalog.ADMISSION_REJECTIONS, window, level)
+        unfinished = requests_name("unfinished", unfinished_window, level)
         relabelled = f'label_replace({by_reason}, "reason", "$1", "finished_reason", "(.*)")'
-        return (f"sum without (finished_reason) ({relabelled})\n"
-                f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")\n'
-                f'or\nlabel_replace({unfinished}, "reason", {promql_string(slo.UNFINISHED_REASON)}, "", "")')
+        return RecordingRule(failed_requests_name(window, level), (
+            f"sum without (finished_reason) ({relabelled})\n"
+            f'or\nlabel_replace({rejected}, "reason", {promql_string(slo.REJECTED_REASON)}, "", "")\n'
+            f'or\nlabel_replace({unfinished}, "reason", {promql_string(slo.UNFINISHED_REASON)}, "", "")'))
 
     def kv_rules(self, windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
         rules: list[RecordingRule] = []
@@ -824,7 +857,7 @@ class _Builder:
             for family in KV_HISTOGRAMS:
                 rules.extend(self.histogram_rules(family, window))
             rules.append(RecordingRule(rate_name(KV_FAILURES, window),
-                                       self.summed_rate(self.raw(KV_FAILURES, "_total"), window)))
+                                       self.summed_rate(KV_FAILURES, window)))
             rules.append(RecordingRule(
                 kv_bandwidth_name(window),
                 f"{histogram_rate_name(KV_BYTES, 'sum', window)}\n/\n"
@@ -903,9 +936,7 @@ class _Builder:
         scaled = self.config.window_scale
         absent = []
         for metric in WATCHED_FAMILIES:
-            histogram = metric.type is catalog.MetricType.HISTOGRAM
-            series = metric.name + "_count" if histogram else metric.promql_name
-            absent.append(f'label_replace(({up} == 1) unless on (instance) {self.sel(series)}, '
+            absent.append(f'label_replace(({up} == 1) unless on (instance) {self.sel(metric.presence_name)}, '
                           f'"metric", "{metric.name}", "", "")')
         return AlertRule(
             "VllmMetricsAbsent", "\nor\n".join(absent), float(round(300 * scaled)), "warning",
@@ -919,7 +950,7 @@ class _Builder:
         scaled = self.config.window_scale
         missing = []
         for bucket in self.buckets:
-            count = self.sel(bucket.metric.name + "_count")
+            count = self.sel(bucket.metric.presence_name)
             good = self.sel(bucket.metric.name + "_bucket", bucket.le_matcher)
             missing.append(f'label_replace({count} unless on (instance) {good}, '
                            f'"slo", "{bucket.slo}", "", "")')
@@ -934,14 +965,10 @@ class _Builder:
     def entrypoint_alerts(self) -> tuple[AlertRule, ...]:
         if not any(t.entrypoint.metrics_url for t in self.spec.topologies):
             return ()
-        families = promql_string("|".join(re.escape(m.promql_name if m.type is catalog.MetricType.COUNTER
-                                                    else m.name + "_count")
-                                          for m in catalog.ENTRYPOINT_FAMILIES))
-        entry = f'role="{ENTRYPOINT_ROLE}"'
         return (AlertRule(
             "VllmEntrypointMetricsAbsent",
-            f"({self.sel('up', entry)} == 1)\nunless on (instance)\n"
-            f"count by (instance) ({self.sel('', f'__name__=~{families},{entry}')})",
+            f"({self.sel('up', ENTRYPOINT_MATCHER)} == 1)\nunless on (instance)\n"
+            f"count by (instance) ({self.entrypoint_request_series()})",
             float(round(300 * self.config.window_scale)), "warning",
             summary="The entrypoint of topology {{ $labels.topology }} exposes no request metrics",
             description="The entrypoint target {{ $labels.instance }} answers scrapes but exposes none "

@@ -193,8 +193,7 @@ class _Load:
 
     @classmethod
     def of(cls, t_index: int, topology: Topology) -> _Load:
-        requests_from = ("entrypoint" if topology.entrypoint.metrics_url else
-                         "decode" if topology.disaggregated else "instances")
+        requests_from = topology.configured_requests_source
         # Failures on colocated topologies only: one source of request figures, one count.
         failed = FAILED_PER_S[t_index % len(FAILED_PER_S)] if requests_from == "instances" else {}
         return cls(GOOD_SHARE[t_index % len(GOOD_SHARE)], requests_from, failed)
@@ -281,6 +280,9 @@ def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) 
         expectations.append((m.attainment_name(bucket.slo, window), key, load.attained))
     for reason, per_s in load.failed.items():
         expectations.append((m.failed_requests_name(window), {**key, "reason": reason}, per_s * serving))
+        for instance in topology.instances:  # the dashboard's per-instance view, counted the same way
+            replica = {**key, "role": instance.role.value, "replica": instance.name, "reason": reason}
+            expectations.append((m.failed_requests_name(window, m.REPLICA_LEVEL), replica, per_s))
     if request_slos:
         expectations.append((m.joint_attainment_name("lower", window), key, lower))
         expectations.append((m.joint_attainment_name("upper", window), key, upper))

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from crossover.rules.model import JOB_NAME, AlertRule, RecordingRule, RuleSet
-from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, entrypoint_replica, format_duration
+from crossover.spec import FleetSpec, format_duration, spec_targets
 
 # Pod labels an operator puts on vLLM pods so the PodMonitor can attach the topology labels.
 POD_LABEL_PREFIX = "crossover.vllm.io/"
@@ -87,34 +87,29 @@ def prometheus_rule_yaml(rules: RuleSet, source: str, name: str) -> str:
     return dump(resource, header(source, "crossover rules --format operator"))
 
 
-def _target(url: str, metrics_path: str | None = None) -> tuple[str, str, str]:
-    """(host:port, scheme, metrics path) of an instance's base URL, or of a full metrics URL."""
-    parts = urlsplit(url)
+def _address(metrics_url: str) -> tuple[str, str, str]:
+    """(host:port, scheme, metrics path) of a target's metrics URL, as a static_config spells them."""
+    parts = urlsplit(metrics_url)
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    path = parts.path if metrics_path is not None else parts.path.rstrip("/") + "/metrics"
-    return f"{host}:{port}", parts.scheme, path or "/"
+    return f"{host}:{port}", parts.scheme, parts.path or "/"
 
 
 def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str | None = None,
                   alertmanager_target: str | None = None) -> dict[str, Any]:
-    """A complete prometheus.yml: one static target group per instance carrying its labels."""
+    """A complete prometheus.yml: one static target group per spec target carrying its labels."""
     groups = []
-    for topology in spec.topologies:
-        targets = [(_target(i.url), i.role.value, topology.tensor_parallel_size, i.name)
-                   for i in topology.instances]
-        if topology.entrypoint.metrics_url is not None:
-            targets.append((_target(topology.entrypoint.metrics_url, metrics_path=""), ENTRYPOINT_ROLE, 0,
-                            entrypoint_replica(topology.name)))
-        for (address, scheme, path), role, gpus, replica in targets:
-            labels = {"topology": topology.name, "role": role, "gpus": str(gpus), "replica": replica}
-            if scheme != "http":
-                labels["__scheme__"] = scheme
-            if path != "/metrics":
-                labels["__metrics_path__"] = path
-            groups.append({"targets": [address], "labels": labels})
+    for target in spec_targets(spec):
+        address, scheme, path = _address(target.metrics_url)
+        labels = {"topology": target.topology, "role": target.role, "gpus": str(target.gpus),
+                  "replica": target.instance}
+        if scheme != "http":
+            labels["__scheme__"] = scheme
+        if path != "/metrics":
+            labels["__metrics_path__"] = path
+        groups.append({"targets": [address], "labels": labels})
     job: dict[str, Any] = {"job_name": JOB_NAME, "honor_labels": False,
                            "body_size_limit": f"{spec.scrape.max_body_bytes}B", "static_configs": groups}
     if spec.scrape.bearer_token_file:

@@ -7,13 +7,17 @@ import math
 import os
 import shutil
 import threading
+import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 # The folders pyproject.toml maps into the crossover namespace (subpackage -> folder): what a wheel ships.
@@ -38,6 +42,26 @@ def require(condition: bool, message: str) -> None:
     CI=true, as it does every other skip."""
     if not condition:
         pytest.skip(message)
+
+
+def wait_for(check: Callable[[], T], timeout: float, what: str, poll: float = 0.2,
+             retry_on: tuple[type[Exception], ...] = (OSError,)) -> T:
+    """Call check() every `poll` seconds until it returns something truthy, and return that. An
+    error of a type in `retry_on` (a server not up yet) counts as not yet; at the timeout, an
+    AssertionError names `what` and the last value or error."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except retry_on as exc:
+            last: object = exc
+        else:
+            if value:
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what} (last: {last!r})")
+        time.sleep(poll)
 
 
 def word_tokenizer(folder: Path) -> str:
@@ -79,10 +103,9 @@ def agree_within_bucket(server: float, client: float, buckets: tuple[float, ...]
 
 @contextmanager
 def serving_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """A threaded HTTP server of `handler` on a free loopback port, as host:port; shut down on exit."""
-    from crossover.netutil import free_port
-
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    """A threaded HTTP server of `handler` on a loopback port the OS picks as it binds, as host:port;
+    shut down on exit."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -16,10 +16,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +28,7 @@ import yaml
 from crossover.netutil import free_port
 from crossover.rules.model import BURN_ALERT
 from crossover.spec import load_spec
-from tests.helpers import REPO, require, require_binary
+from tests.helpers import REPO, require, require_binary, wait_for
 
 # The first test also waits for the image builds (minutes on a fresh machine) and the stack to start.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -113,19 +112,10 @@ class Stack:
         return result
 
 
-def wait_for(what: str, check: Any, timeout: float, interval: float = 3.0) -> Any:
-    """Poll check() until it returns something truthy; the last value or error in the failure."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (OSError, ValueError, KeyError, AssertionError) as exc:
-            last = exc
-        time.sleep(interval)
-    pytest.fail(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+def wait_for_stack(check: Callable[[], Any], timeout: float, what: str, poll: float = 3.0) -> Any:
+    """wait_for, with what a stack still starting raises (an exec that fails, JSON not there yet)
+    counted as not yet."""
+    return wait_for(check, timeout, what, poll, retry_on=(OSError, ValueError, KeyError, AssertionError))
 
 
 def free_subnet() -> str:
@@ -180,7 +170,7 @@ def test_every_service_is_healthy(stack: Stack) -> None:
         health = stack.health()
         return health if set(health) == SIM_SERVICES and set(health.values()) == {"healthy"} else None
 
-    wait_for("every service healthy", all_healthy, HEALTHY_TIMEOUT_S)
+    wait_for_stack(all_healthy, HEALTHY_TIMEOUT_S, "every service healthy")
     assert "grafana" not in stack.health()
 
 
@@ -199,7 +189,7 @@ def test_exporter_scrapes_the_simulated_instances_by_service_name(stack: Stack) 
               if line.startswith("crossover_target_up{") and line.endswith(" 1.0")}
         return up if up == instances else None
 
-    wait_for("the exporter's targets up", targets_up, 60)
+    wait_for_stack(targets_up, 60, "the exporter's targets up")
 
 
 def test_prometheus_runs_the_generated_rules_and_scrapes_exporter_and_fleet(stack: Stack) -> None:
@@ -213,11 +203,11 @@ def test_prometheus_runs_the_generated_rules_and_scrapes_exporter_and_fleet(stac
         jobs = {r["metric"]["job"]: int(float(r["value"][1])) for r in up}
         return jobs if jobs == {"vllm": 3, "crossover-exporter": 1} else None
 
-    wait_for("Prometheus scraping the fleet and the exporter", scraped, 90)
+    wait_for_stack(scraped, 90, "Prometheus scraping the fleet and the exporter")
     # The rules evaluate without error on what it scraped.
-    wait_for("every rule group evaluated healthy", lambda: all(
+    wait_for_stack(lambda: all(
         r["health"] == "ok" for g in stack.get("PROMETHEUS_PORT", "/api/v1/rules")["data"]["groups"]
-        for r in g["rules"]), 60)
+        for r in g["rules"]), 60, "every rule group evaluated healthy")
 
 
 def test_a_sweep_inside_the_stack_writes_a_crossover(stack: Stack) -> None:
@@ -246,11 +236,11 @@ def test_a_goodput_breach_reaches_alertmanager_and_the_webhook(stack: Stack) -> 
         return [a for a in alerts if a["labels"].get("alertname") == BURN_ALERT
                 and a["labels"].get("topology") == "tp4x1"]
 
-    alerts = wait_for("VllmGoodputBudgetBurn for tp4x1 in Alertmanager", burn_alert, ALERT_TIMEOUT_S, 10)
+    alerts = wait_for_stack(burn_alert, ALERT_TIMEOUT_S, f"{BURN_ALERT} for tp4x1 in Alertmanager", 10)
     assert alerts[0]["labels"]["severity"] == "critical"
     # Alertmanager delivered it to the stack's webhook, which logs each notification.
-    wait_for("the webhook's log line", lambda: BURN_ALERT in stack.compose(
-        "logs", "--no-color", "alert-webhook").stdout, 60)
+    wait_for_stack(lambda: BURN_ALERT in stack.compose("logs", "--no-color", "alert-webhook").stdout, 60,
+                   "the webhook's log line")
 
 
 def test_down_leaves_no_container_network_or_volume(stack: Stack) -> None:

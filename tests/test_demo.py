@@ -23,7 +23,7 @@ from crossover import slo
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.truth import ground_truth_crossover
 from crossover.spec import FleetSpec, load_spec
-from tests.helpers import SPECS, require_binary
+from tests.helpers import SPECS, require_binary, wait_for
 
 SEED = SPECS / "seed-70b-h100.yaml"
 LEVELS = (2, 4, 8, 16)  # around the seed's crossover (~6 at 128/64 tokens), each level a few seconds
@@ -55,20 +55,6 @@ def assert_nothing_left(out: Path) -> None:
 def get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except OSError as exc:
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
 @pytest.mark.slow
@@ -183,7 +169,7 @@ def test_interactive_stack_is_wired_and_ctrl_c_stops_everything(tmp_path: Path) 
                                          headers={"Content-Type": "application/json"}, method="POST")
         urllib.request.urlopen(request, timeout=5).close()
         alerts_file = out / "alerts.jsonl"
-        line = wait_for(lambda: alerts_file.exists() and alerts_file.read_text().strip(), 30,
+        line = wait_for(lambda: alerts_file.read_text().strip(), 30,
                         "the alert to reach the webhook")
         assert json.loads(line.splitlines()[0])["alertname"] == "DemoCheck"
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from crossover import validate
 from crossover.catalog import TTFT
 from crossover.netutil import spec_on_free_ports
-from crossover.spec import SpecError, bucket_neighbours, load_spec, parse_duration, slo_warnings
+from crossover.spec import FleetSpec, SpecError, bucket_neighbours, load_spec, parse_duration, slo_warnings
 from tests.helpers import FIXTURES, SPECS
 
 EXAMPLES = sorted(SPECS.glob("*.yaml"))
@@ -113,6 +115,25 @@ def test_free_ports_keep_everything_else() -> None:
     assert moved.topologies[1].entrypoint.url != spec.topologies[1].entrypoint.url
     # the proxy's own metrics move with it
     assert moved.topologies[1].entrypoint.metrics_url == f"{moved.topologies[1].entrypoint.url}/metrics"
+
+
+def test_each_topology_counts_its_requests_at_one_source(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Entrypoint metrics when the spec has them, else a P/D topology's decode role, else the
+    instances; `crossover validate` names the source it reads."""
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    with_proxy = FleetSpec.model_validate(data)
+    data["topologies"][1]["entrypoint"]["metrics_url"] = None
+    without = FleetSpec.model_validate(data)
+    assert [t.configured_requests_source for t in with_proxy.topologies] == ["instances", "entrypoint"]
+    assert [t.configured_requests_source for t in without.topologies] == ["instances", "decode"]
+    path = tmp_path / "spec.yaml"
+    path.write_text((SPECS / "pd-8k-prompts.yaml").read_text().replace(
+        ', metrics_url: "http://127.0.0.1:8319/metrics"', ""))
+    assert validate.run(argparse.Namespace(spec=str(path), quiet=False)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].endswith("traffic to client-side round_robin")
+    assert lines[2].endswith("; decode-side request figures (no entrypoint metrics)")
 
 
 def test_readme_spec_table_names_every_field() -> None:

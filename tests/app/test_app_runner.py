@@ -13,6 +13,7 @@ from crossover.app.runner import RunState, SweepRunner, describe_failure, jobs_i
 from crossover.errors import UserError
 from crossover.loadgen.sweep import LevelDone
 from tests.app.app_fixtures import seed_summary
+from tests.helpers import wait_for
 
 
 def level_done(position: int, total: int) -> LevelDone:
@@ -33,15 +34,6 @@ def stepping_sweep(steps: int, gate: threading.Semaphore):
     return sweep
 
 
-def wait_for(runner: SweepRunner, predicate, timeout: float = 5.0) -> None:
-    deadline = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if predicate(runner.status()):
-            return
-        deadline.wait(0.01)
-    raise AssertionError(f"runner never reached the expected state: {runner.status()}")
-
-
 def test_idle_then_running_level_by_level_then_finished(tmp_path):
     runner = SweepRunner()
     assert runner.status().state is RunState.IDLE and not runner.status().state.active
@@ -51,7 +43,7 @@ def test_idle_then_running_level_by_level_then_finished(tmp_path):
     assert status.state is RunState.RUNNING and status.levels_done == 0 and status.axis == "rate"
     first_generation = status.generation
     gate.release()
-    wait_for(runner, lambda s: s.levels_done == 1)
+    wait_for(lambda: runner.status().levels_done == 1, 5, "the first level done", poll=0.01)
     status = runner.status()
     assert status.state is RunState.RUNNING
     assert status.summary is not None and len(status.summary) == 1
@@ -71,7 +63,7 @@ def test_stop_ends_a_running_sweep_as_stopped(tmp_path):
     gate = threading.Semaphore(0)
     runner.start(stepping_sweep(5, gate), tmp_path, levels_total=5)
     gate.release()
-    wait_for(runner, lambda s: s.levels_done == 1)
+    wait_for(lambda: runner.status().levels_done == 1, 5, "the first level done", poll=0.01)
     runner.stop()
     assert runner.status().state in (RunState.STOPPING, RunState.STOPPED)
     assert runner.join(5)
@@ -169,7 +161,7 @@ def test_stop_reaches_a_sweep_in_a_child_process(tmp_path):
 
     runner = SweepRunner()
     runner.start(in_child_process(functools.partial(child_sweep, "wait-for-stop")), tmp_path, levels_total=2)
-    wait_for(runner, lambda s: s.levels_done == 1, timeout=60)
+    wait_for(lambda: runner.status().levels_done == 1, 60, "the first level done", poll=0.01)
     runner.stop()
     assert runner.join(30)
     assert runner.status().state is RunState.STOPPED and runner.status().levels_done == 1

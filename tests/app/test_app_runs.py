@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -32,10 +33,37 @@ def test_last_change_follows_the_summary_rewritten_after_each_level(tmp_path):
         runs.last_change(tmp_path)
     (tmp_path / "run.json").write_text("{}")
     os.utime(tmp_path / "run.json", (1_000, 1_000))
-    assert runs.last_change(tmp_path) == 1_000
+    assert runs.last_change(tmp_path) == (1_000, False)
     (tmp_path / "summary.parquet").write_bytes(b"")
     os.utime(tmp_path / "summary.parquet", (2_000, 2_000))
-    assert runs.last_change(tmp_path) == 2_000
+    assert runs.last_change(tmp_path) == (2_000, False)
+
+
+def test_a_folder_is_walked_at_most_once_per_look(tmp_path, monkeypatch):
+    """The page lists past runs and asks the one shown when it changed on every rerun: a folder of
+    vllm bench result files is walked once for each, a sweep folder never."""
+    bench, sweep = tmp_path / "bench", tmp_path / "sweep"
+    (bench / "nested").mkdir(parents=True)
+    sweep.mkdir()
+    for path, when in ((bench / "nested" / "one.json", 1_000), (bench / "two.json", 3_000),
+                       (sweep / "run.json", 2_000)):
+        path.write_text("{}")
+        os.utime(path, (when, when))
+    walked = []
+    rglob = Path.rglob
+
+    def counted(self, *args, **kwargs):
+        walked.append(self)
+        return rglob(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "rglob", counted)
+    assert [(r.name, r.modified) for r in runs.list_runs(tmp_path)] == [
+        ("bench (vllm bench results)", 3_000), ("sweep", 2_000)]
+    assert walked == [bench]
+    walked.clear()
+    assert runs.last_change(bench) == (3_000, True)
+    assert runs.last_change(sweep) == (2_000, False)
+    assert walked == [bench]
 
 
 def test_new_run_dir_never_reuses_a_folder(tmp_path):

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from crossover import catalog, slo
+from crossover import catalog
 from crossover.cli import main
 from crossover.dashboards.generate import example_outputs
 from crossover.dashboards.lint import known_names, lint, metric_names, substitute
 from crossover.dashboards.model import DATASOURCE_UID, dashboards
 from crossover.dashboards.render import to_json
+from crossover.rules import model as m
 from crossover.rules.model import build_rules
 from crossover.spec import load_spec
 from tests.helpers import REPO, SPECS
@@ -112,10 +113,11 @@ def test_panel_ids_are_stable_and_queries_name_recording_rules() -> None:
     assert ids == list(range(1, len(ids) + 1))
     names = {n for d in first for p in d["panels"] for t in p.get("targets", [])
              for n in metric_names(substitute(t["expr"], {"window": "1m"}))}
-    # Raw families only in the per-instance panels (output tokens, failed requests).
-    per_instance = {catalog.GENERATION_TOKENS, *slo.OUTCOME_FAMILIES}
+    # One raw family, in the output tokens per instance panel; failed requests per instance are the
+    # rules' per-replica recording, counted as per topology.
     assert names & rules.record_names and names - rules.record_names <= {
-        "up", "ALERTS", *(f.promql_name for f in per_instance)}
+        "up", "ALERTS", catalog.GENERATION_TOKENS.promql_name}
+    assert m.failed_requests_name("1m", m.REPLICA_LEVEL) in names
 
 
 def test_cli_writes_dashboards_and_provisioning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

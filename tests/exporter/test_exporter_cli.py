@@ -27,7 +27,7 @@ from crossover.exporter.service import Exporter, make_app
 from crossover.exporter.state import snapshot_json
 from crossover.netutil import free_port, spec_on_free_ports
 from crossover.spec import FleetSpec, load_spec
-from tests.helpers import FIXTURES, REPO, SPECS, serving_http
+from tests.helpers import FIXTURES, REPO, SPECS, serving_http, wait_for
 
 PAYLOAD = (FIXTURES / "vllm-0.32.0-after-requests.prom").read_bytes()
 TOKEN = "s3cret-token-value"
@@ -65,18 +65,6 @@ def _get(url: str) -> str:
         return response.read().decode()
 
 
-def _wait(predicate: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
-
-
 @pytest.mark.timeout(90)
 def test_sighup_reloads_the_spec_and_a_bad_one_keeps_the_old(tmp_path):
     base = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
@@ -88,10 +76,11 @@ def test_sighup_reloads_the_spec_and_a_bad_one_keeps_the_old(tmp_path):
                                stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        _wait(lambda: "crossover_target_up" in _get(url))
+        wait_for(lambda: "crossover_target_up" in _get(url), 30, "the exporter serving")
         spec_path.write_text("model: [this is not a spec\n")
         process.send_signal(signal.SIGHUP)
-        _wait(lambda: 'crossover_exporter_spec_reloads_total{result="error"} 1.0' in _get(url))
+        wait_for(lambda: 'crossover_exporter_spec_reloads_total{result="error"} 1.0' in _get(url), 30,
+                 "the failed reload counted")
         assert process.poll() is None
         assert _get(url).count("crossover_target_up{") == 3  # the old spec still runs
         data = base.model_dump(mode="json")
@@ -99,8 +88,9 @@ def test_sighup_reloads_the_spec_and_a_bad_one_keeps_the_old(tmp_path):
         data["topologies"][1]["gpus"] = 6
         write_spec(spec_path, FleetSpec.model_validate(data), interval="1s", timeout="500ms")
         process.send_signal(signal.SIGHUP)
-        _wait(lambda: 'crossover_exporter_spec_reloads_total{result="ok"} 1.0' in _get(url))
-        _wait(lambda: 'instance="tp2-2"' in _get(url))
+        wait_for(lambda: 'crossover_exporter_spec_reloads_total{result="ok"} 1.0' in _get(url), 30,
+                 "the good reload counted")
+        wait_for(lambda: 'instance="tp2-2"' in _get(url), 30, "the new instance tp2-2 exported")
     finally:
         process.terminate()
         process.wait(10)

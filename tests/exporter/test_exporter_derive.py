@@ -11,13 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crossover import catalog
-from crossover.exporter.derive import derive
+from crossover.exporter import state
+from crossover.exporter.derive import WindowBatch, derive, merge, window_sums
 from crossover.exporter.parse import ParsedSeries, Parser, SeriesKey
 from crossover.exporter.quantile import histogram_quantile
-from crossover.exporter.state import TargetHealth, build_snapshot, slos_seconds, window_names
-from crossover.exporter.targets import spec_targets
+from crossover.exporter.state import (
+    TargetHealth,
+    build_snapshot,
+    slos_seconds,
+    topology_figures,
+    window_names,
+)
 from crossover.exporter.window import History, SeriesWindow, counter_increase, is_cumulative, window_of
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import FleetSpec, load_spec, spec_targets
 from tests.helpers import FIXTURES, SPECS
 
 ENGINE = (("engine", "0"), ("model_name", "m"))
@@ -340,6 +346,13 @@ def _plain(value: object) -> object:
     return value
 
 
+def _real_payloads() -> list[ParsedSeries]:
+    """A real vLLM's /metrics idle, under load and after requests."""
+    parser = Parser()
+    return [parser.parse((FIXTURES / f"vllm-0.32.0-{n}.prom").read_text())
+            for n in ("idle", "under-load", "after-requests")]
+
+
 def _fleet_histories(seed: int) -> tuple[FleetSpec, list[TargetHealth], float]:
     """Two topologies of real vLLM payloads with per-target and per-series scaling (buckets out of
     order, ranks in the +Inf bucket), a reset, a target with a short history and one with its own
@@ -352,9 +365,7 @@ def _fleet_histories(seed: int) -> tuple[FleetSpec, list[TargetHealth], float]:
         for t in range(2)]
     spec["scrape"].update({"interval": "5s", "timeout": "5s", "windows": ["30s", "1m"]})
     fleet = FleetSpec.model_validate(spec)
-    parser = Parser()
-    payloads = [parser.parse((FIXTURES / f"vllm-0.32.0-{n}.prom").read_text())
-                for n in ("idle", "under-load", "after-requests")]
+    payloads = _real_payloads()
     health = [TargetHealth(t, History(70.0)) for t in spec_targets(fleet)]
     for index, record in enumerate(health):
         scale = rng.uniform(0.5, 3.0) * 10.0 ** rng.randint(-3, 3)
@@ -393,3 +404,67 @@ def test_batched_derivation_gives_the_per_target_numbers_exactly(seed):
             assert _plain(derived) == _plain(expected), (view.topology, view.instance, name)
             batched += 1
     assert batched == 2 * (2 + 24)
+
+
+def _pd_histories() -> tuple[FleetSpec, list[TargetHealth], float]:
+    """One P/D topology, two prefill and two decode instances behind an entrypoint, each target
+    scraped twelve times from real vLLM payloads at its own scale."""
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    pd = next(t for t in data["topologies"] if t["name"] == "pd1p1d")
+    pd.update(name="pd2p2d", gpus=4, instances=[
+        {"name": f"{role}-{i}", "url": f"http://127.0.0.1:1/{role}-{i}", "role": role}
+        for role in ("prefill", "decode") for i in range(2)])
+    data["topologies"] = [pd]
+    spec = FleetSpec.model_validate(data)
+    payloads = _real_payloads()
+    health = [TargetHealth(t, History(400.0)) for t in spec_targets(spec)]
+    for index, record in enumerate(health):
+        for step in range(12):
+            base = payloads[min(step // 4, 2)]
+            grow = (step + 1) * (index + 1)
+            record.history.add(step * 5.0, ParsedSeries(base.keys, [
+                v * grow if is_cumulative(k[0]) else v for k, v in zip(base.keys, base.values, strict=True)]))
+    return spec, health, 55.0
+
+
+def test_a_pd_topology_merges_each_role_once_per_window(monkeypatch):
+    """The topology's figures and its role rows read the same role sums: entrypoint, prefill,
+    decode and all instances are merged once per window, and the figures are those of merging
+    each group afresh."""
+    spec, health, now = _pd_histories()
+    merges: list[str] = []
+    batch_sums, plain_merge = WindowBatch.sums, state.merge
+
+    def counted_batch(batch, rows):
+        merges.append("batch")
+        return batch_sums(batch, rows)
+
+    def counted_plain(parts):
+        merges.append("plain")
+        return plain_merge(parts)
+
+    monkeypatch.setattr(WindowBatch, "sums", counted_batch)
+    monkeypatch.setattr(state, "merge", counted_plain)
+    snapshot = build_snapshot(spec, health, now)
+    windows = window_names(spec)
+    assert len(merges) == 4 * len(windows)
+    assert {r.role for r in snapshot.roles} == {"entrypoint", "prefill", "decode"}
+
+    slos = slos_seconds(spec)
+    targets = [r.target for r in health]
+    for name, seconds in windows.items():
+        by_key = {r.target.key: r.history.window(now, seconds) for r in health}
+
+        def afresh(members, by_key=by_key):
+            return merge(window_sums(w) for t in members if (w := by_key[t.key]) is not None)
+
+        for view in snapshot.roles:
+            members = [t for t in targets if t.role == view.role]
+            expected = derive([by_key[t.key] for t in members], gpus=view.gpus, slos_seconds=slos,
+                              window_seconds=seconds)
+            assert _plain(view.windows[name]) == _plain(expected), (view.role, name)
+        (topology,) = snapshot.topologies
+        expected, _ = topology_figures(targets, afresh, gpus=topology.gpus, slos_seconds=slos,
+                                       window_seconds=seconds)
+        assert expected.requests_source == "entrypoint"
+        assert _plain(topology.windows[name]) == _plain(expected), name

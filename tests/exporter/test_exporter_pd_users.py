@@ -19,10 +19,10 @@ from crossover import catalog
 from crossover.exporter.derive import WindowSums, _Histogram, merge, user_facing
 from crossover.exporter.service import Exporter
 from crossover.exporter.state import GroupView
-from crossover.exporter.targets import parse_file_sd, spec_targets
+from crossover.exporter.targets import parse_file_sd
 from crossover.netutil import free_port, spec_on_free_ports
 from crossover.sim import fleet as sim_fleet
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import FleetSpec, load_spec, spec_targets
 from tests.exporter.exporter_traffic import Timed, send
 from tests.helpers import SPECS, agree_within_bucket, client_quantile
 

@@ -34,7 +34,7 @@ from crossover.sim import fleet as sim_fleet
 from crossover.slo import QUANTILES, SLO_HISTOGRAMS, quantile_label
 from crossover.spec import load_spec
 from tests.exporter.exporter_traffic import send
-from tests.helpers import FIXTURES, SPECS, require_binary, serving_http
+from tests.helpers import FIXTURES, SPECS, require_binary, serving_http, wait_for
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(180)]
 
@@ -127,15 +127,6 @@ def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
 
 
-def wait_until(predicate: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError("condition not met in time")
-
-
 def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
     spec = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
     jobs: list[dict[str, Any]] = [{
@@ -149,7 +140,8 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
     with sim_fleet.running_fleet(spec):
         prometheus = prometheus_for(jobs)
         count_name = catalog.TTFT.name + "_count"
-        wait_until(lambda: len(prometheus.query(f'{count_name}{{job="vllm"}}')) == 3)
+        wait_for(lambda: len(prometheus.query(f'{count_name}{{job="vllm"}}')) == 3, 30,
+                 "Prometheus scraping the three simulated instances")
 
         async def scenario() -> Exporter:
             exporter = Exporter(spec)
@@ -180,7 +172,7 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
                         return False
             return True
 
-        wait_until(prometheus_has_final_state)
+        wait_for(prometheus_has_final_state, 30, "Prometheus holding the final state")
         snapshot = exporter.snapshot
         compared = 0
         for level, views, selector in (
@@ -212,7 +204,8 @@ def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
         assert compared >= 2 * 4 * 3 + 3 * 4 * 3
 
         # The captured real vLLM payloads, parsed by the exporter, against Prometheus's reading.
-        wait_until(lambda: len(prometheus.query(f'{count_name}{{job="fixture"}}')) == len(FIXTURE_NAMES))
+        wait_for(lambda: len(prometheus.query(f'{count_name}{{job="fixture"}}')) == len(FIXTURE_NAMES), 30,
+                 "Prometheus scraping the captured payloads")
         parser = Parser()
         for name in FIXTURE_NAMES:
             parsed = parser.series((FIXTURES / f"vllm-0.32.0-{name}.prom").read_text())

@@ -24,7 +24,7 @@ from crossover.netutil import free_port, spec_on_free_ports
 from crossover.sim import fleet as sim_fleet
 from crossover.spec import Fault, FleetSpec, load_spec
 from tests.exporter.exporter_traffic import Timed, send, send_sync
-from tests.helpers import SPECS
+from tests.helpers import SPECS, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -120,15 +120,6 @@ def pd_fleet() -> Iterator[tuple[FleetSpec, Any, str]]:
         yield spec, fleet, url
 
 
-def wait_for(predicate: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
-
-
 def test_pd_fleet_exports_every_documented_series(pd_fleet):
     spec, _fleet, url = pd_fleet
     for topology in spec.topologies:
@@ -144,8 +135,8 @@ def test_pd_fleet_exports_every_documented_series(pd_fleet):
         pd = json.loads(get(url + "/api/v1/snapshot"))["topologies"][1]
         return bool(pd["windows"]["1m"]["latency"]["ttft"]["observations"] == 12)
 
-    wait_for(all_there)
-    wait_for(all_scraped)
+    wait_for(all_there, 20, "every documented series exported")
+    wait_for(all_scraped, 20, "the P/D topology's 12 requests scraped")
     text = get(url + "/metrics")
     rows = samples(text)
     exposed = {name for name, _, _ in rows}
@@ -197,7 +188,7 @@ def test_broken_targets_never_stop_the_others(tmp_path: Path):
                     rows = samples(get(url + "/metrics"))
                     errors = [v for n, _, v in rows if n == "crossover_scrape_errors_total"]
                     return sum(v > 0 for v in errors) >= 5
-                wait_for(counted)
+                wait_for(counted, 20, "scrape errors counted for five targets")
                 rows = samples(get(url + "/metrics"))
                 for instance, reason in (("tp4-0", "timeout"), ("tp2-0", "parse"), ("gone", "connection"),
                                          ("wrong-path", "http_status")):
@@ -210,7 +201,7 @@ def test_broken_targets_never_stop_the_others(tmp_path: Path):
                 # A target healing comes back up; one slow target did not delay the others' cycle.
                 fleet.set_fault("tp2-0", Fault())
                 wait_for(lambda: _target_row(samples(get(url + "/metrics")), "crossover_target_up",
-                                             "tp2-0") == 1.0)
+                                             "tp2-0") == 1.0, 20, "the healed tp2-0 up")
                 cycle = [v for n, _, v in samples(get(url + "/metrics"))
                          if n == "crossover_exporter_cycle_seconds"]
                 assert cycle and cycle[0] < 0.9

@@ -4,9 +4,7 @@ exporter serves (/metrics as samples, /api/v1/snapshot as JSON)."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -63,14 +61,6 @@ def up(rows: list[Sample], instance: str) -> float | None:
 
 def errors(rows: list[Sample], instance: str, reason: str) -> float:
     return value(rows, "crossover_scrape_errors_total", instance=instance, reason=reason) or 0.0
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str, poll: float = 0.25) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(poll)
 
 
 def group(document: dict[str, Any], topology: str, instance: str | None = None,

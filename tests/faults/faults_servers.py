@@ -1,4 +1,4 @@
-"""Small loopback servers for the fault tests: an aiohttp application on a free 127.0.0.1 port,
+"""Small loopback servers for the fault tests: an aiohttp application on a 127.0.0.1 port,
 run on its own thread's event loop for the length of a `with` block (stopped on failure too).
 
 The simulator covers most faults; these serve what it does not: SSE garbage, a 50 MB /metrics,
@@ -8,6 +8,7 @@ a 10,000-label-set burst, 5xx on /metrics and a target that demands a bearer tok
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from crossover.netutil import free_port
 from crossover.sim import tokenizer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -32,8 +32,9 @@ class LoopbackApp:
 
 @contextmanager
 def serving(routes: Mapping[tuple[str, str], Handler], start_timeout: float = 10.0) -> Iterator[LoopbackApp]:
-    """Serve {(method, path): handler} on 127.0.0.1:<free port> until the block ends."""
-    port = free_port()
+    """Serve {(method, path): handler} on a 127.0.0.1 port the OS picks as it binds, until the block ends."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
     served = LoopbackApp(f"http://127.0.0.1:{port}", port)
 
     @web.middleware
@@ -51,7 +52,7 @@ def serving(routes: Mapping[tuple[str, str], Handler], start_timeout: float = 10
 
     async def start() -> None:
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
+        await web.SockSite(runner, listener).start()
 
     try:
         asyncio.run_coroutine_threadsafe(start(), loop).result(start_timeout)
@@ -63,6 +64,7 @@ def serving(routes: Mapping[tuple[str, str], Handler], start_timeout: float = 10
             loop.call_soon_threadsafe(loop.stop)
             thread.join(start_timeout)
             loop.close()
+            listener.close()  # closed with the site once it started; not if it never did
 
 
 def exposition(families: dict[str, list[tuple[dict[str, str], float]]], kind: str = "gauge") -> bytes:

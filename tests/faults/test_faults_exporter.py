@@ -31,9 +31,9 @@ from tests.faults.faults_exporter import (
     simulated_part,
     snapshot,
     up,
-    wait_for,
 )
 from tests.faults.faults_servers import serving
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(150)
 

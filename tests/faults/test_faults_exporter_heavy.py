@@ -31,9 +31,8 @@ from tests.faults.faults_exporter import (
     simulated_part,
     snapshot,
     up,
-    wait_for,
 )
-from tests.helpers import REPO
+from tests.helpers import REPO, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 

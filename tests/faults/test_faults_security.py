@@ -28,9 +28,9 @@ from crossover.loadgen.plan import LengthDist, SweepPlan
 from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import free_port
 from crossover.spec import FleetSpec, load_spec, parse_spec
-from tests.faults.faults_exporter import HEALTHY_PAYLOAD, errors, get, samples, snapshot, up, wait_for
+from tests.faults.faults_exporter import HEALTHY_PAYLOAD, errors, get, samples, snapshot, up
 from tests.faults.faults_servers import LoopbackApp, serving, tokenizer_routes
-from tests.helpers import REPO, SPECS
+from tests.helpers import REPO, SPECS, wait_for
 
 pytestmark = pytest.mark.timeout(150)
 

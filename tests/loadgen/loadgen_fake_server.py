@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,6 @@ from typing import Any
 
 from aiohttp import web
 
-from crossover.netutil import free_port
 from crossover.sim import tokenizer
 from crossover.spec import FleetSpec, load_spec, parse_spec
 from tests.helpers import SPECS
@@ -56,7 +56,9 @@ class Recorded:
 class FakeServer:
     def __init__(self, behaviour: Behaviour | None = None) -> None:
         self.behaviour = behaviour or Behaviour()
-        self.port = free_port()
+        # bound now, port read back: no other process can take the port before the server listens
+        self._socket = socket.create_server(("127.0.0.1", 0), backlog=1024)
+        self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.recorded: list[Recorded] = []
         self.bodies: list[dict[str, Any]] = []
@@ -151,7 +153,7 @@ class FakeServer:
         app.router.add_post("/detokenize", self._detokenize)
         self._runner = web.AppRunner(app, handle_signals=False)
         loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=1024)
+        site = web.SockSite(self._runner, self._socket)
         loop.run_until_complete(site.start())
         self._ready.set()
         loop.run_forever()

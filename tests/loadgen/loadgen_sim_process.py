@@ -10,11 +10,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import yaml
 
 from crossover.processes import stop_group
@@ -67,3 +70,38 @@ def emitted(url: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(url + "/admin/requests", timeout=30) as response:
         data: list[dict[str, Any]] = json.loads(response.read())
     return data
+
+
+def emitted_by_id(spec: FleetSpec, topology: str | None = None) -> dict[str, dict[str, Any]]:
+    """What the simulators of `topology` (of every topology when None) wrote, by completion id."""
+    chosen = spec.topologies if topology is None else [spec.topology(topology)]
+    return {r["id"]: r for t in chosen for i in t.instances for r in emitted(i.url)}
+
+
+@dataclass
+class StampErrors:
+    """The client's token stamps against the times the simulator wrote the tokens, over the requests
+    matched by completion id that finished with as many token events as the simulator wrote."""
+
+    events: int  # token events the client recorded, over every request
+    first: np.ndarray  # per matched request: its first stamp minus the first write, seconds
+    itl: np.ndarray  # per gap of a matched request: the stamps' gap minus the writes' gap
+    matched: pd.DataFrame  # the matched requests' rows
+
+
+def stamp_errors(requests: pd.DataFrame, served: Mapping[str, dict[str, Any]]) -> StampErrors:
+    """The sweep's `requests` against `served` (emitted_by_id)."""
+    first: list[float] = []
+    itl: list[float] = []
+    rows: list[Any] = []
+    for label, row in requests.iterrows():
+        record = served.get(row["completion_id"])
+        stamped = row["send_time"] + np.asarray(row["chunk_times"])
+        if not row["ok"] or record is None or len(stamped) != len(record["token_times"]):
+            continue
+        written = np.asarray(record["token_times"])
+        first.append(stamped[0] - written[0])
+        itl.extend(np.diff(stamped) - np.diff(written))
+        rows.append(label)
+    events = int(requests["chunk_times"].map(len).sum()) if len(requests) else 0
+    return StampErrors(events, np.asarray(first), np.asarray(itl), requests.loc[rows])

@@ -19,7 +19,7 @@ from crossover.loadgen.results import load_run
 from crossover.realvllm import vllm_available, vllm_python
 from crossover.spec import FleetSpec, load_spec, parse_spec
 from tests.helpers import SPECS, require, word_tokenizer
-from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
+from tests.loadgen.loadgen_fake_server import Behaviour, fake_fleet
 
 # The serve.py fields a notebook written for vllm bench reads first.
 BENCH_FIELDS = ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate", "burstiness",
@@ -30,25 +30,13 @@ BENCH_FIELDS = ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "r
                 "ttfts", "itls", "start_times", "generated_texts", "errors")
 
 
-def _fake_spec(tmp_path: Path, servers: dict[str, FakeServer]) -> Path:
-    data = load_spec(SPECS / "cpu-real-vllm.yaml").model_dump(mode="json")
-    for topology in data["topologies"]:
-        for instance in topology["instances"]:
-            instance["url"] = servers[instance["name"]].url
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(parse_spec(data).model_dump(mode="json")))
-    return path
-
-
 def test_sweep_speaks_vllm_bench_flags_and_writes_its_result_files(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    slow = Behaviour(ttft_s=0.02, tpot_s=0.004)
-    behaviours = {"big-0": Behaviour(ttft_s=0.004, tpot_s=0.001), "small-0": slow, "small-1": slow}
-    servers = {name: FakeServer(b) for name, b in behaviours.items()}
-    for server in servers.values():
-        server.__enter__()
-    try:
-        spec_path = _fake_spec(tmp_path, servers)
+    behaviours = {"big1x2c": Behaviour(ttft_s=0.004, tpot_s=0.001),
+                  "small2x1c": Behaviour(ttft_s=0.02, tpot_s=0.004)}
+    with fake_fleet(behaviours.__getitem__) as (spec, _):
+        spec_path = tmp_path / "spec.yaml"
+        spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
         out = tmp_path / "run"
         code = main(["sweep", str(spec_path), "--out", str(out), "--max-concurrency", "1,2,4",
                      "--request-rate", "inf",
@@ -58,9 +46,6 @@ def test_sweep_speaks_vllm_bench_flags_and_writes_its_result_files(
                      "--save-result", "--save-detailed", "--bootstrap", "20", "--dataset-name", "random"])
         err = capsys.readouterr().err
         assert code == 0, err
-    finally:
-        for server in servers.values():
-            server.__exit__(None, None, None)
     run = load_run(out)
     assert run.info.slos_ms == {"ttft": 15.0, "tpot": 3.0}
     assert run.info.plan.input_len.describe() == "uniform:10-30" and run.info.plan.requests_per_level == 12

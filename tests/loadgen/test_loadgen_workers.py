@@ -14,7 +14,7 @@ import pytest
 from crossover.cli import main
 from crossover.errors import UserError
 from crossover.loadgen.plan import Endpoint, LengthDist, Mode, SweepPlan
-from crossover.loadgen.results import level_path, load_run, merge_runs
+from crossover.loadgen.results import SERVER_SUFFIX, level_path, load_run, merge_runs
 from crossover.loadgen.sweep import Traffic, run_sweep
 from crossover.loadgen.workers import Share, parse_shard, shares
 from crossover.spec import FleetSpec, load_spec
@@ -79,8 +79,13 @@ def test_two_workers_send_what_one_sends_into_one_level_file(
     pd.testing.assert_frame_equal(one.requests[KEY], two.requests[KEY])
     assert sorted(b["prompt"] for b in big.bodies) == prompts_one  # the same seeded requests
     for level in plan.levels:  # merged: one file per level, in index order
-        frame = pd.read_parquet(level_path(tmp_path / "two", plan, "big1x2c", level))
+        path = level_path(tmp_path / "two", plan, "big1x2c", level)
+        frame = pd.read_parquet(path)
         assert frame["index"].tolist() == list(range(len(frame)))
+        # the servers were scraped around the workers' level (the fake ones serve no /metrics)
+        view = json.loads(path.with_suffix(SERVER_SUFFIX).read_text())
+        assert view["start"] <= frame["send_time"].min() and frame["end_time"].max() <= view["end"]
+        assert list(view["scrape_errors"]) == [spec.topology("big1x2c").instances[0].name]
     if plan.mode is Mode.CLOSED:
         assert big.max_in_flight == max(plan.levels)  # the concurrency divided, not doubled
     else:

@@ -320,7 +320,7 @@ def test_multi_turn_conversations_on_the_simulator(tmp_path: Path,
     assert sorted(result.requests["turn"]) == [1, 1, 1, 2, 2, 2] and result.requests["ok"].all()
 
 
-def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path) -> None:
+def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from crossover.app.view import past_view, server_table
     from crossover.loadgen.results import load_run
     from crossover.loadgen.sweep import run_sweep
@@ -338,7 +338,16 @@ def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path) -> None:
     # the simulator's counters over the level: every token the sweep asked for, on both replicas
     generated = view["figures"]["generation_tokens_per_second"] * view["window_s"]
     assert generated == pytest.approx(8 * 16, rel=0.01)
+    read = []
+    read_parquet = pd.read_parquet
+
+    def counted(path, *args, **kwargs):
+        read.append(Path(path).name)
+        return read_parquet(path, *args, **kwargs)
+
+    monkeypatch.setattr(pd, "read_parquet", counted)
     server = load_run(tmp_path).server
+    assert sorted(read) == ["c1.parquet", "c4.parquet"]  # each level's requests read once, views and all
     assert list(server["level"]) == [1.0, 4.0] and (server["server_ttft_p99_ms"] > 0).all()
     assert server_table(past_view(load_run(tmp_path)))["server_output_tps"].gt(0).all()
 
@@ -364,3 +373,22 @@ def test_sharegpt_conversations_play_their_own_later_turns(tmp_path: Path) -> No
     assert requests["ok"].all() and list(requests["turn"]) == [1, 2, 3, 1, 2, 3]
     assert list(requests["planned_output"]) == [6, 2, 3, 6, 2, 3]  # each recorded answer's length
     assert (requests["input_tokens"] == requests["planned_input"]).all()
+
+
+def test_server_views_are_found_from_the_requests_in_hand(tmp_path: Path) -> None:
+    """Each finished (topology, level, repeat) of the requests read its LEVEL.server.json, in file-name
+    order as the folder lists them; no level file is read again (here there is none), and a view
+    whose level the requests lack (not finished) is left out."""
+    from crossover.loadgen.results import SERVER_SUFFIX, level_path, read_server_views, write_json
+
+    plan = SweepPlan(levels=(2, 16), requests_per_level=1)
+    for topology, level, repeat, tps in (("a", 16.0, 1, 3.0), ("a", 2.0, 1, 1.0), ("a", 2.0, 2, 2.0),
+                                         ("b", 2.0, 1, 9.0)):
+        write_json(level_path(tmp_path, plan, topology, level, repeat).with_suffix(SERVER_SUFFIX),
+                   {"figures": {"generation_tokens_per_second": tps}})
+    requests = pd.DataFrame({"topology": ["a", "a", "a", "a", "c"], "level": [2.0, 2.0, 16.0, 2.0, 2.0],
+                             "repeat": [1, 1, 1, 2, 1]})
+    server = read_server_views(tmp_path, plan, requests)
+    assert list(zip(server["topology"], server["level"], server["server_output_tps"], strict=True)) == [
+        ("a", 16.0, 3.0), ("a", 2.0, 2.0), ("a", 2.0, 1.0)]
+    assert read_server_views(tmp_path, plan, pd.DataFrame()).empty

@@ -14,7 +14,7 @@ from crossover.errors import UserError
 from crossover.rules import model as m
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import BURN_ALERT, RulesConfig, build_rules, le_spellings, slo_buckets
-from crossover.spec import load_spec, parse_duration, parse_spec
+from crossover.spec import load_spec, parse_duration, parse_spec, spec_targets
 from tests.helpers import SPECS
 
 SEED = SPECS / "seed-70b-h100.yaml"
@@ -240,6 +240,26 @@ def test_scrape_config_attaches_topology_role_and_gpus() -> None:
     assert config["rule_files"] == ["rules.yml"]
 
 
+def test_prometheus_scrapes_what_the_exporter_scrapes() -> None:
+    """The scrape config's static groups are the spec's targets (crossover.spec.spec_targets), the
+    exporter's list: same URLs, an https entrypoint on another path and an IPv6 instance included."""
+    data = _spec_data(PD)
+    data["topologies"][1]["entrypoint"]["metrics_url"] = "https://router.example:8443/vllm/metrics"
+    data["topologies"][0]["instances"][0]["url"] = "http://[::1]:8300/colo"
+    spec = parse_spec(data)
+    config = yaml.safe_load(outputs(spec, build_rules(spec), Format.PLAIN, "pd", "pd")["prometheus.yml"])
+    scraped = []
+    for group in config["scrape_configs"][0]["static_configs"]:
+        labels = group["labels"]
+        scheme, path = labels.get("__scheme__", "http"), labels.get("__metrics_path__", "/metrics")
+        scraped.append((labels["topology"], labels["replica"], labels["role"], int(labels["gpus"]),
+                        f"{scheme}://{group['targets'][0]}{path}"))
+    https = [s for s in scraped if s[4].startswith("https")]
+    assert https == [("pd1p1d", "pd1p1d-entrypoint", "entrypoint", 0,
+                      "https://router.example:8443/vllm/metrics")]
+    assert scraped == [(t.topology, t.instance, t.role, t.gpus, t.metrics_url) for t in spec_targets(spec)]
+
+
 def test_no_rule_names_a_metric_outside_the_catalog() -> None:
     known = {n for metric in catalog.CATALOG.metrics for n in metric.sample_names} | {"up"}
     for spec_path in (SEED, PD):
@@ -307,3 +327,50 @@ def test_pd_fleets_record_request_figures_per_role() -> None:
             m.attainment_name("ttft", "1m", "topology_role")} <= names
     seed = build_rules(load_spec(SEED)).record_names
     assert not any(n.startswith("topology_role:") and ":rate" in n for n in seed)
+
+
+def test_failures_per_replica_are_counted_as_per_topology_and_roles_sum_replicas() -> None:
+    """Every fleet records failed requests per replica with the topology's formula (the dashboard's
+    per-instance panel reads it), raw series over the shortest window and averages of it beyond, as
+    per topology; a P/D fleet's per-role outcome rates are sums of the replicas' recordings of the
+    same group, so the raw outcome families are read once per window."""
+    for spec in (SEED, PD):
+        rules = build_rules(load_spec(spec))
+        exprs = {r.record: r.expr for r in rules.records}
+        group = next(g for g in rules.groups if g.name == "crossover-replicas")
+        order = [r.record for r in group.rules if isinstance(r, m.RecordingRule)]
+        for window in rules.dashboard_windows:
+            replica = exprs[m.failed_requests_name(window, m.REPLICA_LEVEL)]
+            topology = exprs[m.failed_requests_name(window)]
+            assert replica == topology.replace("topology:", "topology_replica:").replace(
+                "topology_finished_reason:", "topology_replica_finished_reason:")
+            for name in (m.finished_by_reason_name(window, m.REPLICA_LEVEL),
+                         m.rate_name(catalog.ADMISSION_REJECTIONS, window, m.REPLICA_LEVEL),
+                         m.api_requests_name(window, m.REPLICA_LEVEL)):
+                if window == rules.dashboard_windows[0]:  # raw over the shortest window only
+                    assert "rate(" in exprs[name] and "sum by (topology, role, replica" in exprs[name]
+                else:
+                    base = name.replace(f"rate{window}", f"rate{rules.dashboard_windows[0]}")
+                    assert exprs[name] == f"avg_over_time({base}[{window}])"
+                if spec == PD:
+                    role = name.replace(f"{m.REPLICA_LEVEL}:", f"{m.ROLE_LEVEL}:").replace(
+                        f"{m.REPLICA_LEVEL}_", f"{m.ROLE_LEVEL}_")
+                    assert exprs[role].startswith("sum by (topology, role, model_name") and \
+                        exprs[role].endswith(f"({name})")
+                    assert order.index(name) < order.index(role)
+
+
+def test_a_family_is_present_by_one_series_in_the_source_choice_and_the_alerts() -> None:
+    """A histogram shows by its `_count`, a counter by `_total`: the entrypoint request source and the
+    alerts on missing families read the same series, so they cannot disagree on what is exposed."""
+    assert catalog.TTFT.presence_name == "vllm:time_to_first_token_seconds_count"
+    assert catalog.REQUEST_SUCCESS.presence_name == "vllm:request_success_total"
+    assert catalog.KV_CACHE_USAGE.presence_name == "vllm:kv_cache_usage_perc"
+    rules = build_rules(load_spec(PD))
+    exprs = {r.record: r.expr for r in rules.records}
+    alerts = {a.alert: a.expr for a in rules.alerts}
+    families = "|".join(re.escape(f.presence_name) for f in catalog.ENTRYPOINT_FAMILIES)
+    entry = f'{{job="vllm",__name__=~{m.promql_string(families)},role="entrypoint"}}'
+    assert entry in exprs[m.requests_source_name()] and entry in alerts["VllmEntrypointMetricsAbsent"]
+    for family in m.WATCHED_FAMILIES:
+        assert f'unless on (instance) {family.presence_name}{{job="vllm"}}' in alerts["VllmMetricsAbsent"]

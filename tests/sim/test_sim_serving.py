@@ -6,9 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +15,7 @@ from crossover.cli import main
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import SimFleet, running_fleet
 from crossover.spec import FleetSpec, load_spec
-from tests.helpers import SPECS
+from tests.helpers import SPECS, wait_for
 from tests.sim.sim_client import get_json, get_text, post_json, stream
 
 SPEC = load_spec(SPECS / "seed-70b-h100.yaml")
@@ -126,17 +123,6 @@ def test_models_and_health(served: tuple[SimFleet, FleetSpec, str]) -> None:
     assert get_text(url + "/health") == ""
 
 
-def _wait_for(url: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            return
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.1)
-    raise AssertionError(f"{url} did not come up")
-
-
 def test_cli_serves_every_instance_and_stops_on_sigterm(tmp_path) -> None:
     spec = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
     path = tmp_path / "spec.yaml"
@@ -144,12 +130,11 @@ def test_cli_serves_every_instance_and_stops_on_sigterm(tmp_path) -> None:
     process = subprocess.Popen([sys.executable, "-m", "crossover", "sim", str(path), "--seed", "3"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        for topology in spec.topologies:
-            for instance in topology.instances:
-                _wait_for(instance.url + "/health")
         entry = spec.topology("pd1p1d").entrypoint.url
         assert entry is not None
-        _wait_for(entry + "/health")
+        urls = [*(i.url for t in spec.topologies for i in t.instances), entry]
+        wait_for(lambda: [get_text(url + "/health", timeout=1) for url in urls], 20,
+                 "every instance and the entrypoint answering /health", poll=0.1)
     finally:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=20)
