@@ -205,8 +205,8 @@ def report(row: dict[str, Any]) -> None:
     grid, found, x = row["grid"], row["adaptive"], row["truth"]
     print(f"\n== {row['preset']} (time_scale {row['scale']:g}, seed {row['seed']}); ground truth crossing at "
           f"{x:.3g}; target width {row['target']:.1%}")
-    print(f"{'sweep':<10}{'levels':>8}{'requests':>10}{'traffic s':>11}{'wall s':>9}   crossing (95% CI)"
-          f"          width   truth inside   bracket (truth inside)   stop")
+    print(f"{'sweep':<10}{'levels':>8}{'requests':>10}{'traffic s':>11}{'wall s':>9}   crossing (interval)"
+          f"        width   truth inside   bracket (truth inside)   stop")
     for label, o in (("grid", grid), ("adaptive", found)):
         i = o.interval
         bounded = i is not None and i.low is not None and i.high is not None
