@@ -363,9 +363,9 @@ def test_failures_per_replica_are_counted_as_per_topology_and_roles_sum_replicas
 def test_a_family_is_present_by_one_series_in_the_source_choice_and_the_alerts() -> None:
     """A histogram shows by its `_count`, a counter by `_total`: the entrypoint request source and the
     alerts on missing families read the same series, so they cannot disagree on what is exposed."""
-    assert catalog.TTFT.presence_name == "vllm:time_to_first_token_seconds_count"
-    assert catalog.REQUEST_SUCCESS.presence_name == "vllm:request_success_total"
-    assert catalog.KV_CACHE_USAGE.presence_name == "vllm:kv_cache_usage_perc"
+    assert catalog.TTFT.presence_name == f"{catalog.TTFT.name}_count"
+    assert catalog.REQUEST_SUCCESS.presence_name == f"{catalog.REQUEST_SUCCESS.name}_total"
+    assert catalog.KV_CACHE_USAGE.presence_name == catalog.KV_CACHE_USAGE.name
     rules = build_rules(load_spec(PD))
     exprs = {r.record: r.expr for r in rules.records}
     alerts = {a.alert: a.expr for a in rules.alerts}
