@@ -19,7 +19,11 @@ seeds, up to --max-repeats 3: "(x2)" after a level), before it accepts a crossin
 - pd: compose/specs/pd-8k-prompts.yaml, open loop (request rates in steps of 0.1 req/s of
   simulated time, each level --pd-seconds simulated seconds of arrivals), the crossing of p99 ITL (P/D
   keeps it flat once 8K-token prompts stall the colocated replicas' decodes); truth: the crossing
-  of truth.open_loop's p99 ITL curves, bisected on the rate.
+  of truth.open_loop's p99 ITL curves, bisected on the rate. Near the step one level reads the
+  jump or not by its arrival sequence, so the pd report adds, on the model: the share of the
+  sweep's own sequences (seeds 1-20) that read it at rates about the step, the rates at which
+  this seed's do, and each measured level replayed at its own send times (truth.replay) beside
+  its live read, which tells the simulator's error from the sequence's draw.
 Open-loop rates are wall-clock: the simulator at time_scale s serves rate r of simulated time when
 sent r x s requests per wall second, so the pd levels and its truth are scaled by s.
 """
@@ -38,7 +42,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
 from crossover.loadgen.adaptive import AdaptivePlan, Interval, bracket, intervals  # noqa: E402
+from crossover.loadgen.dataset import arrival_offsets  # noqa: E402
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import SweepResult, run_sweep  # noqa: E402
 from crossover.netutil import spec_on_free_ports  # noqa: E402
@@ -107,20 +115,55 @@ def _pd_truth(spec: FleetSpec, plan: SweepPlan, scale: float, requests: int = 10
     return (low + high) / 2 * scale
 
 
-def pd_level_reads(spec: FleetSpec, scale: float, seconds: float,
-                   seeds: int = 20) -> list[tuple[float, float]]:
-    """(wall-clock rate, share of seeds) for which one level as long as the sweep's (`seconds` of
-    simulated arrivals) reads colocated's p99 ITL above pd1p1d's, on the simulator's model: the
-    jump is a probability in a short level (its 1% tail holds a stall or not), so this band, not
-    the long-run truth alone, says how closely any sweep of such levels can place the crossing."""
+def _sends(plan: SweepPlan, rate: float, seconds: float, scale: float, seed: int) -> list[float]:
+    """The simulated send times of one level of the sweep at wall-clock `rate` with `seed`: the
+    sweep's own arrival sequence (rate x seconds requests, as `--duration` sends)."""
+    n = round(rate / scale * seconds)
+    return list(arrival_offsets(replace(plan, seed=seed), rate, n) * scale)
+
+
+def _jump(spec: FleetSpec, sends: list[float]) -> bool:
+    colocated, pd1p1d = (truth.replay(spec, name, sends, PD_IN, PD_OUT).itl_quantile(0.99)
+                         for name in ("colocated", "pd1p1d"))
+    return bool(colocated > pd1p1d)
+
+
+def pd_level_reads(spec: FleetSpec, plan: SweepPlan, scale: float, seconds: float,
+                   seeds: int = 20) -> list[tuple[float, float, bool]]:
+    """(wall-clock rate, share of seeds 1-`seeds`, whether the plan's own seed does) for which one
+    level as long as the sweep's, with the sweep's own arrival sequence, reads colocated's p99 ITL
+    above pd1p1d's on the simulator's model: the jump is a probability in a level (its 1% tail
+    holds a stall or not), so this band, not the long-run truth alone, says how closely any sweep
+    of such levels can place the crossing."""
     found = []
-    for rate in (0.2, 0.22, 0.246, 0.26, 0.282, 0.3, 0.32):
-        n = round(rate * seconds)
-        above = sum(truth.open_loop(spec, "colocated", rate, PD_IN, PD_OUT, n, seed=s).itl_quantile(0.99)
-                    > truth.open_loop(spec, "pd1p1d", rate, PD_IN, PD_OUT, n, seed=s).itl_quantile(0.99)
-                    for s in range(1, seeds + 1))
-        found.append((rate * scale, above / seeds))
+    for rate in (0.2, 0.22, 0.246, 0.26, 0.282, 0.3, 0.32):  # simulated req/s, about the step
+        wall = rate * scale
+        above = sum(_jump(spec, _sends(plan, wall, seconds, scale, s)) for s in range(1, seeds + 1))
+        found.append((wall, above / seeds, _jump(spec, _sends(plan, wall, seconds, scale, plan.seed))))
     return found
+
+
+def model_replay(spec: FleetSpec, frame: pd.DataFrame, pair: tuple[str, str],
+                 scale: float) -> tuple[int, int, float]:
+    """Every measured level (each repeat apart) fed through the simulator's model at its own send
+    times: at how many of how many the model reads the same side of the crossing (the first
+    topology's p99 ITL above the second's or not) as the live level, and the largest gap between a
+    live p99 ITL and the model's (seconds of simulated time)."""
+    agree, total, gap = 0, 0, 0.0
+    for _, level in frame.groupby(["level", "repeat"]):
+        if not set(pair) <= set(level["topology"]):
+            continue
+        live, model = [], []
+        for name in pair:
+            rows = level[level["topology"] == name]
+            itls = np.concatenate([np.asarray(x, dtype=float) for x in rows["itl"]]) * scale
+            live.append(float(np.quantile(itls, 0.99, method="inverted_cdf")))
+            sends = sorted((rows["send_time"] - level["send_time"].min()) * scale)
+            model.append(truth.replay(spec, name, sends, PD_IN, PD_OUT).itl_quantile(0.99))
+            gap = max(gap, abs(live[-1] - model[-1]))
+        total += 1
+        agree += (live[0] > live[1]) == (model[0] > model[1])
+    return agree, total, gap
 
 
 PRESETS = {
@@ -140,6 +183,7 @@ class Outcome:
     stop_reason: str
     repeats: dict[float, int]  # measurements of each level (1 unless repeated)
     order: list[float]  # the levels in the order they were first measured
+    records: pd.DataFrame  # the sweep's request records
 
 
 def _crossing(result: SweepResult, adaptive: AdaptivePlan) -> Interval | None:
@@ -160,7 +204,7 @@ def _run(spec: FleetSpec, plan: SweepPlan, folder: Path, pair: tuple[str, str], 
     repeats = {float(x): int(most[x]) for x in levels}
     order = [float(x) for x in (result.crossover.get("adaptive") or {}).get("levels", levels)]
     return Outcome(len(frame), traffic, wall, levels, _crossing(result, adaptive), result.stop_reason,
-                   repeats, order)
+                   repeats, order, frame)
 
 
 def bench(name: str, scale: float, folder: Path, seed: int = 1,
@@ -181,9 +225,13 @@ def bench(name: str, scale: float, folder: Path, seed: int = 1,
         search_plan = replace(plan, levels=(plan.levels[0], plan.levels[-1]))
         adaptive = AdaptivePlan(target_ci=target, metric=preset.metric, answers=("crossing",))
         found = _run(spec, search_plan, folder / "adaptive", preset.pair, adaptive, search=True)
-    reads = pd_level_reads(spec, scale, pd_seconds) if name == "pd" else []
+    pd_extra: dict[str, Any] = {}
+    if name == "pd":
+        model = load_spec(REPO / preset.spec)
+        pd_extra = {"level_reads": pd_level_reads(model, plan, scale, pd_seconds),
+                    "replay": [model_replay(model, o.records, preset.pair, scale) for o in (grid, found)]}
     return {"preset": name, "scale": scale, "seed": seed, "truth": true_x, "grid": grid, "adaptive": found,
-            "target": target, "level_reads": reads, "pd_seconds": pd_seconds}
+            "target": target, "pd_seconds": pd_seconds, **pd_extra}
 
 
 def _inside(interval: Interval | None, x: float) -> str:
@@ -215,9 +263,14 @@ def report(row: dict[str, Any]) -> None:
         print(f"{label:<10}{len(o.levels):>8}{o.requests:>10}{o.traffic_s:>11.1f}{o.wall_s:>9.1f}   {ci:<24}"
               f"{width:>7}   {_inside(i, x):<13}  {_bracket(o, x):<24} {o.stop_reason or '-'}")
     if row["preset"] == "pd":
-        reads = ", ".join(f"{rate:.3g}: {share:.0%}" for rate, share in row["level_reads"])
-        print(f"one {row['pd_seconds']:g}-s level reads colocated above pd1p1d (share of 20 seeds) "
-              f"at rate {reads}")
+        reads = ", ".join(f"{rate:.3g}: {share:.0%}" for rate, share, _ in row["level_reads"])
+        print(f"one {row['pd_seconds']:g}-s level of the sweep's own arrivals reads colocated above pd1p1d "
+              f"on the model (share of seeds 1-20) at rate {reads}")
+        own = ", ".join(f"{rate:.3g}" for rate, _, mine in row["level_reads"] if mine) or "none"
+        print(f"with seed {row['seed']}, at rate {own}")
+        for label, (agree, total, gap) in zip(("grid", "adaptive"), row["replay"], strict=True):
+            print(f"{label}: the model fed each level's own send times reads the live side at {agree} of "
+                  f"{total} levels; p99 ITL within {gap * 1e3:.1f} ms of the live one (simulated time)")
     print(f"adaptive / grid: requests {found.requests / grid.requests:.2f}, traffic time "
           f"{found.traffic_s / grid.traffic_s:.2f}, wall time {found.wall_s / grid.wall_s:.2f}; "
           f"adaptive levels {_levels(found)}")

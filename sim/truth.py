@@ -283,15 +283,18 @@ class OpenLoopResult:
 def open_loop(spec: FleetSpec, topology: Topology | str, rate: float, input_len: int, output_len: int,
               num_requests: int = 100, seed: int | None = None) -> OpenLoopResult:
     """Poisson arrivals at `rate` req/s (like `vllm bench serve --request-rate`), round robin."""
-    topo = _topology(spec, topology)
     rng = random.Random(spec.simulator.seed if seed is None else seed)
-    des = FleetDES(spec, topo)
-    traces = []
-    at = 0.0
-    for _ in range(num_requests):
-        at += rng.expovariate(rate)
-        trace = RequestTrace(at, input_len, output_len)
-        traces.append(trace)
+    arrivals = list(itertools.accumulate(rng.expovariate(rate) for _ in range(num_requests)))
+    return replay(spec, topology, arrivals, input_len, output_len, rate)
+
+
+def replay(spec: FleetSpec, topology: Topology | str, arrivals: Sequence[float], input_len: int,
+           output_len: int, rate: float | None = None) -> OpenLoopResult:
+    """Requests sent at `arrivals` (seconds), round robin: the model fed a live level's own send
+    times, to tell the simulator's reads from its arrival sequence's."""
+    des = FleetDES(spec, _topology(spec, topology))
+    traces = tuple(RequestTrace(at, input_len, output_len) for at in arrivals)
+    for trace in traces:
         des.submit(trace)
     finished = [0]
 
@@ -299,8 +302,9 @@ def open_loop(spec: FleetSpec, topology: Topology | str, rate: float, input_len:
         finished[0] += 1
 
     des.on_done = on_done
-    des.run(lambda: finished[0] >= num_requests)
-    return OpenLoopResult(rate, tuple(traces))
+    des.run(lambda: finished[0] >= len(traces))
+    span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
+    return OpenLoopResult(rate if rate is not None else (len(arrivals) - 1) / span if span else 0.0, traces)
 
 
 def conversation_ttfts(spec: FleetSpec, topology: Topology | str, turns: int, input_len: int, output_len: int,

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from crossover.sim.model import PerfModel, StepLoad, allreduce_latency_s
 from crossover.sim.scheduler import Scheduler, SimRequest
-from crossover.sim.truth import open_loop
+from crossover.sim.truth import open_loop, replay
 from crossover.spec import FleetSpec, Interconnect, load_spec
 from tests.helpers import SPECS
 
@@ -128,6 +128,19 @@ def test_open_loop_is_repeatable() -> None:
     first = open_loop(PD, "colocated", 0.4, 2048, 32, 20)
     again = open_loop(PD, "colocated", 0.4, 2048, 32, 20)
     assert [t.token_times for t in first.traces] == [t.token_times for t in again.traces]
+
+
+def test_replay_reads_the_latencies_of_the_send_times_it_is_given() -> None:
+    """A live level's own send times fed to the model: open loop's arrivals read the same, the same
+    requests sent in one burst queue behind each other's prefills."""
+    poisson = open_loop(PD, "colocated", 0.4, 2048, 32, 20)
+    arrivals = [t.arrival for t in poisson.traces]
+    again = replay(PD, "colocated", arrivals, 2048, 32)
+    assert [t.token_times for t in again.traces] == [t.token_times for t in poisson.traces]
+    assert again.rate == pytest.approx(19 / (arrivals[-1] - arrivals[0]))
+    burst = replay(PD, "colocated", [arrivals[0]] * len(arrivals), 2048, 32)
+    assert burst.itl_quantile(0.99) > poisson.itl_quantile(0.99)
+    assert max(t.ttft for t in burst.traces) > 2 * max(t.ttft for t in poisson.traces)
 
 
 def test_pd_closed_loop_ttft_includes_prefill_and_transfer() -> None:
