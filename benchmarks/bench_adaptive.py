@@ -267,7 +267,7 @@ def report(row: dict[str, Any]) -> None:
         print(f"one {row['pd_seconds']:g}-s level of the sweep's own arrivals reads colocated above pd1p1d "
               f"on the model (share of seeds 1-20) at rate {reads}")
         own = ", ".join(f"{rate:.3g}" for rate, _, mine in row["level_reads"] if mine) or "none"
-        print(f"with seed {row['seed']}, at rate {own}")
+        print(f"this run's seed {row['seed']} reads it on the model at rate {own}")
         for label, (agree, total, gap) in zip(("grid", "adaptive"), row["replay"], strict=True):
             print(f"{label}: the model fed each level's own send times reads the live side at {agree} of "
                   f"{total} levels; p99 ITL within {gap * 1e3:.1f} ms of the live one (simulated time)")
