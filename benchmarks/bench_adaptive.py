@@ -45,6 +45,8 @@ sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from crossover import slo  # noqa: E402
+from crossover.loadgen import summary  # noqa: E402
 from crossover.loadgen.adaptive import AdaptivePlan, Interval, bracket, intervals  # noqa: E402
 from crossover.loadgen.dataset import arrival_offsets  # noqa: E402
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan  # noqa: E402
@@ -143,6 +145,11 @@ def pd_level_reads(spec: FleetSpec, plan: SweepPlan, scale: float, seconds: floa
     return found
 
 
+def _p99(itls: np.ndarray) -> float:
+    """The tail quantile as the sweep's summary takes it, so a live read and the model's compare."""
+    return float(np.percentile(itls, slo.TAIL_QUANTILE * 100))
+
+
 def model_replay(spec: FleetSpec, frame: pd.DataFrame, pair: tuple[str, str],
                  scale: float) -> tuple[int, int, float]:
     """Every measured level (each repeat apart) fed through the simulator's model at its own send
@@ -156,10 +163,10 @@ def model_replay(spec: FleetSpec, frame: pd.DataFrame, pair: tuple[str, str],
         live, model = [], []
         for name in pair:
             rows = level[level["topology"] == name]
-            itls = np.concatenate([np.asarray(x, dtype=float) for x in rows["itl"]]) * scale
-            live.append(float(np.quantile(itls, 0.99, method="inverted_cdf")))
+            live.append(_p99(summary.latency_samples(rows, "itl") * scale))
             sends = sorted((rows["send_time"] - level["send_time"].min()) * scale)
-            model.append(truth.replay(spec, name, sends, PD_IN, PD_OUT).itl_quantile(0.99))
+            traces = truth.replay(spec, name, sends, PD_IN, PD_OUT).traces
+            model.append(_p99(np.array([x for t in traces for x in t.itls])))
             gap = max(gap, abs(live[-1] - model[-1]))
         total += 1
         agree += (live[0] > live[1]) == (model[0] > model[1])
@@ -227,9 +234,8 @@ def bench(name: str, scale: float, folder: Path, seed: int = 1,
         found = _run(spec, search_plan, folder / "adaptive", preset.pair, adaptive, search=True)
     pd_extra: dict[str, Any] = {}
     if name == "pd":
-        model = load_spec(REPO / preset.spec)
-        pd_extra = {"level_reads": pd_level_reads(model, plan, scale, pd_seconds),
-                    "replay": [model_replay(model, o.records, preset.pair, scale) for o in (grid, found)]}
+        pd_extra = {"level_reads": pd_level_reads(spec, plan, scale, pd_seconds),
+                    "replay": [model_replay(spec, o.records, preset.pair, scale) for o in (grid, found)]}
     return {"preset": name, "scale": scale, "seed": seed, "truth": true_x, "grid": grid, "adaptive": found,
             "target": target, "pd_seconds": pd_seconds, **pd_extra}
 

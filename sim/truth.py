@@ -303,8 +303,10 @@ def replay(spec: FleetSpec, topology: Topology | str, arrivals: Sequence[float],
 
     des.on_done = on_done
     des.run(lambda: finished[0] >= len(traces))
-    span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
-    return OpenLoopResult(rate if rate is not None else (len(arrivals) - 1) / span if span else 0.0, traces)
+    if rate is None:  # the rate the sends kept: gaps per second between the first and the last
+        span = max(arrivals) - min(arrivals) if arrivals else 0.0
+        rate = (len(arrivals) - 1) / span if span else 0.0
+    return OpenLoopResult(rate, traces)
 
 
 def conversation_ttfts(spec: FleetSpec, topology: Topology | str, turns: int, input_len: int, output_len: int,
