@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -77,7 +78,7 @@ def test_server_side_figures_pick_the_client_sides_winner(tmp_path: Path) -> Non
         sent = view["figures"]["requests_per_second"] * view["window_s"]
         assert sent == pytest.approx(REQUESTS), (topology, sent)
 
-    def winner(values: dict[str, float], lower_wins: bool) -> str:
+    def winner(values: Mapping[str, float], lower_wins: bool) -> str:
         return (min if lower_wins else max)(values, key=values.__getitem__)
 
     names = ("colocated", "pd1p1d")
@@ -89,16 +90,18 @@ def test_server_side_figures_pick_the_client_sides_winner(tmp_path: Path) -> Non
     # server counts gaps, so one stall of a busy shared machine flips the client's share (0.15 vs 1.0
     # in one run, 0.05 vs 0.0 in the next) while the gap shares barely move.
     # Goodput (every per-request SLO met) at SLOs on bucket boundaries around the seed's TTFT 2 s and
-    # TPOT 30 ms: the client's share lies within the server's Fréchet bounds (2 requests of slack),
-    # and where the client's shares differ by more than that, the server picks the same winner. At
+    # TPOT 30 ms: the client's share lies within the server's Fréchet bounds, and where the client's
+    # shares differ by more than twice the slack, the server picks the same winner. Slack: 2 requests,
+    # and 3 below the lower bound, since the client's clock adds its own relay and event-loop delay to
+    # every latency (a CI run measured exactly 2 below on P/D's TTFT at 1 s). Compared in requests. At
     # the seed's own thresholds, inside the 1-2.5 s and 25-50 ms buckets where both topologies' TTFT
     # and TPOT lie, no histogram can tell them apart (crossover validate warns about such SLOs).
-    slack = 2 / REQUESTS
+    slack, slack_below = 2, 3
     decided = 0
     for ttft_ms, tpot_ms in itertools.product((1000.0, 2500.0), (25.0, 50.0)):
         slos = {"ttft": ttft_ms, "tpot": tpot_ms}
         marked = mark_requests(result.requests, slos)
-        client_good = {n: float(marked.loc[marked["topology"] == n, "good"].mean()) for n in names}
+        client_good = {n: int(marked.loc[marked["topology"] == n, "good"].sum()) for n in names}
         data = spec.model_dump(mode="json")
         data["slos"].update({"ttft_ms": ttft_ms, "tpot_ms": tpot_ms})
         health = list(exporter.health.values())
@@ -108,7 +111,8 @@ def test_server_side_figures_pick_the_client_sides_winner(tmp_path: Path) -> Non
         for n in names:
             lower, upper = bounds[n]
             assert lower is not None and upper is not None
-            assert lower - slack <= client_good[n] <= upper + slack, (slos, n, client_good, bounds)
+            least, most = round(lower * REQUESTS) - slack_below, round(upper * REQUESTS) + slack
+            assert least <= client_good[n] <= most, (slos, n, client_good, bounds)
         if abs(client_good["colocated"] - client_good["pd1p1d"]) > 2 * slack:
             server_good = {n: bounds[n][0] or 0.0 for n in names}
             assert winner(client_good, False) == winner(server_good, False), (slos, client_good, bounds)
