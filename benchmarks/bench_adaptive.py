@@ -1,7 +1,7 @@
 """Adaptive sweep vs the full fixed grid, side by side in one run against the simulator.
 
     python benchmarks/bench_adaptive.py [--preset seed|pd|both] [--time-scale-seed 0.25] [--time-scale-pd 5]
-                                        [--seed 1] [--pd-seconds 400]
+                                        [--seed 1] [--pd-seconds 400] [--model-seeds N]
 
 For each preset the fixed grid runs first; the width of its crossing interval (relative to the
 estimate; the interval spans the bootstrap's and the measured levels either side of the estimate,
@@ -24,6 +24,10 @@ seeds, up to --max-repeats 3: "(x2)" after a level), before it accepts a crossin
   sweep's own sequences (seeds 1-20) that read it at rates about the step, the rates at which
   this seed's do, and each measured level replayed at its own send times (truth.replay) beside
   its live read, which tells the simulator's error from the sequence's draw.
+A live P/D run takes about 40 minutes a seed; --model-seeds N runs the same two sweeps for seeds
+1-N with each level read from the model at the send times the sweep draws for it (model_levels),
+a minute a seed, and counts the seeds that meet the goal: many arrival sequences where the live
+runs afford a few (it reproduces the live runs' levels and answers seed for seed).
 Open-loop rates are wall-clock: the simulator at time_scale s serves rate r of simulated time when
 sent r x s requests per wall second, so the pd levels and its truth are scaled by s.
 """
@@ -31,13 +35,15 @@ sent r x s requests per wall second, so the pd levels and its truth are scaled b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
@@ -47,7 +53,9 @@ import pandas as pd  # noqa: E402
 
 from crossover import slo  # noqa: E402
 from crossover.loadgen import summary  # noqa: E402
+from crossover.loadgen import sweep as sweep_module  # noqa: E402
 from crossover.loadgen.adaptive import AdaptivePlan, Interval, bracket, intervals  # noqa: E402
+from crossover.loadgen.client import RequestRecord, StreamTrace, build_record  # noqa: E402
 from crossover.loadgen.dataset import arrival_offsets  # noqa: E402
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import SweepResult, run_sweep  # noqa: E402
@@ -173,6 +181,31 @@ def model_replay(spec: FleetSpec, frame: pd.DataFrame, pair: tuple[str, str],
     return agree, total, gap
 
 
+@contextlib.contextmanager
+def model_levels(spec: FleetSpec, scale: float) -> Iterator[None]:
+    """Every sweep level read from the simulator's model (truth.replay) at the send times the sweep
+    draws for it, instead of sent to the simulator: the same plans, seeds, analysis and decisions,
+    at a second of CPU a level, so many arrival sequences can be tried. It replaces the sweep's one
+    measuring step (a private method: a benchmark's seam, not a user's)."""
+    async def records(self: Any, name: str, level: float,
+                      plan: SweepPlan) -> tuple[list[RequestRecord], None]:
+        prepared = list(self._prepared(level, plan))
+        sends = arrival_offsets(plan, level / plan.turns, len(prepared)) * scale  # as the sweep's _open
+        traces = truth.replay(spec, name, list(sends), PD_IN, PD_OUT).traces
+        start = time.time()
+        found = []
+        for (request, _), t in zip(prepared, traces, strict=True):
+            stamps = [start + x / scale for x in t.token_times]
+            trace = StreamTrace(start + t.arrival / scale, chunk_times=stamps, chunk_tokens=[1] * len(stamps),
+                                usage_prompt_tokens=request.input_len, usage_completion_tokens=len(stamps),
+                                status=200, done=True, end_time=stamps[-1])
+            found.append(build_record(trace, request, name, level, "model"))
+        return found, None
+
+    with mock.patch.object(sweep_module._Sweep, "_records", records):
+        yield
+
+
 PRESETS = {
     "seed": Preset("compose/specs/seed-70b-h100.yaml", ("tp4x1", "tp2x2"), "output_tps", _seed_plan,
                    _seed_truth),
@@ -215,7 +248,7 @@ def _run(spec: FleetSpec, plan: SweepPlan, folder: Path, pair: tuple[str, str], 
 
 
 def bench(name: str, scale: float, folder: Path, seed: int = 1,
-          pd_seconds: float = PD_SECONDS) -> dict[str, Any]:
+          pd_seconds: float = PD_SECONDS, model: bool = False) -> dict[str, Any]:
     preset = PRESETS[name]
     spec = sim_fleet.with_overrides(spec_on_free_ports(load_spec(REPO / preset.spec)), time_scale=scale)
     plan = replace(preset.plan(scale), seed=seed)  # the arrival times and prompts of both sweeps
@@ -224,7 +257,8 @@ def bench(name: str, scale: float, folder: Path, seed: int = 1,
     true_x = preset.truth(spec, plan, scale)
     crossing_only = AdaptivePlan(metric=preset.metric, answers=("crossing",))
     folder.mkdir(parents=True)
-    with sim_process(spec, folder, scale):
+    reads = model_levels(spec, scale) if model else contextlib.nullcontext()
+    with sim_process(spec, folder, scale), reads:
         grid = _run(spec, plan, folder / "grid", preset.pair, crossing_only, search=False)
         if grid.interval is None or grid.interval.low is None:
             raise SystemExit(f"{name}: the fixed grid found no crossing interval of {preset.metric}")
@@ -233,7 +267,7 @@ def bench(name: str, scale: float, folder: Path, seed: int = 1,
         adaptive = AdaptivePlan(target_ci=target, metric=preset.metric, answers=("crossing",))
         found = _run(spec, search_plan, folder / "adaptive", preset.pair, adaptive, search=True)
     pd_extra: dict[str, Any] = {}
-    if name == "pd":
+    if name == "pd" and not model:
         pd_extra = {"level_reads": pd_level_reads(spec, plan, scale, pd_seconds),
                     "replay": [model_replay(spec, o.records, preset.pair, scale) for o in (grid, found)]}
     return {"preset": name, "scale": scale, "seed": seed, "truth": true_x, "grid": grid, "adaptive": found,
@@ -282,6 +316,34 @@ def report(row: dict[str, Any]) -> None:
           f"adaptive levels {_levels(found)}")
 
 
+def met(row: dict[str, Any]) -> bool:
+    """The goal: the adaptive sweep reaches the grid's width with at most half its requests, and the
+    truth lies inside both intervals and the adaptive sweep's bracket."""
+    grid, found, x = row["grid"], row["adaptive"], row["truth"]
+    found_bracket = bracket(found.interval, found.levels) if found.interval is not None else None
+    return (found.requests <= grid.requests / 2 and found.interval is not None
+            and found.interval.width <= row["target"] and _inside(grid.interval, x) == "yes"
+            and _inside(found.interval, x) == "yes" and found_bracket is not None
+            and found_bracket[0] <= x <= found_bracket[1])
+
+
+def model_report(rows: list[dict[str, Any]]) -> None:
+    """One line a seed of the model-read sweeps, then how many meet the goal."""
+    print(f"\n== pd on the model (time_scale {rows[0]['scale']:g}, {rows[0]['pd_seconds']:g}-s levels); "
+          f"ground truth crossing at {rows[0]['truth']:.3g}")
+    print(f"{'seed':>4}  {'grid interval':<22}{'adaptive interval':<22}{'bracket':<16}{'requests':>9}"
+          f"   met   adaptive levels")
+    for row in rows:
+        grid, found, x = row["grid"], row["adaptive"], row["truth"]
+        cells = []
+        for i in (grid.interval, found.interval):
+            bounded = i is not None and i.low is not None and i.high is not None
+            cells.append(f"{i.low:.3g}-{i.high:.3g} ({_inside(i, x)})" if bounded and i is not None else "-")
+        print(f"{row['seed']:>4}  {cells[0]:<22}{cells[1]:<22}{_bracket(found, x):<16}"
+              f"{found.requests / grid.requests:>9.2f}   {'yes' if met(row) else 'NO':<5} {_levels(found)}")
+    print(f"met on {sum(met(r) for r in rows)} of {len(rows)} seeds")
+
+
 def _levels(o: Outcome) -> str:
     return ", ".join(f"{v:g}" + (f" (x{o.repeats[v]})" if o.repeats.get(v, 1) > 1 else "") for v in o.order)
 
@@ -297,9 +359,20 @@ def main() -> int:
                              "samples another arrival sequence")
     parser.add_argument("--pd-seconds", type=float, default=PD_SECONDS,
                         help="simulated seconds of arrivals per P/D level (default %(default)g)")
+    parser.add_argument("--model-seeds", type=int, default=0,
+                        help="instead of the live runs: the pd preset's two sweeps for seeds 1-N with every "
+                             "level read from the simulator's model at the sweep's own send times, and how "
+                             "many seeds meet the goal")
     args = parser.parse_args()
     if not args.pd_seconds > 0:
         parser.error(f"--pd-seconds: must be a positive number of seconds, got {args.pd_seconds:g}")
+    if args.model_seeds < 0:
+        parser.error(f"--model-seeds: must be a whole number of at least 0, got {args.model_seeds}")
+    if args.model_seeds:
+        with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
+            model_report([bench("pd", args.time_scale_pd, Path(tmp) / str(seed), seed, args.pd_seconds,
+                                model=True) for seed in range(1, args.model_seeds + 1)])
+        return 0
     names = ["seed", "pd"] if args.preset == "both" else [args.preset]
     scales = {"seed": args.time_scale_seed, "pd": args.time_scale_pd}
     with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
