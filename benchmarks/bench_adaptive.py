@@ -24,8 +24,8 @@ seeds, up to --max-repeats 3: "(x2)" after a level), before it accepts a crossin
   sweep's own sequences (seeds 1-20) that read it at rates about the step, the rates at which
   this seed's do, and each measured level replayed at its own send times (truth.replay) beside
   its live read, which tells the simulator's error from the sequence's draw.
-A live P/D run takes about 40 minutes a seed; --model-seeds N runs the same two sweeps for seeds
-1-N with each level read from the model at the send times the sweep draws for it (model_levels),
+A live P/D run takes about 40 minutes a seed; --model-seeds N runs the same two sweeps for N seeds
+from --seed on with each level read from the model at the send times the sweep draws for it (model_levels),
 a minute a seed, and counts the seeds that meet the goal: many arrival sequences where the live
 runs afford a few (it reproduces the live runs' levels and answers seed for seed).
 Open-loop rates are wall-clock: the simulator at time_scale s serves rate r of simulated time when
@@ -360,9 +360,9 @@ def main() -> int:
     parser.add_argument("--pd-seconds", type=float, default=PD_SECONDS,
                         help="simulated seconds of arrivals per P/D level (default %(default)g)")
     parser.add_argument("--model-seeds", type=int, default=0,
-                        help="instead of the live runs: the pd preset's two sweeps for seeds 1-N with every "
-                             "level read from the simulator's model at the sweep's own send times, and how "
-                             "many seeds meet the goal")
+                        help="instead of the live runs: the pd preset's two sweeps for N seeds (from "
+                             "--seed on) with every level read from the simulator's model at the sweep's "
+                             "own send times, and how many seeds meet the goal")
     args = parser.parse_args()
     if not args.pd_seconds > 0:
         parser.error(f"--pd-seconds: must be a positive number of seconds, got {args.pd_seconds:g}")
@@ -371,7 +371,7 @@ def main() -> int:
     if args.model_seeds:
         with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
             model_report([bench("pd", args.time_scale_pd, Path(tmp) / str(seed), seed, args.pd_seconds,
-                                model=True) for seed in range(1, args.model_seeds + 1)])
+                                model=True) for seed in range(args.seed, args.seed + args.model_seeds)])
         return 0
     names = ["seed", "pd"] if args.preset == "both" else [args.preset]
     scales = {"seed": args.time_scale_seed, "pd": args.time_scale_pd}
