@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
@@ -32,6 +33,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct TCP ports free right now on host: each stays bound until all are picked,
+    since the OS may hand a port just released by free_port to the next caller."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether a TCP port on host can be listened on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -51,13 +62,15 @@ def spec_on_free_ports(spec: FleetSpec) -> FleetSpec:
     """The same spec with every instance and entrypoint URL moved to a free loopback port, so that
     tests and demos never collide with each other or with a fleet already running."""
     data = spec.model_dump(mode="json")
+    wanted = sum(len(t["instances"]) + bool(t["entrypoint"].get("url")) for t in data["topologies"])
+    ports = iter(free_ports(wanted))
     for topology in data["topologies"]:
         for instance in topology["instances"]:
-            instance["url"] = _with_port(instance["url"], free_port())
+            instance["url"] = _with_port(instance["url"], next(ports))
         entrypoint = topology["entrypoint"]
         if entrypoint.get("url"):
             old = entrypoint["url"]
-            entrypoint["url"] = _with_port(old, free_port())
+            entrypoint["url"] = _with_port(old, next(ports))
             # A router's metrics served by the router itself (crossover's proxy) move with it.
             metrics = entrypoint.get("metrics_url")
             if metrics and urlsplit(metrics).netloc == urlsplit(old).netloc:

@@ -6,7 +6,9 @@ import socket
 
 import pytest
 
-from crossover.netutil import check_http_url, free_port, port_free
+from crossover.netutil import check_http_url, free_port, free_ports, port_free, spec_on_free_ports
+from crossover.spec import load_spec
+from tests.helpers import SPECS
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "https://prometheus:9090/", " http://h "])
@@ -31,3 +33,13 @@ def test_port_free_is_false_while_something_listens() -> None:
         listener.bind(("127.0.0.1", port))
         listener.listen()
         assert not port_free(port)
+
+
+def test_a_spec_moves_to_distinct_free_ports() -> None:
+    # free_port releases its port at once, so two calls may get the same one; a spec's ports are
+    # picked while all of them are held
+    assert len(set(free_ports(200))) == 200
+    spec = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
+    urls = [i.url for t in spec.topologies for i in t.instances] + [t.entrypoint.url for t in spec.topologies
+                                                                    if t.entrypoint.url]
+    assert len(set(urls)) == len(urls) == 5 and all(port_free(int(u.rsplit(":", 1)[1])) for u in urls)
