@@ -4,10 +4,12 @@ Levels cost more the higher they go (a closed-loop level sends rounds x concurre
 open-loop one rate x duration), so the search starts cheap: with the range given as its two ends,
 the coarse start is the low end and the middle on a log axis, and the range above is measured
 only while an answer may lie there (a pair of topologies that does not cross below, a topology
-that meets the objective at every level so far): at the middle of what is left, then the end.
-Then each next level goes inside the widest interval that matters: a crossing of the chosen
-metric between two topologies, or a topology's capacity at the SLO objective (both with their
-bootstrap intervals from loadgen.crossings, each widened to the measured levels either side of
+that meets the objective at every level so far): at the middle of what is left, then the end,
+each climb once the highest level's repeats agree that the answer lies above it (a climb spends
+the range's dearest levels on that one level's word; repeats below). Then each next level goes
+inside the widest interval that matters: a crossing of the chosen metric between two
+topologies, or a topology's capacity at the SLO objective (both with their bootstrap intervals
+from loadgen.crossings, each widened to the measured levels either side of
 its estimate, its bracket): interpolation between far levels cannot see a jump of the curves (p99
 ITL once prefills stall decodes), and the bootstrap holds each level's noise, not the curve's
 shape between levels. A wide bracket gets its estimate
@@ -160,16 +162,41 @@ def level_above(plan: SweepPlan, measured: Sequence[float]) -> float | None:
     return middle if top < middle < end and end / top > 4 else end
 
 
-def open_above(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[str]:
+def open_above(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Interval]:
     """The answers that may lie above the highest level measured: pairs that do not cross in the
-    metric there, topologies that meet the objective at every level so far."""
+    metric there, topologies that meet the objective at every level so far. Each is an Interval
+    without bounds that reads a level's side as its crossing or capacity will (past it: the pair's
+    follower ahead, the objective missed; a pair with no leader yet reads no side)."""
+    metric = METRICS[adaptive.metric]
+    better = 1 if metric.higher_is_better else -1
     found = []
     if "crossing" in adaptive.answers:
-        found += [f"{c['topology_a']}/{c['topology_b']}" for c in crossover.get("crossovers", [])
+        found += [Interval(f"{metric.name} crossing {c['topology_a']}/{c['topology_b']}", math.nan, None,
+                           None, metric.column, c.get("loser", ""), c.get("winner", ""), better)
+                  for c in crossover.get("crossovers", [])
                   if c.get("metric") == adaptive.metric and c.get("kind") in ("none", "insufficient")]
     if "capacity" in adaptive.answers:
-        found += [c["topology"] for c in crossover.get("capacities", []) if c.get("censored") == "above"]
+        objective = float(crossover.get("objective", math.nan))
+        found += [Interval(f"capacity {c['topology']}", math.nan, None, None, slo.attainment_column(),
+                           c["topology"], float(c.get("objective", objective)), -1)
+                  for c in crossover.get("capacities", []) if c.get("censored") == "above"]
     return found
+
+
+def unconfirmed_top(above: Sequence[Interval], measured: Sequence[float], by_repeat: pd.DataFrame,
+                    max_repeats: int) -> int | None:
+    """The repeat of the highest measured level to measure before climbing past it, or None. The
+    climb spends the range's dearest levels on that level's word that every open answer lies
+    above it, so the word is taken as a bracket end's is: once two or more repeats all read
+    before each answer, or once max_repeats of them are pooled."""
+    top = max(measured)
+    repeats = repeats_of(by_repeat, top)
+    if repeats >= max_repeats:
+        return None
+    for answer in above:
+        if answer.ahead and (repeats < 2 or any(s != -1 for s in level_sides(answer, by_repeat, top))):
+            return repeats + 1
+    return None
 
 
 def check_budget(plan: SweepPlan, adaptive: AdaptivePlan, topologies: int) -> None:
@@ -356,12 +383,18 @@ class Decision:
 
 def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan,
            measured: Sequence[float], by_repeat: pd.DataFrame | None = None) -> Decision:
-    """The next level: up the range while an answer may lie above, then inside the widest
-    interval first, then a repeat of a bracket end not yet confirmed (with `by_repeat`, the rows
-    of summary.summarize_repeats); a stop reason when none is worth measuring."""
+    """The next level: up the range while an answer may lie above (with `by_repeat`, the rows of
+    summary.summarize_repeats, once the highest level's repeats confirm it), then inside the
+    widest interval first, then a repeat of a bracket end not yet confirmed; a stop reason when
+    none is worth measuring."""
     found = tuple(intervals(crossover, adaptive))
-    above = level_above(plan, measured) if open_above(crossover, adaptive) else None
+    pending = open_above(crossover, adaptive)
+    above = level_above(plan, measured) if pending else None
     if above is not None:
+        if by_repeat is not None and adaptive.max_repeats > 1:
+            repeat = unconfirmed_top(pending, measured, by_repeat, adaptive.max_repeats)
+            if repeat is not None:
+                return Decision(max(measured), "", None, found, repeat=repeat)
         return Decision(above, "", None, found)
     if not found:
         return Decision(None, "nothing-to-narrow", None, found)

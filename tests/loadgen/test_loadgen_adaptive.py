@@ -276,7 +276,7 @@ def _step_sweep(plan: SweepPlan, step: float, adaptive: AdaptivePlan) -> tuple[l
             x = lo + (hi - lo) * -lead(lo) / (lead(hi) - lead(lo))
             crossovers = [_crossing(x, x * 0.98, x * 1.02, metric="itl_p99")]
         elif lead(ordered[-1]) < 0:
-            crossovers = [{"metric": "itl_p99", "kind": "none", "topology_a": "a", "topology_b": "b"}]
+            crossovers = [_itl_none()]
         decision = decide({"crossovers": crossovers, "capacities": []}, adaptive, plan, measured)
         if decision.level is None:
             return measured, (decision.intervals[0] if decision.intervals else None)
@@ -315,6 +315,12 @@ def _itl_crossing(x: float) -> dict[str, Any]:
     return {**_crossing(x, x * 0.98, x * 1.02, metric="itl_p99"), "winner": "b", "loser": "a"}
 
 
+def _itl_none() -> dict[str, Any]:
+    # no crossing in the levels so far: a keeps the lower p99 ITL throughout
+    return {"metric": "itl_p99", "kind": "none", "topology_a": "a", "topology_b": "b", "winner": "a",
+            "loser": "b"}
+
+
 def _by_repeat(readings: dict[float, list[float]]) -> pd.DataFrame:
     """Rows of summarize_repeats: a's p99 ITL per level and repeat as given, b's a flat 20 ms."""
     return pd.DataFrame([{"topology": name, "level": level, "repeat": r, "itl_p99_ms": value}
@@ -345,6 +351,27 @@ def test_a_bracket_end_is_measured_again_until_its_repeats_agree() -> None:
     assert decide(crossing, one, plan, measured, _by_repeat({1.12: [10.0]})).stop_reason == "target"
 
 
+def test_the_sweep_climbs_once_the_highest_levels_repeats_agree() -> None:
+    # the climb spends the range's dearest levels on the highest level's word that the crossing
+    # lies above it: that word is taken as a bracket end's is
+    plan = SweepPlan(mode=Mode.OPEN, levels=(0.5, 4.0), requests_per_level=20)
+    adaptive = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",))
+    none = {"crossovers": [_itl_none()], "capacities": []}
+    measured = [0.5, 1.41]
+
+    def step(top: list[float], how: AdaptivePlan = adaptive) -> tuple[float | None, int]:
+        decision = decide(none, how, plan, measured, _by_repeat({0.5: [10.0], 1.41: top}))
+        return decision.level, decision.repeat
+
+    assert decide(none, adaptive, plan, measured).level == 4.0  # no repeat data: as before
+    assert step([10.0]) == (1.41, 2)
+    assert step([10.0, 60.0]) == (1.41, 3)  # they disagree: once more
+    assert step([10.0, 10.0]) == (4.0, 1)
+    assert step([10.0, 60.0, 10.0]) == (4.0, 1)  # --max-repeats pooled: the analysis's word stands
+    assert step([10.0], AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",),
+                                     max_repeats=1)) == (4.0, 1)
+
+
 def _chancy_step_sweep(step: float, reads_jump: Any) -> tuple[list[float], dict[float, int], Interval]:
     """An adaptive sweep over a jump that one level reads by chance: a's p99 ITL is 60 ms when
     reads_jump(level, repeat) else 10 ms; b's a flat 20 ms. The pooled reading of a level is the
@@ -370,7 +397,7 @@ def _chancy_step_sweep(step: float, reads_jump: Any) -> tuple[list[float], dict[
             lo, hi = changes[0]
             crossovers = [_itl_crossing(lo + (hi - lo) * -lead[lo] / (lead[hi] - lead[lo]))]
         elif lead[ordered[-1]] < 0:
-            crossovers = [{"metric": "itl_p99", "kind": "none", "topology_a": "a", "topology_b": "b"}]
+            crossovers = [_itl_none()]
         decision = decide({"crossovers": crossovers, "capacities": []}, adaptive, plan, measured,
                           _by_repeat(readings))
         if decision.level is None:
@@ -393,7 +420,8 @@ def test_a_level_that_read_the_wrong_side_by_chance_does_not_end_the_bracket() -
     below = max(m for m in measured if m <= found.x)
     above = min(m for m in measured if m >= found.x)
     assert below <= 1.23 <= above and (above - below) / found.x <= 0.25, (measured, found)
-    assert repeats[below] >= 2 and repeats[above] >= 2 and repeats[1.41] == 3
+    assert repeats[below] >= 2 and repeats[above] >= 2 and repeats[1.41] >= 2
+    assert 4.0 not in measured  # 1.41's repeat read the jump before the sweep climbed past it
 
 
 def test_an_interval_spans_the_measured_levels_either_side_of_its_estimate() -> None:
