@@ -155,7 +155,7 @@ def pd_level_reads(spec: FleetSpec, plan: SweepPlan, scale: float, seconds: floa
 
 def _p99(itls: np.ndarray) -> float:
     """The tail quantile as the sweep's summary takes it, so a live read and the model's compare."""
-    return float(np.percentile(itls, slo.TAIL_QUANTILE * 100))
+    return summary.percentile(itls, slo.TAIL_QUANTILE)
 
 
 def model_replay(spec: FleetSpec, frame: pd.DataFrame, pair: tuple[str, str],

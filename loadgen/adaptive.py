@@ -39,7 +39,7 @@ import pandas as pd
 
 from crossover import slo
 from crossover.errors import UserError
-from crossover.loadgen.crossings import METRICS, metric_named
+from crossover.loadgen.crossings import METRICS, ComparedMetric, metric_named
 from crossover.loadgen.crossings import bracket as levels_either_side
 from crossover.loadgen.plan import Mode, SweepPlan
 
@@ -168,18 +168,14 @@ def open_above(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Int
     without bounds that reads a level's side as its crossing or capacity will (past it: the pair's
     follower ahead, the objective missed; a pair with no leader yet reads no side)."""
     metric = METRICS[adaptive.metric]
-    better = 1 if metric.higher_is_better else -1
     found = []
     if "crossing" in adaptive.answers:
-        found += [Interval(f"{metric.name} crossing {c['topology_a']}/{c['topology_b']}", math.nan, None,
-                           None, metric.column, c.get("loser", ""), c.get("winner", ""), better)
+        found += [_crossing(c, metric, c.get("loser", ""), c.get("winner", ""))
                   for c in crossover.get("crossovers", [])
-                  if c.get("metric") == adaptive.metric and c.get("kind") in ("none", "insufficient")]
+                  if c.get("metric") == metric.name and c.get("kind") in ("none", "insufficient")]
     if "capacity" in adaptive.answers:
-        objective = float(crossover.get("objective", math.nan))
-        found += [Interval(f"capacity {c['topology']}", math.nan, None, None, slo.attainment_column(),
-                           c["topology"], float(c.get("objective", objective)), -1)
-                  for c in crossover.get("capacities", []) if c.get("censored") == "above"]
+        found += [_capacity(c, crossover) for c in crossover.get("capacities", [])
+                  if c.get("censored") == "above"]
     return found
 
 
@@ -237,23 +233,34 @@ def _spanned(found: Mapping[str, Any]) -> tuple[float | None, float | None]:
     return (min(low, found.get("bracket_low") or low), max(high, found.get("bracket_high") or high))
 
 
+def _crossing(found: Mapping[str, Any], metric: ComparedMetric, ahead: str, versus: str,
+              x: float = math.nan, low: float | None = None, high: float | None = None) -> Interval:
+    """A pair's crossing of `metric`, past it when `ahead` leads `versus`."""
+    return Interval(f"{metric.name} crossing {found['topology_a']}/{found['topology_b']}", x, low, high,
+                    metric.column, ahead, versus, 1 if metric.higher_is_better else -1)
+
+
+def _capacity(found: Mapping[str, Any], crossover: Mapping[str, Any], x: float = math.nan,
+              low: float | None = None, high: float | None = None) -> Interval:
+    """A topology's capacity, past it when its attainment falls below the objective."""
+    objective = float(found.get("objective", crossover.get("objective", math.nan)))
+    return Interval(f"capacity {found['topology']}", x, low, high, slo.attainment_column(),
+                    found["topology"], objective, -1)
+
+
 def intervals(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Interval]:
     """The intervals that matter in an analyze() result: every crossing of the metric and every
     capacity found inside the range (a capacity at the range's edge has nothing to narrow), each
     spanning its bootstrap interval and its bracket."""
     metric = METRICS[adaptive.metric]
-    better = 1 if metric.higher_is_better else -1
     found = []
     if "crossing" in adaptive.answers:
-        found += [Interval(f"{metric.name} crossing {c['topology_a']}/{c['topology_b']}", float(c["x"]),
-                           *_spanned(c), metric.column, c.get("winner", ""), c.get("loser", ""), better)
+        found += [_crossing(c, metric, c.get("winner", ""), c.get("loser", ""), float(c["x"]), *_spanned(c))
                   for c in crossover.get("crossovers", [])
                   if c.get("metric") == metric.name and c.get("kind") == "crossing"
                   and c.get("x") is not None]
     if "capacity" in adaptive.answers:
-        objective = float(crossover.get("objective", math.nan))
-        found += [Interval(f"capacity {c['topology']}", float(c["x"]), *_spanned(c),
-                           slo.attainment_column(), c["topology"], float(c.get("objective", objective)), -1)
+        found += [_capacity(c, crossover, float(c["x"]), *_spanned(c))
                   for c in crossover.get("capacities", [])
                   if not c.get("censored") and c.get("x") is not None]
     return found

@@ -97,13 +97,17 @@ def mark_requests(requests: pd.DataFrame, slos_ms: Mapping[str, float],
     return marked
 
 
+def percentile(values: np.ndarray, q: float) -> float:
+    """The q-quantile of the finite values (NaN without any), as every percentile column takes it."""
+    finite = values[np.isfinite(values)]
+    return float(np.percentile(finite, q * 100)) if finite.size else float("nan")
+
+
 def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
-    row: dict[str, float] = {}
-    finite = values[np.isfinite(values)] * 1000.0
-    row[f"{name}_mean_ms"] = float(finite.mean()) if finite.size else float("nan")
-    for q in slo.QUANTILES:
-        value = float(np.percentile(finite, q * 100)) if finite.size else float("nan")
-        row[slo.percentile_column(name, q)] = value
+    ms = values * 1000.0
+    finite = ms[np.isfinite(ms)]
+    row = {f"{name}_mean_ms": float(finite.mean()) if finite.size else float("nan")}
+    row.update({slo.percentile_column(name, q): percentile(ms, q) for q in slo.QUANTILES})
     return row
 
 
