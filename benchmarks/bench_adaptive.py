@@ -9,9 +9,10 @@ as the adaptive sweep's does) becomes the adaptive sweep's --target-ci, over the
 two reach the same width and the table compares what it cost: requests, traffic seconds and wall
 time. The simulator's
 ground truth (crossover.sim.truth, the same model in virtual time) must lie inside both intervals;
-the table also shows each sweep's bracket (the measured levels either side of its estimate), which
-the adaptive sweep narrows to --target-ci, and whose end levels it confirms with repeats (fresh
-seeds, up to --max-repeats 3: "(x2)" after a level), before it accepts a crossing.
+the table also shows each sweep's bracket (the measured levels either side of its estimate that
+bound it), which the adaptive sweep narrows to --target-ci, and whose end levels it confirms with
+repeats (fresh seeds, two that agree by default: "(x2)" after a level) before it accepts a
+crossing; a level whose repeats disagree bounds nothing, and the bracket reaches past it.
 
 - seed: compose/specs/seed-70b-h100.yaml, closed loop (concurrency 1-64, doubling, 4 rounds a
   level), the crossing of output tokens/s per GPU (tp2x2 overtakes tp4x1); truth:

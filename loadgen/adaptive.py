@@ -9,20 +9,20 @@ each climb once the highest level's repeats agree that the answer lies above it 
 the range's dearest levels on that one level's word; repeats below). Then each next level goes
 inside the widest interval that matters: a crossing of the chosen metric between two
 topologies, or a topology's capacity at the SLO objective (both with their bootstrap intervals
-from loadgen.crossings, each widened to the measured levels either side of
-its estimate, its bracket): interpolation between far levels cannot see a jump of the curves (p99
+from loadgen.crossings, each widened to its bracket: the measured levels either side of its
+estimate that bound it): interpolation between far levels cannot see a jump of the curves (p99
 ITL once prefills stall decodes), and the bootstrap holds each level's noise, not the curve's
-shape between levels. A wide bracket gets its estimate
-measured when that lies in the bracket's middle half, else its log middle: bisection, which finds
-a jump wherever it is. The sweep stops when every such interval and bracket is narrower than
-`target_ci` (a width relative to its estimate) and the bracket's two end levels are confirmed,
-when the request or time budget would be overspent by the next level, or when no unmeasured level
-is left inside them. A confirmed end was measured again with fresh seeds (a repeat: other arrival
-times and prompts) until two or more repeats all read its side of the answer, or `max_repeats` of
-them were pooled: one level holds one arrival sequence, and a metric that jumps (p99 ITL once a
-stall enters its 1% tail) reads either side of the jump near it by chance, which a bootstrap over
-that one sequence's requests cannot see; the pooled records of the repeats converge to the
-long-run value.
+shape between levels. A wide bracket gets its estimate measured when that lies in the bracket's
+middle half, else its log middle: bisection, which finds a jump wherever it is. The sweep stops
+when every such interval and bracket is narrower than `target_ci` (a width relative to its
+estimate) and the bracket's two end levels are confirmed, when the request or time budget would
+be overspent by the next level, or when no unmeasured level is left inside them. An end is
+measured again with fresh seeds (a repeat: other arrival times and prompts): one level holds one
+arrival sequence, and a metric that jumps (p99 ITL once a stall enters its 1% tail) reads either
+side of the jump near it by chance, which a bootstrap over that one sequence's requests cannot
+see. `max_repeats` repeats that all read the end's side confirm it; two that disagree split it:
+the level lies in the jump's band and bounds nothing, so the bracket reaches past it to levels
+that do (crossings.split_levels), and bisection goes on beside the band.
 Levels given beyond the two ends are all measured first, as the user's own coarse start.
 Pure functions of crossover.json's content and the levels measured: no I/O, no traffic.
 """
@@ -39,13 +39,13 @@ import pandas as pd
 
 from crossover import slo
 from crossover.errors import UserError
-from crossover.loadgen.crossings import METRICS, ComparedMetric, metric_named
+from crossover.loadgen.crossings import METRICS, ComparedMetric, metric_named, repeat_sides
 from crossover.loadgen.crossings import bracket as levels_either_side
 from crossover.loadgen.plan import Mode, SweepPlan
 
 DEFAULT_METRIC = slo.GOODPUT_REQUESTS
 DEFAULT_TARGET_CI = 0.1
-DEFAULT_MAX_REPEATS = 3
+DEFAULT_MAX_REPEATS = 2
 ANSWERS = ("crossing", "capacity")  # the kinds of interval an adaptive sweep may narrow
 
 # Why an adaptive sweep stopped: one word each (crossover.json's adaptive.stop_reason), and what the
@@ -70,7 +70,7 @@ class AdaptivePlan:
     max_requests: int | None = None  # requests over every topology and level, resumed ones included
     max_duration_s: float | None = None  # seconds of traffic over every topology and level
     answers: tuple[str, ...] = ANSWERS
-    max_repeats: int = DEFAULT_MAX_REPEATS  # measurements of a bracket's end level at most (1: never again)
+    max_repeats: int = DEFAULT_MAX_REPEATS  # agreeing measurements that confirm a bracket end (1: no repeats)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "answers", tuple(self.answers))
@@ -115,6 +115,7 @@ class Interval:
     ahead: str = ""
     versus: str | float = ""
     past_sign: int = 1
+    between: tuple[float, float] | None = None  # the analysis's bracket (crossings.bracket), if given
 
     @property
     def width(self) -> float:
@@ -183,14 +184,15 @@ def unconfirmed_top(above: Sequence[Interval], measured: Sequence[float], by_rep
                     max_repeats: int) -> int | None:
     """The repeat of the highest measured level to measure before climbing past it, or None. The
     climb spends the range's dearest levels on that level's word that every open answer lies
-    above it, so the word is taken as a bracket end's is: once two or more repeats all read
-    before each answer, or once max_repeats of them are pooled."""
+    above it, so the word is taken as a bracket end's is (unconfirmed_end): measured again while
+    its repeats, fewer than max_repeats, all read before each answer. Once two disagree the level
+    lies in an answer's band, which may reach above it: the climb bounds it there."""
     top = max(measured)
     repeats = repeats_of(by_repeat, top)
     if repeats >= max_repeats:
         return None
     for answer in above:
-        if answer.ahead and (repeats < 2 or any(s != -1 for s in level_sides(answer, by_repeat, top))):
+        if answer.ahead and all(s == -1 for s in level_sides(answer, by_repeat, top)):
             return repeats + 1
     return None
 
@@ -237,7 +239,7 @@ def _crossing(found: Mapping[str, Any], metric: ComparedMetric, ahead: str, vers
               x: float = math.nan, low: float | None = None, high: float | None = None) -> Interval:
     """A pair's crossing of `metric`, past it when `ahead` leads `versus`."""
     return Interval(f"{metric.name} crossing {found['topology_a']}/{found['topology_b']}", x, low, high,
-                    metric.column, ahead, versus, 1 if metric.higher_is_better else -1)
+                    metric.column, ahead, versus, 1 if metric.higher_is_better else -1, _between(found))
 
 
 def _capacity(found: Mapping[str, Any], crossover: Mapping[str, Any], x: float = math.nan,
@@ -245,7 +247,12 @@ def _capacity(found: Mapping[str, Any], crossover: Mapping[str, Any], x: float =
     """A topology's capacity, past it when its attainment falls below the objective."""
     objective = float(found.get("objective", crossover.get("objective", math.nan)))
     return Interval(f"capacity {found['topology']}", x, low, high, slo.attainment_column(),
-                    found["topology"], objective, -1)
+                    found["topology"], objective, -1, _between(found))
+
+
+def _between(found: Mapping[str, Any]) -> tuple[float, float] | None:
+    low, high = found.get("bracket_low"), found.get("bracket_high")
+    return (float(low), float(high)) if low is not None and high is not None else None
 
 
 def intervals(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Interval]:
@@ -298,8 +305,9 @@ def level_inside(interval: Interval, measured: Sequence[float], plan: SweepPlan)
 
 
 def bracket(interval: Interval, measured: Sequence[float]) -> tuple[float, float] | None:
-    """The measured levels nearest the estimate either side of it (crossings.bracket)."""
-    return levels_either_side(measured, interval.x)
+    """The measured levels nearest the estimate either side of it that bound it: the analysis's
+    bracket (crossings.bracket, past the levels whose repeats split), else the nearest levels."""
+    return interval.between or levels_either_side(measured, interval.x)
 
 
 def bracket_width(interval: Interval, measured: Sequence[float]) -> float:
@@ -315,33 +323,38 @@ def bracket_level(interval: Interval, measured: Sequence[float], plan: SweepPlan
     """The next level inside a bracket too wide to trust: the estimate (closed loop: a whole
     concurrency beside it) when it lies in the bracket's middle half on the axis, else the bracket's
     middle. Either way the bracket shrinks by at least a quarter, so a step is found wherever it is,
-    however smooth the interpolation looks. None when no level fits between the two."""
-    found = bracket(interval, measured)
-    if found is None:
+    however smooth the interpolation looks. Levels inside the bracket are split ones (they bound
+    nothing): then the widest gap between them and the ends is the bracket narrowed, as the band
+    they mark needs no more levels. None when no level fits between the two."""
+    ends = bracket(interval, measured)
+    if ends is None:
         return None
-    u_low, u_high = _to_axis(found[0], plan.mode), _to_axis(found[1], plan.mode)
+    edges = [ends[0], *sorted(m for m in measured if ends[0] < m < ends[1]), ends[1]]
+    gaps = sorted(itertools.pairwise(edges), reverse=True,
+                  key=lambda gap: _to_axis(gap[1], plan.mode) - _to_axis(gap[0], plan.mode))
+    return next((level for low, high in gaps
+                 if (level := _bisecting(interval.x, low, high, measured, plan)) is not None), None)
+
+
+def _bisecting(x: float, low: float, high: float, measured: Sequence[float], plan: SweepPlan) -> float | None:
+    """An unmeasured level between low and high: x (a whole concurrency beside it) when it lies in
+    their middle half on the axis, else their log middle."""
+    u_low, u_high = _to_axis(low, plan.mode), _to_axis(high, plan.mode)
     quarter = (u_high - u_low) / 4
-    near = ((round(interval.x), math.floor(interval.x), math.ceil(interval.x)) if plan.mode is Mode.CLOSED
-            else (_round_rate(interval.x),))
-    for level in (*(float(c) for c in near if c >= 1), _log_middle(found[0], found[1], plan.mode)):
+    near = ((round(x), math.floor(x), math.ceil(x)) if plan.mode is Mode.CLOSED else (_round_rate(x),))
+    for level in (*(float(c) for c in near if c >= 1), _log_middle(low, high, plan.mode)):
         inside = u_low + quarter <= _to_axis(level, plan.mode) <= u_high - quarter
-        if found[0] < level < found[1] and level not in measured and (inside or not quarter):
+        if low < level < high and level not in measured and (inside or not quarter):
             return level
-    middle = _log_middle(found[0], found[1], plan.mode)
-    return middle if found[0] < middle < found[1] and middle not in measured else None
+    middle = _log_middle(low, high, plan.mode)
+    return middle if low < middle < high and middle not in measured else None
 
 
 def level_sides(interval: Interval, by_repeat: pd.DataFrame, level: float) -> list[int]:
     """Per repeat of `level` (rows of summary.summarize_repeats), the side of the answer it reads:
     1 past it (the winner ahead, the objective missed), -1 before it, 0 when it cannot tell."""
-    rows = by_repeat[by_repeat["level"] == level]
-    mine = rows[rows["topology"] == interval.ahead].set_index("repeat")[interval.column]
-    if isinstance(interval.versus, str):
-        other = rows[rows["topology"] == interval.versus].set_index("repeat")[interval.column]
-    else:
-        other = pd.Series(interval.versus, index=mine.index)
-    difference = (mine - other.reindex(mine.index)) * interval.past_sign
-    return [int(math.copysign(1, d)) if math.isfinite(d) and d != 0 else 0 for d in difference.sort_index()]
+    return [side * interval.past_sign
+            for side in repeat_sides(by_repeat, level, interval.column, interval.ahead, interval.versus)]
 
 
 def repeats_of(by_repeat: pd.DataFrame | None, level: float) -> int:
@@ -354,20 +367,19 @@ def repeats_of(by_repeat: pd.DataFrame | None, level: float) -> int:
 
 def unconfirmed_end(interval: Interval, measured: Sequence[float], by_repeat: pd.DataFrame,
                     max_repeats: int) -> tuple[float, int] | None:
-    """A bracket end to measure again, and its repeat number. An end is confirmed once two or more
-    repeats all read its side of the answer (below: before it, above: past it), or once it has
-    max_repeats of them: their pooled records then place it, as near the long-run value as the
-    budget allows. None when both ends are confirmed, or the estimate is a measured level."""
+    """A bracket end to measure again, and its repeat number: an end is measured again with a fresh
+    seed while its repeats, fewer than max_repeats, all read its side of the answer (below: before
+    it, above: past it). max_repeats that agree confirm it. Two that disagree split it: the level
+    lies in the answer's band, the analysis's bracket reaches past it (crossings.split_levels), and
+    more repeats would only tip a weighted coin. None when both ends are done, or the estimate is
+    a measured level."""
     found = bracket(interval, measured)
     if found is None or found[0] == found[1]:
         return None
     for end, side in ((found[0], -1), (found[1], 1)):
         repeats = repeats_of(by_repeat, end)
-        if repeats >= max_repeats:
-            continue
-        if repeats >= 2 and all(s == side for s in level_sides(interval, by_repeat, end)):
-            continue
-        return end, repeats + 1
+        if repeats < max_repeats and all(s == side for s in level_sides(interval, by_repeat, end)):
+            return end, repeats + 1
     return None
 
 

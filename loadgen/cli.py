@@ -139,7 +139,8 @@ def _add_search_and_scale_arguments(parser: argparse.ArgumentParser) -> None:
                        help="adaptive: budget of traffic seconds over all topologies and levels")
     group.add_argument("--max-repeats", type=int, default=None, metavar="N",
                        help="adaptive: measure each end level of an answer's bracket up to N times, with "
-                            "fresh seeds, until its repeats agree on its side (3; 1: never again)")
+                            "fresh seeds: N that agree on its side confirm it, two that disagree "
+                            "put it in the answer's band (2; 1: never again)")
     group.add_argument("--workers", type=int, default=1,
                        help="processes sending each level's traffic (at most the cores; 1)")
     group.add_argument("--shard", default=None, metavar="M/K",

@@ -11,7 +11,7 @@ Pure functions of DataFrames: no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import asdict, dataclass
 from itertools import combinations
 from typing import Any
@@ -23,7 +23,13 @@ from scipy.optimize import brentq
 
 from crossover import slo
 from crossover.loadgen.plan import SweepPlan
-from crossover.loadgen.summary import mark_requests, per_gpu, request_itls, request_latencies
+from crossover.loadgen.summary import (
+    mark_requests,
+    per_gpu,
+    request_itls,
+    request_latencies,
+    summarize_repeats,
+)
 
 
 @dataclass(frozen=True)
@@ -127,14 +133,44 @@ class Capacity:
         return asdict(self)
 
 
-def bracket(levels: Sequence[float], x: float) -> tuple[float, float] | None:
+def bracket(levels: Sequence[float], x: float, split: Set[float] = frozenset()) -> tuple[float, float] | None:
     """The measured levels nearest x either side of it (x twice when it was measured): where the
     curves were seen on each side of an answer. Interpolation between them cannot see a step of the
     curves (p99 ITL once prefills stall decodes), so the answer may lie anywhere in between, however
-    narrow the bootstrap interval. None when x lies outside the measured levels."""
+    narrow the bootstrap interval. A `split` level (see split_levels) bounds nothing: the bracket
+    reaches past it, to the range's end when no other level is left on that side. None when x lies
+    outside the measured levels."""
     below = [v for v in levels if v <= x]
     above = [v for v in levels if v >= x]
-    return (max(below), min(above)) if below and above else None
+    if not below or not above:
+        return None
+    return (max([v for v in below if v not in split] or [min(below)]),
+            min([v for v in above if v not in split] or [max(above)]))
+
+
+def repeat_sides(by_repeat: pd.DataFrame, level: float, column: str, mine: str,
+                 versus: str | float) -> list[int]:
+    """Per repeat of `level` (rows of summary.summarize_repeats), the sign of `mine`'s `column` minus
+    `versus`'s (another topology's, or a number such as the objective); 0 where one is missing."""
+    rows = by_repeat[by_repeat["level"] == level]
+    values = rows[rows["topology"] == mine].set_index("repeat")[column]
+    if isinstance(versus, str):
+        other = rows[rows["topology"] == versus].set_index("repeat")[column].reindex(values.index)
+    else:
+        other = pd.Series(versus, index=values.index)
+    return [int(np.sign(d)) if math.isfinite(d) else 0 for d in (values - other).sort_index()]
+
+
+def split_levels(by_repeat: pd.DataFrame | None, column: str, mine: str, versus: str | float) -> set[float]:
+    """The levels measured more than once whose repeats read `mine`'s `column` on both sides of
+    `versus`'s: each repeat is another arrival sequence, and near a jump of a tail quantile (p99
+    ITL once a stall enters its 1% tail) one sequence reads either side by chance. Such a level
+    lies in the answer's band, and pooling its repeats only picks a side by a weighted coin."""
+    if by_repeat is None or by_repeat.empty:
+        return set()
+    most = by_repeat.groupby("level")["repeat"].max()
+    return {float(level) for level in most[most > 1].index
+            if {-1, 1} <= set(repeat_sides(by_repeat, float(level), column, mine, versus))}
 
 
 def _interval_text(ci: tuple[float | None, float | None], between: tuple[float, float] | None,
@@ -191,7 +227,7 @@ def _lead_sign(ya: np.ndarray, yb: np.ndarray) -> int:
 
 def _curve_sentence(metric: ComparedMetric, axis: str, a: str, b: str, roots: list[tuple[float, int]],
                     ci: list[tuple[float | None, float | None]], lead: int,
-                    span: tuple[float, float], levels: Sequence[float]) -> list[str]:
+                    span: tuple[float, float], levels: Sequence[float], split: Set[float]) -> list[str]:
     better_when = 1 if metric.higher_is_better else -1
     lo, hi = format_load(span[0], axis), format_load(span[1], axis)
     if not roots:
@@ -204,7 +240,7 @@ def _curve_sentence(metric: ComparedMetric, axis: str, a: str, b: str, roots: li
     for n, ((u, sign_after), (c_lo, c_hi)) in enumerate(zip(roots, ci, strict=True), 1):
         winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
         x = _from_axis(u, axis)
-        interval = _interval_text((c_lo, c_hi), bracket(levels, x), axis)
+        interval = _interval_text((c_lo, c_hi), bracket(levels, x, split), axis)
         text = (f"{winner} overtakes {loser} in {metric.label} at {axis} about "
                 f"{format_load(x, axis)}{interval}")
         if len(roots) > 1:
@@ -296,10 +332,12 @@ def _curves(summary: pd.DataFrame, a: str, b: str, column: str) -> tuple[np.ndar
 def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric: str, *,
                     axis: str = "concurrency", slos_ms: Mapping[str, float] | None = None,
                     plan: SweepPlan | None = None, pairs: Sequence[tuple[str, str]] | None = None,
-                    n_boot: int = 200, confidence: float = 0.95, seed: int = 0) -> list[Crossover]:
+                    n_boot: int = 200, confidence: float = 0.95, seed: int = 0,
+                    by_repeat: pd.DataFrame | None = None) -> list[Crossover]:
     """Every crossing of every pair of topologies' `metric` curves (see METRICS), with bootstrap
     intervals from the per-request data (pass requests=None to skip the bootstrap), and one
-    "none"/"insufficient" result for a pair that does not cross in the range."""
+    "none"/"insufficient" result for a pair that does not cross in the range. `by_repeat`
+    (summary.summarize_repeats) tells the split levels that bound no crossing."""
     metric = metric_named(metric)
     if metric not in METRICS:
         raise KeyError(f"unknown metric {metric!r} (have {', '.join(METRICS)})")
@@ -349,7 +387,8 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
                     root = roots[k][0]
                     intervals[k] = (_from_axis(min(float(lo), root), axis),
                                     _from_axis(max(float(hi), root), axis))
-        sentences = _curve_sentence(spec, axis, a, b, roots, intervals, lead, span, list(levels))
+        split = split_levels(by_repeat, spec.column, a, b)
+        sentences = _curve_sentence(spec, axis, a, b, roots, intervals, lead, span, list(levels), split)
         better_when = 1 if spec.higher_is_better else -1
         if not roots:
             winner, loser = (a, b) if lead * better_when >= 0 else (b, a)
@@ -361,7 +400,7 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
                                                                         strict=True):
             winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
             x = _from_axis(root, axis)
-            between = bracket(list(levels), x) or (None, None)
+            between = bracket(list(levels), x, split) or (None, None)
             results.append(Crossover(a, b, metric, axis, "crossing", x, c_lo, c_hi,
                                      "a_overtakes_b" if winner == a else "b_overtakes_a", winner, loser,
                                      len(roots), support, span, sentence, *between))
@@ -395,8 +434,9 @@ def _capacity_point(u: np.ndarray, attainment: np.ndarray, objective: float) -> 
 def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | None, objective: float, *,
                                axis: str = "concurrency", slos_ms: Mapping[str, float] | None = None,
                                plan: SweepPlan | None = None, n_boot: int = 200, confidence: float = 0.95,
-                               seed: int = 0) -> list[Capacity]:
-    """Per topology, the highest load whose joint SLO attainment still meets `objective`."""
+                               seed: int = 0, by_repeat: pd.DataFrame | None = None) -> list[Capacity]:
+    """Per topology, the highest load whose joint SLO attainment still meets `objective`
+    (`by_repeat` as find_crossovers')."""
     out: list[Capacity] = []
     marked = None
     if requests is not None and n_boot > 0 and len(requests):
@@ -430,7 +470,8 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
                 lo, hi = np.percentile(points, [tail, 100 - tail])
                 ci = (_from_axis(min(float(lo), point), axis), _from_axis(max(float(hi), point), axis))
         x = _from_axis(point, axis)
-        between = bracket(list(levels), x) if not censored else None
+        split = split_levels(by_repeat, slo.attainment_column(), topology, objective)
+        between = bracket(list(levels), x, split) if not censored else None
         interval = _interval_text(ci, between, axis)
         if censored == "below":
             sentence = (f"{topology} misses the {pct} SLO objective already at {axis} "
@@ -455,13 +496,17 @@ def analyze(summary: pd.DataFrame, requests: pd.DataFrame | None, *, axis: str, 
     """Everything crossover.json holds: crossings per metric and pair (pairs in `order`, e.g. the
     spec's topology order), and capacities."""
     marked = mark_requests(requests, slos_ms, plan) if requests is not None and len(requests) else None
+    by_repeat = None
+    if requests is not None and "repeat" in requests and (requests["repeat"] > 1).any():
+        gpus = {str(t): int(n) for t, n in summary.groupby("topology")["gpus"].first().items()}
+        by_repeat = summarize_repeats(requests, slos_ms, gpus, plan)
     present = set(summary["topology"]) if len(summary) else set()
     pairs = list(combinations([t for t in order if t in present], 2)) if order is not None else None
     crossings = [c for metric in metrics for c in find_crossovers(
         summary, marked, metric, axis=axis, slos_ms=slos_ms, plan=plan, pairs=pairs, n_boot=n_boot,
-        seed=seed)]
+        seed=seed, by_repeat=by_repeat)]
     capacities = max_load_meeting_objective(summary, marked, objective, axis=axis, slos_ms=slos_ms, plan=plan,
-                                            n_boot=n_boot, seed=seed)
+                                            n_boot=n_boot, seed=seed, by_repeat=by_repeat)
     return {
         "axis": axis, "objective": objective, "slos_ms": dict(slos_ms), "bootstrap": n_boot,
         "crossovers": [c.to_json() for c in crossings],

@@ -26,6 +26,7 @@ from crossover.loadgen.adaptive import (
     level_inside,
     level_sides,
 )
+from crossover.loadgen.crossings import bracket, split_levels
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec
@@ -343,12 +344,33 @@ def test_a_bracket_end_is_measured_again_until_its_repeats_agree() -> None:
     readings[1.12].append(10.0)  # agrees: the upper end next
     step = decide(crossing, adaptive, plan, measured, _by_repeat(readings))
     assert (step.level, step.repeat) == (1.41, 2)
-    readings[1.41].append(10.0)  # disagrees: once more
-    assert decide(crossing, adaptive, plan, measured, _by_repeat(readings)).repeat == 3
-    readings[1.41].append(60.0)  # --max-repeats reached: the pooled reading places the level
+    readings[1.41].append(60.0)  # agrees too: both ends are confirmed
     assert decide(crossing, adaptive, plan, measured, _by_repeat(readings)).stop_reason == "target"
+    three = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",), max_repeats=3)
+    step = decide(crossing, three, plan, measured, _by_repeat(readings))  # three must agree
+    assert (step.level, step.repeat) == (1.12, 3)
     one = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",), max_repeats=1)
     assert decide(crossing, one, plan, measured, _by_repeat({1.12: [10.0]})).stop_reason == "target"
+
+
+def test_an_end_whose_repeats_split_is_not_measured_a_third_time() -> None:
+    # 1.41's repeats read both sides of the jump: it lies in the jump's band, the analysis's
+    # bracket reaches past it (crossings.split_levels), and the sweep narrows beside the band
+    plan = SweepPlan(mode=Mode.OPEN, levels=(0.5, 4.0), requests_per_level=20)
+    adaptive = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",))
+    measured = [0.5, 1.41, 4.0, 1.12]
+    readings = {0.5: [10.0], 1.41: [60.0, 10.0], 4.0: [60.0, 60.0], 1.12: [10.0, 10.0]}
+    crossing = {**_itl_crossing(1.3), "bracket_low": 1.12, "bracket_high": 4.0}
+    split = {"crossovers": [crossing], "capacities": []}
+    step = decide(split, adaptive, plan, measured, _by_repeat(readings))
+    assert (step.level, step.repeat) == (2.37, 1)  # the log middle of the wider gap, 1.41-4
+    measured.append(2.37)
+    readings[2.37] = [60.0, 60.0]
+    crossing["bracket_high"] = 2.37
+    step = decide(split, adaptive, plan, measured, _by_repeat(readings))
+    assert (step.level, step.repeat) == (1.83, 1)  # (2.37 - 1.12) / 1.3 is still too wide
+    narrow = AdaptivePlan(target_ci=0.99, metric="itl_p99", answers=("crossing",))
+    assert decide(split, narrow, plan, measured, _by_repeat(readings)).stop_reason == "target"
 
 
 def test_the_sweep_climbs_once_the_highest_levels_repeats_agree() -> None:
@@ -365,9 +387,11 @@ def test_the_sweep_climbs_once_the_highest_levels_repeats_agree() -> None:
 
     assert decide(none, adaptive, plan, measured).level == 4.0  # no repeat data: as before
     assert step([10.0]) == (1.41, 2)
-    assert step([10.0, 60.0]) == (1.41, 3)  # they disagree: once more
     assert step([10.0, 10.0]) == (4.0, 1)
-    assert step([10.0, 60.0, 10.0]) == (4.0, 1)  # --max-repeats pooled: the analysis's word stands
+    # they disagree: 1.41 lies in the jump's band, which may reach above it; the climb bounds it
+    assert step([10.0, 60.0]) == (4.0, 1)
+    three = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",), max_repeats=3)
+    assert step([10.0, 10.0], three) == (1.41, 3) and step([10.0, 10.0, 10.0], three) == (4.0, 1)
     assert step([10.0], AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",),
                                      max_repeats=1)) == (4.0, 1)
 
@@ -395,7 +419,10 @@ def _chancy_step_sweep(step: float, reads_jump: Any) -> tuple[list[float], dict[
         crossovers: list[dict[str, Any]] = []
         if changes:
             lo, hi = changes[0]
-            crossovers = [_itl_crossing(lo + (hi - lo) * -lead[lo] / (lead[hi] - lead[lo]))]
+            x = lo + (hi - lo) * -lead[lo] / (lead[hi] - lead[lo])
+            between = bracket(ordered, x, split_levels(_by_repeat(readings), "itl_p99_ms", "a", "b"))
+            assert between is not None
+            crossovers = [{**_itl_crossing(x), "bracket_low": between[0], "bracket_high": between[1]}]
         elif lead[ordered[-1]] < 0:
             crossovers = [_itl_none()]
         decision = decide({"crossovers": crossovers, "capacities": []}, adaptive, plan, measured,
@@ -422,6 +449,18 @@ def test_a_level_that_read_the_wrong_side_by_chance_does_not_end_the_bracket() -
     assert below <= 1.23 <= above and (above - below) / found.x <= 0.25, (measured, found)
     assert repeats[below] >= 2 and repeats[above] >= 2 and repeats[1.41] >= 2
     assert 4.0 not in measured  # 1.41's repeat read the jump before the sweep climbed past it
+
+
+def test_levels_in_the_jumps_band_widen_the_bracket_to_hold_the_jump() -> None:
+    # the P/D preset on the model, seed 14: just above the jump (1.23) a level reads it or not by
+    # its arrival sequence; pooling such a level's repeats picked a side by chance and closed the
+    # bracket on 1.25-1.41, above the jump. Split levels bound nothing, so the bracket holds it.
+    def reads_jump(level: float, repeat: int) -> bool:
+        return level > 1.3 or (level > 1.23 and repeat % 2 == 0)
+
+    measured, repeats, found = _chancy_step_sweep(1.23, reads_jump)
+    assert found.between is not None and found.between[0] <= 1.23 <= found.between[1], (measured, found)
+    assert max(repeats.values()) <= 2, repeats
 
 
 def test_an_interval_spans_the_measured_levels_either_side_of_its_estimate() -> None:

@@ -155,3 +155,33 @@ def test_an_answer_names_the_measured_levels_either_side_of_it() -> None:
     assert [(c.bracket_low, c.bracket_high) for c in capacities] == [(8.0, 16.0), (None, None)]
     assert "(between levels 8 and 16)" in capacities[0].sentence
     assert bracket(LEVELS, 8.0) == (8.0, 8.0) and bracket(LEVELS, 0.5) is None
+
+
+def test_a_level_whose_repeats_read_both_sides_bounds_no_answer() -> None:
+    # concurrency 8 measured twice: once a leads in throughput, once b does. It lies in the
+    # crossing's band, so the bracket reaches the levels either side of it that do not split.
+    from crossover.loadgen.crossings import analyze, split_levels
+
+    rng = np.random.default_rng(3)
+    lat_a = {c: 0.5 * (1 + c / 8) for c in LEVELS}
+    lat_b = {c: 0.8 * (1 + c / 40) for c in LEVELS}
+    first = pd.DataFrame(_closed_loop_requests("a", lat_a, rng) + _closed_loop_requests("b", lat_b, rng))
+    again = pd.DataFrame(_closed_loop_requests("a", {8.0: 0.5}, rng)
+                         + _closed_loop_requests("b", {8.0: 1.5}, rng))
+    requests = pd.concat([first.assign(repeat=1), again.assign(repeat=2)], ignore_index=True)
+    slos = {"ttft": 1e6}
+    summary = summarize(requests, slos, {"a": 2, "b": 2})
+    found = analyze(summary, requests, axis="concurrency", objective=0.9, slos_ms=slos, n_boot=20,
+                    metrics=["output_tps"])
+    (crossing,) = [c for c in found["crossovers"] if c["kind"] == "crossing"]
+    assert (crossing["bracket_low"], crossing["bracket_high"]) == (4.0, 16.0), crossing
+    assert "between levels 4 and 16" in crossing["sentence"]
+    by_repeat = pd.DataFrame({"topology": ["a", "b"] * 4, "level": [8.0] * 4 + [4.0] * 4,
+                              "repeat": [1, 1, 2, 2] * 2, "x": [1, 2, 3, 2, 1, 2, 1, 2]})
+    assert split_levels(by_repeat, "x", "a", "b") == {8.0}
+    assert split_levels(by_repeat, "x", "a", 1.5) == {8.0}  # against a number: the objective
+    assert bracket(LEVELS, 6.0, {8.0}) == (4.0, 16.0) and bracket(LEVELS, 6.0, {4.0, 2.0, 1.0}) == (1.0, 8.0)
+    unsplit = analyze(summarize(first, slos, {"a": 2, "b": 2}), first, axis="concurrency", objective=0.9,
+                      slos_ms=slos, n_boot=20, metrics=["output_tps"])
+    (alone,) = [c for c in unsplit["crossovers"] if c["kind"] == "crossing"]
+    assert (alone["bracket_low"], alone["bracket_high"]) == (4.0, 8.0)
