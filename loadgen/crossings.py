@@ -138,8 +138,8 @@ def bracket(levels: Sequence[float], x: float, split: Set[float] = frozenset()) 
     curves were seen on each side of an answer. Interpolation between them cannot see a step of the
     curves (p99 ITL once prefills stall decodes), so the answer may lie anywhere in between, however
     narrow the bootstrap interval. A `split` level (see split_levels) bounds nothing: the bracket
-    reaches past it, to the range's end when no other level is left on that side. None when x lies
-    outside the measured levels."""
+    reaches past it, to the farthest measured level on that side when no other is left. None when x
+    lies outside the measured levels."""
     below = [v for v in levels if v <= x]
     above = [v for v in levels if v >= x]
     if not below or not above:
