@@ -130,7 +130,7 @@ def _add_search_and_scale_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--target-ci", type=float, default=None, metavar="WIDTH",
                        help="adaptive: stop when every interval is narrower than WIDTH x its estimate (0.1)")
     group.add_argument("--metric", default=None,
-                       help="adaptive: the metric whose crossing is sought (goodput)")
+                       help=f"adaptive: the metric whose crossing is sought ({slo.GOODPUT_REQUESTS})")
     group.add_argument("--narrow", default=None, metavar="ANSWERS",
                        help="adaptive: the intervals to narrow, crossing and/or capacity (crossing,capacity)")
     group.add_argument("--max-requests", type=int, default=None,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from crossover.cli import main
+from crossover.loadgen.adaptive import STOP_REASONS
 from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist, SweepPlan
 from crossover.loadgen.results import load_run
 from crossover.loadgen.sweep import run_sweep
@@ -118,3 +120,42 @@ def test_a_local_tokenizer_folder_counts_as_the_server_does(real_vllm_fleet, tin
     requests = result.requests
     assert requests["ok"].all() and (requests["input_tokens"] == requests["planned_input"]).all()
     assert result.workload["tokenizer"] == str(tiny_model_dir)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_an_adaptive_sweep_from_two_workers_on_real_vllm(real_vllm_fleet, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`crossover sweep --adaptive --workers 2` as a user runs it on a real fleet: the coarse start,
+    then levels added until it says why it stopped, within its request budget, each level's
+    requests from both workers in one file; run again on the folder, it resumes and sends nothing."""
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(real_vllm_fleet.spec.model_dump(mode="json")))
+    budget, rounds = 160, 2
+    command = ["sweep", str(spec_path), "--concurrency", "1,8", "--rounds", str(rounds), "--input-len", "16",
+               "--output-len", "8", "--timeout", "60", "--adaptive", "--metric", "output_tps",
+               "--narrow", "crossing", "--target-ci", "0.2", "--max-requests", str(budget),
+               "--workers", "2", "--bootstrap", "50", "--no-progress", "--out", str(tmp_path / "run")]
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    run = load_run(tmp_path / "run")
+    state = run.crossover["adaptive"]
+    reason = state["stop_reason"]
+    assert reason in STOP_REASONS and reason != "stopped", state
+    assert f"adaptive sweep stopped: {STOP_REASONS[reason]}" in out, out
+    assert state["levels"][:2] == [1.0, 3.0]  # the low end and the log middle
+    assert all(1 <= level <= 8 for level in state["levels"])
+    requests = run.requests
+    assert requests["ok"].all(), requests["error"].unique()
+    assert (requests["input_tokens"] == 16).all() and (requests["output_tokens"] == 8).all()
+    assert len(requests) == state["requests"] <= budget
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["traffic"]["workers"] == 2
+    for _, measured in requests.groupby(["topology", "level", "repeat"]):
+        level = int(measured["level"].iloc[0])
+        assert sorted(measured["index"]) == list(range(rounds * level))  # both shares, merged
+    assert set(requests["level"]) == set(state["levels"])
+    assert main(command) == 0
+    resumed = load_run(tmp_path / "run")
+    assert len(resumed.requests) == len(requests)
+    assert resumed.crossover["adaptive"]["stop_reason"] == reason
+    assert resumed.crossover["sentences"] == run.crossover["sentences"]
