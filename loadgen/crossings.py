@@ -492,14 +492,14 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
 def analyze(summary: pd.DataFrame, requests: pd.DataFrame | None, *, axis: str, objective: float,
             slos_ms: Mapping[str, float], plan: SweepPlan | None = None,
             metrics: Sequence[str] = DEFAULT_METRICS, n_boot: int = 200, seed: int = 0,
-            order: Sequence[str] | None = None) -> dict[str, Any]:
+            order: Sequence[str] | None = None, by_repeat: pd.DataFrame | None = None) -> dict[str, Any]:
     """Everything crossover.json holds: crossings per metric and pair (pairs in `order`, e.g. the
-    spec's topology order), and capacities."""
+    spec's topology order), and capacities. `by_repeat`: summary.summarize_repeats of `requests`,
+    when the caller has it already."""
     marked = mark_requests(requests, slos_ms, plan) if requests is not None and len(requests) else None
-    by_repeat = None
-    if requests is not None and "repeat" in requests and (requests["repeat"] > 1).any():
+    if by_repeat is None and requests is not None and len(requests):
         gpus = {str(t): int(n) for t, n in summary.groupby("topology")["gpus"].first().items()}
-        by_repeat = summarize_repeats(requests, slos_ms, gpus, plan)
+        by_repeat = summarize_repeats(requests, slos_ms, gpus, plan, pooled=summary)
     present = set(summary["topology"]) if len(summary) else set()
     pairs = list(combinations([t for t in order if t in present], 2)) if order is not None else None
     crossings = [c for metric in metrics for c in find_crossovers(

@@ -241,11 +241,12 @@ def summarize(requests: pd.DataFrame, slos_ms: Mapping[str, float], gpus: Mappin
 
 
 def summarize_repeats(requests: pd.DataFrame, slos_ms: Mapping[str, float], gpus: Mapping[str, int],
-                      plan: SweepPlan | None = None) -> pd.DataFrame:
+                      plan: SweepPlan | None = None, pooled: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (topology, level, repeat): each measurement of a level on its own, so the
-    spread between them shows the chance of one arrival sequence that the pooled row averages."""
-    if requests.empty or "repeat" not in requests:
-        return summarize(requests, slos_ms, gpus, plan).assign(repeat=1)
+    spread between them shows the chance of one arrival sequence that the pooled row averages.
+    `pooled` (summarize's rows of the same requests) are those rows when no level was repeated."""
+    if requests.empty or "repeat" not in requests or not (requests["repeat"] > 1).any():
+        return (pooled if pooled is not None else summarize(requests, slos_ms, gpus, plan)).assign(repeat=1)
     frames = [summarize(requests[requests["repeat"] == repeat], slos_ms, gpus, plan).assign(repeat=repeat)
               for repeat in sorted(int(r) for r in requests["repeat"].unique())]
     return pd.concat(frames, ignore_index=True)

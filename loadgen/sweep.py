@@ -324,6 +324,7 @@ class _Sweep:
         self.spent_requests = 0
         self.spent_s = 0.0
         self.adaptive: dict[str, Any] | None = None  # the latest decision, kept in crossover.json
+        self.by_repeat = pd.DataFrame()  # summarize_repeats' rows as of the latest analysis
         # (topology, level, position, total, resumed, requests) added but not yet analysed
         self.unannounced: list[tuple[str, float, int, int, bool, pd.DataFrame]] = []
 
@@ -346,9 +347,11 @@ class _Sweep:
         outcome, info, plan = self.outcome, self.info, self.plan
         outcome.requests = pd.concat(self.frames, ignore_index=True) if self.frames else pd.DataFrame()
         outcome.summary = summarize(outcome.requests, info.slos_ms, info.gpus, plan)
+        self.by_repeat = summarize_repeats(outcome.requests, info.slos_ms, info.gpus, plan, outcome.summary)
         outcome.crossover = analyze(outcome.summary, outcome.requests, axis=plan.axis,
                                     objective=info.objective, slos_ms=info.slos_ms, plan=plan,
-                                    n_boot=self.n_boot, seed=plan.seed, order=list(info.topologies))
+                                    n_boot=self.n_boot, seed=plan.seed, order=list(info.topologies),
+                                    by_repeat=self.by_repeat)
         self.write_crossover()
         results.write_summary(self.folder, outcome.summary)
         if plan.turns > 1:
@@ -470,9 +473,7 @@ async def _adaptive_levels(sweep: _Sweep, adaptive: AdaptivePlan) -> str:
             return "stopped"
     while True:
         sweep.flush()  # the decision reads the analysis of every level, resumed ones included
-        info = sweep.info
-        by_repeat = summarize_repeats(sweep.outcome.requests, info.slos_ms, info.gpus, plan)
-        decision = decide(sweep.outcome.crossover, adaptive, plan, levels, by_repeat)
+        decision = decide(sweep.outcome.crossover, adaptive, plan, levels, sweep.by_repeat)
         reason = decision.stop_reason or (sweep.over_budget(adaptive, decision.level)
                                           if decision.level is not None else "")
         sweep.adaptive = {**decision.to_json(), "levels": list(levels), "requests": sweep.spent_requests,
