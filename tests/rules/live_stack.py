@@ -51,13 +51,17 @@ class LiveStack:
                 self.requests_done[name] += count
             self.traffic_ended = time.monotonic()
 
+    @property
+    def evaluations_s(self) -> float:
+        """Time for every rule group to evaluate twice (the slowest is a minute apart), and a margin."""
+        return 2 * max(g.interval_s or 0.0 for g in self.rules.groups) + 30
+
     def wait_for_every_group(self) -> None:
         """Each rule group evaluates at its own offset within its own interval (a minute for the long
         SLI windows): wait until the last rule of each has data."""
-        slowest = max(g.interval_s or 0.0 for g in self.rules.groups)
         last = [g.rules[-1].record for g in self.rules.groups if isinstance(g.rules[-1], RecordingRule)]
         self.prometheus.wait_until(lambda: all(self.prometheus.query(name) for name in last),
-                                   2 * slowest + 30, f"data in {last}")
+                                   self.evaluations_s, f"data in {last}")
 
 
 _STACKS: dict[str, LiveStack] = {}
