@@ -79,10 +79,9 @@ def form_from_state(state: Any, spec: FleetSpec) -> form.SweepForm:
         target_ci=float(state.get("target_ci", defaults.target_ci)))
 
 
-def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig) -> None:
+def sidebar_form(spec: FleetSpec, runner: SweepRunner, config: AppConfig, active: bool) -> None:
     """The sweep form; Start and Stop act in callbacks, so the page drawn after shows their effect."""
     defaults = form.default_form(spec)
-    active = runner.status().state.active
     sb = st.sidebar
     sb.header("Sweep")
     sb.multiselect("Topologies", [t.name for t in spec.topologies], default=defaults.topologies,
@@ -301,11 +300,13 @@ def following(config: AppConfig) -> bool:
             and runs.being_written(config.follow))
 
 
-def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, was_active: bool,
+def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, page_active: bool,
                  was_following: bool = False) -> None:
     status = runner.status()
-    if (was_active and not status.state.active) or (was_following and not following(config)):
-        st.rerun(scope="app")  # the sweep ended: rebuild the sidebar (Start enabled) and stop polling
+    if status.state.active != page_active or (was_following and not following(config)):
+        # The sidebar was drawn from an older snapshot (a sweep ended or started since): draw the whole
+        # page again from one snapshot, so Start and Stop never disagree with the progress bar.
+        st.rerun(scope="app")
     show_status(status)
     chosen = st.session_state.get("view", LIVE)
     if config.follow is not None and chosen == str(config.follow) and \
@@ -350,11 +351,11 @@ def main() -> None:
     runner = shared_runner(str(config.spec_path.resolve()), str(config.results_dir.resolve()))
     if config.follow is not None and "view" not in st.session_state:
         st.session_state["view"] = str(config.follow)  # opened once; the user may pick another view
-    sidebar_form(spec, runner, config)
+    active = runner.status().state.active  # the one read of this run: every widget below agrees with it
+    sidebar_form(spec, runner, config, active)
     sidebar_past_runs(config)
     if st.session_state.get("start_error"):
         st.error(st.session_state["start_error"])
-    active = runner.status().state.active
     watching = following(config)
     area = st.fragment(run_every=REFRESH_S if active or watching else None)(results_area)
     area(runner, spec, config, active, watching)
