@@ -11,7 +11,7 @@ import sys
 
 from crossover.errors import UserError
 from crossover.eventloop import LOOPS, loop_factory
-from crossover.sim import fastpath
+from crossover.sim import fastpath, gcpolicy
 from crossover.sim.fleet import SimFleet, with_overrides
 from crossover.spec import load_spec
 
@@ -34,11 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emitter-priority", choices=fastpath.PRIORITIES, default="realtime",
                         help="the emitter thread's scheduling: realtime (SCHED_FIFO at the lowest "
                         "priority, where the process may: root or CAP_SYS_NICE; else normal) or normal")
-    parser.add_argument("--gc", default=fastpath.AUTO, metavar="N|freeze|auto",
+    parser.add_argument("--gc", default=gcpolicy.AUTO, metavar="N|freeze|auto",
                         help="garbage collector: a young collection every N allocations, or freeze: the "
                         "survivors of a young collection every 0.25 s are frozen out of every later one "
-                        f"(sim/fastpath.py); auto (default): freeze with the emitter thread, else "
-                        f"{fastpath.DEFAULT_YOUNG}")
+                        f"(sim/gcpolicy.py); auto (default): freeze with the emitter thread, else "
+                        f"{gcpolicy.DEFAULT_YOUNG}")
 
 
 async def serve(fleet: SimFleet) -> None:
@@ -67,9 +67,9 @@ def raise_descriptor_limit() -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        fastpath.parse(args.gc)
+        gcpolicy.parse(args.gc)
     except ValueError:
-        raise UserError(f"--gc must be a positive integer, {fastpath.FREEZE} or {fastpath.AUTO}, "
+        raise UserError(f"--gc must be a positive integer, {gcpolicy.FREEZE} or {gcpolicy.AUTO}, "
                         f"not {args.gc!r}") from None
     spec = with_overrides(load_spec(args.spec), seed=args.seed, vllm_version=args.vllm_version,
                           time_scale=args.time_scale)

@@ -1,41 +1,19 @@
-"""The simulator's speed machinery, one optional module plugged in at start (sim/writer.py's
-WritePath): the token emitter thread (sim/_emitter.c) and the garbage-collector policy.
+"""The simulator's token emitter thread (sim/_emitter.c), plugged in at start as a write path
+(sim/writer.py's WritePath): FastPath, which `crossover sim` (sim/fleet.py) starts with.
 
-The emitter thread. A streaming request's chunks are handed over when its step is planned and written
-by the thread at the step's scheduled end, so the event loop's own load (new requests, planning,
-/metrics) does not delay them; the loop learns how each write went through an eventfd and does the
+A streaming request's chunks are handed over when its step is planned and written by the thread at
+the step's scheduled end, so the event loop's own load (new requests, planning, /metrics, collector
+pauses) does not delay them; the loop learns how each write went through an eventfd and does the
 bookkeeping there (token times, emission gaps, the rare short write, which the stream's transport
-then finishes). One emitter per event loop, shared by every instance on it (their bursts are placed
-apart by the loop's WriteBook). Each stream the thread writes to holds a duplicate of its socket's
-descriptor (ThreadOutput), closed only once no handed-over chunk is left, so its number is never
-reused under a pending write. Without the compiled module (a source install with no compiler) the
-loop writes instead (`crossover sim --emitter loop`).
+then finishes). One emitter per event loop of a FastPath, shared by every instance on it (their
+bursts are placed apart by the loop's WriteBook), started by the first engine's writer and stopped
+with the last. Each stream the thread writes to holds a duplicate of its socket's descriptor
+(ThreadOutput), closed only once no handed-over chunk is left, so its number is never reused under a
+pending write. Without the compiled module (a source install with no compiler) the loop writes
+instead (`crossover sim --emitter loop`).
 
-The collector policy. A collection stops the one event loop that streams every instance's tokens, so
-how long and how often the collector runs shows up directly in the emission gap. What a collection
-costs is the number of tracked objects it scans: every in-flight stream holds ~35 (aiohttp's request,
-task, coroutines, header dicts, the response and writer; the sink and SimRequest), so at 2,000
-streams a collection that reaches them scans ~70,000 objects, ~70 ms on this machine's cores. CPython
-triggers its young collection on the *net* count of tracked objects, which barely moves in steady
-state (every finished stream frees what it allocated), so young collections come rarely and, when
-they come, every stream started since the last one is still in the young generation: each is a full
-~70 ms scan.
-
-`crossover sim --gc N` keeps CPython's automatic collector with a young threshold of N allocations
-(default 20,000).
-
-`--gc freeze` keeps the in-flight streams out of every collection instead: every FREEZE_EVERY_S, a
-young collection of what was allocated since the last tick (short-lived cycles die there: an aborted
-stream's traceback), then `gc.freeze()`, which moves the survivors into the permanent generation that
-collections never scan (O(1); reference counting still frees them when their stream ends). The young
-generation then holds a quarter of a second of new streams (4-13 ms to collect at 2,000 streams), so
-no pause grows with the streams in flight. A cycle whose objects were frozen before it became garbage
-escapes those collections: a streamed completion leaves none, a stream cut mid-way can leave some
-(its handler's traceback). After FULL_AFTER_CUTS cut streams (the engines count them) the tick
-unfreezes, collects everything (one long pause, ~100 ms at 2,000 streams) and freezes again. (The
-frozen count itself is no trigger: `gc.get_freeze_count()` walks the whole permanent generation, ~25
-ms at 2,000 streams.) With the emitter thread, whose ~35 ms of lead absorbs the young collections,
-this is what holds the emission gap at 2,000 streams (docs/performance.md).
+The collector policy that goes with it (`--gc`) is sim/gcpolicy.py's CollectorPolicy; FastPath only
+reports its pauses in /admin/stats beside the emitter's counters.
 """
 
 from __future__ import annotations
@@ -44,12 +22,12 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
-import gc
 import os
 import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from crossover.sim.writer import (
@@ -67,6 +45,7 @@ from crossover.sim.writer import (
 
 if TYPE_CHECKING:
     from crossover.sim.engine import LiveEngine
+    from crossover.sim.gcpolicy import CollectorPolicy
     from crossover.sim.scheduler import SimRequest
 
 try:
@@ -195,142 +174,6 @@ class LoopEmitter:
                 output.on_emitted(chunk, now, -errno.ECANCELED, batch.step_end)
 
 
-_EMITTERS: dict[int, LoopEmitter] = {}  # by id(event loop)
-
-
-def acquire(loop: asyncio.AbstractEventLoop, realtime: bool = True) -> LoopEmitter:
-    """The loop's emitter (started by its first user, whose `realtime` counts)."""
-    emitter = _EMITTERS.get(id(loop))
-    if emitter is None or emitter.loop is not loop:
-        emitter = _EMITTERS[id(loop)] = LoopEmitter(loop, realtime)
-    emitter.users += 1
-    return emitter
-
-
-def release(emitter: LoopEmitter) -> None:
-    emitter.users -= 1
-    if emitter.users <= 0:
-        emitter.close()
-        if _EMITTERS.get(id(emitter.loop)) is emitter:
-            del _EMITTERS[id(emitter.loop)]
-
-
-# --- the collector policy ------------------------------------------------------------------------
-
-DEFAULT_YOUNG = 20_000
-AUTO = "auto"
-FREEZE = "freeze"
-FREEZE_EVERY_S = 0.25
-FULL_AFTER_CUTS = 10_000
-_RING = 4096
-
-_start = [0.0]
-_pauses: list[tuple[float, int, int, float]] = []  # (unix time, generation, collected, seconds)
-_collections = [0, 0, 0]  # per generation since the last reset
-_seconds = [0.0, 0.0, 0.0]
-_max_s = [0.0, 0.0, 0.0]
-_installed = [False]
-
-
-def _callback(phase: str, info: dict[str, Any]) -> None:
-    if phase == "start":
-        _start[0] = time.perf_counter()
-        return
-    seconds = time.perf_counter() - _start[0]
-    generation = int(info["generation"])
-    _collections[generation] += 1
-    _seconds[generation] += seconds
-    if seconds > _max_s[generation]:
-        _max_s[generation] = seconds
-    _pauses.append((time.time(), generation, int(info["collected"]), seconds))
-    if len(_pauses) > _RING:
-        del _pauses[: len(_pauses) - _RING]
-
-
-def install() -> None:
-    """Time every collection from now on (two perf_counter reads per collection)."""
-    if not _installed[0]:
-        gc.callbacks.append(_callback)
-        _installed[0] = True
-
-
-def stats(reset: bool = False) -> dict[str, Any]:
-    """Collections per generation since the last reset: count, total and longest pause, and the pauses
-    of 1 ms or more (unix time, generation, objects collected, seconds)."""
-    out = {"collections": list(_collections), "seconds": list(_seconds),
-           "max_s": list(_max_s), "count": list(gc.get_count()),
-           "threshold": list(gc.get_threshold()), "automatic": gc.isenabled(),
-           "policy": _policy[0], "long_pauses": [p for p in _pauses if p[3] >= 0.001]}
-    if reset:
-        _pauses.clear()
-        _collections[:] = [0, 0, 0]
-        _seconds[:] = [0.0, 0.0, 0.0]
-        _max_s[:] = [0.0, 0.0, 0.0]
-    return out
-
-
-_policy = [str(DEFAULT_YOUNG)]
-
-
-def parse(text: str) -> int:
-    """`--gc` value -> the young-generation threshold (the default one for `freeze`); ValueError if
-    it is neither a positive integer, `freeze` nor `auto`."""
-    if text in (FREEZE, AUTO):
-        return DEFAULT_YOUNG
-    young = int(text)
-    if young < 1:
-        raise ValueError("the young-generation threshold must be positive")
-    return young
-
-
-def apply(text: str = str(DEFAULT_YOUNG)) -> None:
-    """Set the young threshold; call after start-up, once everything built so far is frozen out of
-    the collector's way (`gc.freeze()`)."""
-    _policy[0] = text
-    gc.set_threshold(parse(text), 50, 100)
-    gc.enable()
-
-
-def resolve(text: str, threaded_emitter: bool) -> str:
-    """`auto`: freeze where the emitter thread writes the tokens (its lead absorbs the young
-    collections), the default threshold where the loop does (each young collection would delay them)."""
-    if text != AUTO:
-        return text
-    return FREEZE if threaded_emitter else str(DEFAULT_YOUNG)
-
-
-class Freezer:
-    """`--gc freeze` on a running loop: a young collection, then gc.freeze(), every FREEZE_EVERY_S.
-    `cuts` counts the streams cut mid-way so far (the engines' cut requests)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, cuts: Callable[[], int],
-                 every_s: float = FREEZE_EVERY_S, full_after_cuts: int = FULL_AFTER_CUTS) -> None:
-        self.loop = loop
-        self.cuts = cuts
-        self.every_s = every_s
-        self.full_after_cuts = full_after_cuts
-        self.full_collections = 0
-        self._cuts_at_full = cuts()
-        self._handle: asyncio.TimerHandle | None = loop.call_later(every_s, self._tick)
-
-    def _tick(self) -> None:
-        gc.collect(0)
-        gc.freeze()
-        cuts = self.cuts()
-        if cuts - self._cuts_at_full >= self.full_after_cuts:  # frozen cycles may have piled up
-            self._cuts_at_full = cuts
-            gc.unfreeze()
-            gc.collect()
-            gc.freeze()
-            self.full_collections += 1
-        self._handle = self.loop.call_later(self.every_s, self._tick)
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
 # --- the plug-in ---------------------------------------------------------------------------------
 
 _THREAD_BURST_MARGIN = 1.25
@@ -433,9 +276,11 @@ class ThreadWriter(StepWriter):
     """Hands each step's chunks of threaded streams to the emitter thread when the step is planned,
     booked at the step's end; the loop writes the rest (StepWriter)."""
 
-    def __init__(self, book: WriteBook, emitter: LoopEmitter) -> None:
+    def __init__(self, book: WriteBook, emitter: LoopEmitter, on_close: Callable[[], None]) -> None:
+        """on_close: called once the engine is done with the writer (its FastPath releases the emitter)."""
         super().__init__(book)
         self.emitter = emitter
+        self.on_close = on_close
         self.thread_write_cost = WRITE_COST_S  # running mean of one of the thread's writes
         self._last_burst = 0.0  # when this engine's last burst starts
 
@@ -472,59 +317,51 @@ class ThreadWriter(StepWriter):
         self.thread_write_cost += WRITE_COST_WEIGHT * (cost - self.thread_write_cost)
 
     def close(self) -> None:
-        release(self.emitter)
+        self.on_close()
 
 
 class FastPath(WritePath):
     """The plug-in: streamed tokens written by the emitter thread (threaded; realtime asks for
-    SCHED_FIFO), and, once started, the collector policy `gc_policy` (`--gc`; None leaves the
-    collector alone)."""
+    SCHED_FIFO), one emitter per event loop its engines run on; /admin/stats gets the emitter's
+    counters and, with a `collector` (sim/gcpolicy.py, started and stopped by its owner), its pauses."""
 
-    def __init__(self, threaded: bool, realtime: bool = True, gc_policy: str | None = None) -> None:
+    def __init__(self, threaded: bool, realtime: bool = True,
+                 collector: CollectorPolicy | None = None) -> None:
         self.threaded = threaded
         self.realtime = realtime
-        self.gc_policy = resolve(gc_policy, threaded) if gc_policy is not None else None
-        self.engines: list[LiveEngine] = []
-        self._freezer: Freezer | None = None
+        self.collector = collector
+        self._emitters: dict[asyncio.AbstractEventLoop, LoopEmitter] = {}
 
     def writer(self, engine: LiveEngine) -> StepWriter:
-        self.engines.append(engine)
         loop = asyncio.get_running_loop()
         if not self.threaded:
             return StepWriter(book_for(loop))
-        return ThreadWriter(book_for(loop), acquire(loop, self.realtime))
+        emitter = self._emitters.get(loop)
+        if emitter is None:  # the loop's first engine starts it, with this path's priority
+            emitter = self._emitters[loop] = LoopEmitter(loop, self.realtime)
+        emitter.users += 1
+        return ThreadWriter(book_for(loop), emitter, partial(self._release, emitter))
+
+    def _release(self, emitter: LoopEmitter) -> None:
+        """An engine is done with its writer: the loop's last one stops the emitter."""
+        emitter.users -= 1
+        if emitter.users <= 0:
+            emitter.close()
+            if self._emitters.get(emitter.loop) is emitter:
+                del self._emitters[emitter.loop]
 
     def output(self, transport: asyncio.Transport, sink: Written, *, on_loop: bool) -> StreamOutput:
-        loop = asyncio.get_running_loop()
-        emitter = _EMITTERS.get(id(loop))
-        if emitter is None or emitter.loop is not loop or on_loop or not self.threaded:
+        emitter = self._emitters.get(asyncio.get_running_loop()) if self.threaded and not on_loop else None
+        if emitter is None:
             return TransportOutput(transport, sink)
         return ThreadOutput(emitter, transport, sink)
 
-    def start_collector(self) -> None:
-        """Once the fleet is up: everything built so far lives as long as the process, so it is kept
-        out of the collector's way, and the policy applies from here on."""
-        if self.gc_policy is None:
-            return
-        gc.freeze()
-        apply(self.gc_policy)
-        install()
-        if self.gc_policy == FREEZE:
-            self._freezer = Freezer(asyncio.get_running_loop(), self.cut_streams)
-
-    def stop_collector(self) -> None:
-        if self._freezer is not None:
-            self._freezer.stop()
-            self._freezer = None
-
-    def cut_streams(self) -> int:
-        return sum(engine.cut_requests for engine in self.engines)
-
     def stats(self, reset: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"gc": stats(reset)}  # process-wide: every instance shares it
-        loop = asyncio.get_running_loop()
-        emitter = _EMITTERS.get(id(loop))
-        if emitter is not None and emitter.loop is loop:  # shared by the loop's instances, like the collector
+        out: dict[str, Any] = {}
+        if self.collector is not None:  # process-wide: every instance reports the same
+            out["gc"] = self.collector.stats(reset)
+        emitter = self._emitters.get(asyncio.get_running_loop())
+        if emitter is not None:  # shared by the loop's instances, like the collector
             out["emitter"] = {"priority": emitter.priority, **dataclasses.asdict(emitter.stats)}
             if reset:
                 emitter.stats = EmitterStats()

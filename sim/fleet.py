@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from crossover.errors import UserError
 from crossover.eventloop import new_event_loop
 from crossover.pdproxy.proxy import EntrypointProxy
-from crossover.sim import fastpath
+from crossover.sim import fastpath, gcpolicy
 from crossover.sim.metrics import legacy_mode
 from crossover.sim.server import SimInstance, record_view
 from crossover.spec import Fault, FleetSpec
@@ -60,7 +60,8 @@ class SimFleet:
         """bind_host: listen there (e.g. 0.0.0.0 in a container whose URLs name services) instead of
         on each URL's own host, which must then be loopback. emitter: who writes streamed tokens,
         "thread", "loop" or "auto"; emitter_priority: "realtime" (SCHED_FIFO where the process may)
-        or "normal"; gc_policy: the collector's (`--gc`), None to leave it alone (sim/fastpath.py)."""
+        or "normal"; gc_policy: the collector's (`--gc`), None to leave it alone (sim/gcpolicy.py: the
+        fleet owns the policy, which is process-wide, from start to stop)."""
         try:
             legacy_mode(spec.simulator.vllm_version)
         except ValueError as exc:
@@ -72,8 +73,14 @@ class SimFleet:
         if emitter_priority not in fastpath.PRIORITIES:
             raise UserError(f"--emitter-priority must be one of {', '.join(fastpath.PRIORITIES)}, "
                             f"not {emitter_priority!r}")
+        try:
+            self.collector = None if gc_policy is None else \
+                gcpolicy.CollectorPolicy(gcpolicy.resolve(gc_policy, threaded), self.cut_streams)
+        except ValueError:
+            raise UserError(f"--gc must be a positive integer, {gcpolicy.FREEZE} or {gcpolicy.AUTO}, "
+                            f"not {gc_policy!r}") from None
         self.spec = spec
-        self.path = fastpath.FastPath(threaded, emitter_priority == "realtime", gc_policy)
+        self.path = fastpath.FastPath(threaded, emitter_priority == "realtime", self.collector)
         self.instances: dict[str, SimInstance] = {}
         self.proxies: list[EntrypointProxy] = []
         for topology in spec.topologies:
@@ -105,13 +112,19 @@ class SimFleet:
                 raise UserError(f"{server.name}: cannot listen on {server.host}:{server.port}: "
                                 f"{exc.strerror or exc}") from None
             self._started.append(server)
-        self.path.start_collector()
+        if self.collector is not None:
+            self.collector.start(self._loop)
 
     async def stop(self) -> None:
-        self.path.stop_collector()
+        if self.collector is not None:
+            self.collector.stop()
         for server in reversed(self._started):
             await server.stop()
         self._started.clear()
+
+    def cut_streams(self) -> int:
+        """Streams cut before their last token so far, over every instance (the collector's cue)."""
+        return sum(instance.engine.cut_requests for instance in self.instances.values())
 
     def lines(self) -> list[str]:
         """One line per served endpoint, for the CLI."""

@@ -4,8 +4,8 @@ A step's tokens are formatted while the step runs and written at its modelled en
 Two things decide how: the engine's StepWriter (when its step-end callback fires, and which chunks
 someone other than the loop takes over beforehand) and each stream's StreamOutput (how a chunk
 reaches the stream's connection, and when it is out). The defaults here write from the event loop
-through the stream's transport; sim/fastpath.py plugs in the emitter thread and the collector
-policy at start. Neither the engine nor the server knows which one runs.
+through the stream's transport; sim/fastpath.py plugs in the emitter thread at start (and reports
+the collector policy of sim/gcpolicy.py). Neither the engine nor the server knows which one runs.
 """
 
 from __future__ import annotations

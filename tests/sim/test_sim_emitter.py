@@ -230,6 +230,6 @@ def test_an_instance_bursts_never_go_back_in_time() -> None:
         def place(self, end: float, length: float, now: float) -> float:
             return next(self.proposals)
 
-    writer = fastpath.ThreadWriter(Book(), emitter=None)  # type: ignore[arg-type]
+    writer = fastpath.ThreadWriter(Book(), emitter=None, on_close=lambda: None)  # type: ignore[arg-type]
     starts = [writer.burst_start(1.0 + k * 0.001, 0.001, 1.001) for k in range(3)]
     assert starts == [1.0050, 1.0050, 1.0100]

@@ -2,63 +2,93 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterator
 
 import pytest
 
-from crossover.sim import fastpath
+from crossover.sim import gcpolicy
 
 
 @pytest.fixture
 def restore_gc() -> Iterator[None]:
-    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    threshold, enabled, callbacks = gc.get_threshold(), gc.isenabled(), list(gc.callbacks)
     try:
         yield
     finally:
-        fastpath.apply(str(fastpath.DEFAULT_YOUNG))
+        gc.callbacks[:] = callbacks
         gc.set_threshold(*threshold)
         (gc.enable if enabled else gc.disable)()
 
 
 def test_parse() -> None:
-    assert fastpath.parse("20000") == 20000
+    assert gcpolicy.parse("20000") == 20000
     for bad in ("often", "0", "-5", "idle", "frozen"):
         with pytest.raises(ValueError):
-            fastpath.parse(bad)
+            gcpolicy.parse(bad)
+        with pytest.raises(ValueError):
+            gcpolicy.CollectorPolicy(bad, lambda: 0)
 
 
 def test_auto_policy_freezes_only_behind_the_emitter_thread() -> None:
-    assert fastpath.resolve("auto", threaded_emitter=True) == "freeze"
-    assert fastpath.resolve("auto", threaded_emitter=False) == str(fastpath.DEFAULT_YOUNG)
-    assert fastpath.resolve("5000", threaded_emitter=True) == "5000"
-    assert fastpath.parse("auto") == fastpath.DEFAULT_YOUNG
+    assert gcpolicy.resolve("auto", threaded_emitter=True) == "freeze"
+    assert gcpolicy.resolve("auto", threaded_emitter=False) == str(gcpolicy.DEFAULT_YOUNG)
+    assert gcpolicy.resolve("5000", threaded_emitter=True) == "5000"
+    assert gcpolicy.parse("auto") == gcpolicy.DEFAULT_YOUNG
 
 
 def test_threshold_is_set_and_collections_are_recorded(restore_gc: None) -> None:
-    fastpath.install()
-    fastpath.apply("5000")
-    assert gc.isenabled() and gc.get_threshold()[0] == 5000
-    fastpath.stats(reset=True)
-    gc.collect(0)
+    policy = gcpolicy.CollectorPolicy("5000", lambda: 0)
+
+    async def start() -> None:
+        policy.start(asyncio.get_running_loop())
+
+    try:
+        asyncio.run(start())
+        assert gc.isenabled() and gc.get_threshold()[0] == 5000
+        assert policy.freezer is None and gc.callbacks.count(policy.pauses.on_collection) == 1
+        policy.stats(reset=True)
+        gc.collect(0)
+        gc.collect()
+        stats = policy.stats(reset=True)
+        assert stats["collections"] == [1, 0, 1] and stats["policy"] == "5000"
+        assert stats["seconds"][0] > 0 and stats["max_s"][2] > 0
+        assert policy.stats()["collections"] == [0, 0, 0]
+    finally:
+        policy.stop()
+        gc.unfreeze()
+    assert policy.pauses.on_collection not in gc.callbacks  # stopped: no longer timed
     gc.collect()
-    stats = fastpath.stats(reset=True)
-    assert stats["collections"] == [1, 0, 1] and stats["policy"] == "5000"
-    assert stats["seconds"][0] > 0 and stats["max_s"][2] > 0
-    assert fastpath.stats()["collections"] == [0, 0, 0]
+    assert policy.stats()["collections"] == [0, 0, 0]
+
+
+def test_pause_logs_keep_their_own_record() -> None:
+    """The record is the log's, not the module's: two logs, each counted from its own install."""
+    first, second = gcpolicy.PauseLog(), gcpolicy.PauseLog()
+    first.install()
+    first.install()  # once only
+    try:
+        gc.collect()
+        second.install()
+        gc.collect()
+    finally:
+        first.remove()
+        second.remove()
+    gc.collect()
+    assert first.stats()["collections"][2] == 2 and second.stats()["collections"][2] == 1
+    assert first.on_collection not in gc.callbacks and second.on_collection not in gc.callbacks
 
 
 def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc: None) -> None:
     """`--gc freeze`: each tick collects the young generation (an orphaned cycle dies there) and then
     freezes the survivors, so no later collection scans them."""
-    import asyncio
     import weakref
 
     class Node:
         pass
 
-    assert fastpath.parse("freeze") == fastpath.DEFAULT_YOUNG
-    fastpath.apply("freeze")
+    assert gcpolicy.parse("freeze") == gcpolicy.DEFAULT_YOUNG
     survivors = [Node() for _ in range(1000)]  # in-flight streams' objects
     orphan = Node()
     orphan.self = orphan  # type: ignore[attr-defined]
@@ -68,13 +98,21 @@ def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc:
 
     cuts = [0]  # streams cut mid-way, as the engines count them
 
-    async def ticks(freezer_args: dict[str, int], seconds: float, cut: int = 0) -> fastpath.Freezer:
-        freezer = fastpath.Freezer(asyncio.get_running_loop(), lambda: cuts[0], every_s=0.01,
+    async def ticks(freezer_args: dict[str, int], seconds: float, cut: int = 0) -> gcpolicy.Freezer:
+        freezer = gcpolicy.Freezer(asyncio.get_running_loop(), lambda: cuts[0], every_s=0.01,
                                    **freezer_args)
         cuts[0] += cut  # streams cut while it runs
         await asyncio.sleep(seconds)
         freezer.stop()
         return freezer
+
+    async def policy_ticks() -> gcpolicy.CollectorPolicy:
+        policy = gcpolicy.CollectorPolicy("freeze", lambda: cuts[0])
+        policy.start(asyncio.get_running_loop())
+        assert policy.freezer is not None and gc.get_threshold()[0] == gcpolicy.DEFAULT_YOUNG
+        policy.stop()
+        assert policy.freezer is None
+        return policy
 
     try:
         asyncio.run(ticks({}, 0.035))
@@ -93,14 +131,53 @@ def test_freeze_policy_keeps_survivors_out_and_collects_young_cycles(restore_gc:
         assert late_gone() is not None and freezer.full_collections == 0
         freezer = asyncio.run(ticks({"full_after_cuts": 2}, 0.035, cut=2))
         assert freezer.full_collections == 1 and late_gone() is None
+        asyncio.run(policy_ticks())  # the policy runs the same ticks
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize(("emitter", "policy"), [("loop", "20000"), ("thread", "freeze")])
+def test_the_fleet_owns_its_collector_policy(restore_gc: None, emitter: str, policy: str) -> None:
+    """`crossover sim --gc auto` resolves with the emitter, applies from the fleet's start to its stop,
+    and is reported in /admin/stats beside the emitter's counters; a fleet without one reports none."""
+    from crossover.errors import UserError
+    from crossover.netutil import spec_on_free_ports
+    from crossover.sim import fastpath
+    from crossover.sim.fleet import SimFleet
+    from crossover.spec import load_spec
+    from tests.helpers import SPECS
+
+    if emitter == "thread" and not fastpath.available():
+        pytest.skip("the emitter module is not built")
+    spec = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
+
+    async def run(gc_policy: str | None) -> tuple[SimFleet, dict, dict]:
+        fleet = SimFleet(spec, emitter=emitter, gc_policy=gc_policy)
+        await fleet.start()
+        try:
+            return fleet, fleet.path.stats(reset=False), fleet.instance("tp4-0").path.stats(reset=True)
+        finally:
+            await fleet.stop()
+
+    try:
+        fleet, stats, same = asyncio.run(run("auto"))
+        assert fleet.collector is not None and fleet.collector.policy == policy
+        assert stats["gc"]["policy"] == policy and gc.get_threshold()[0] == gcpolicy.DEFAULT_YOUNG
+        assert same["gc"]["policy"] == policy  # every instance reports the process's collector
+        assert ("emitter" in stats) == (emitter == "thread")
+        assert fleet.collector.pauses.on_collection not in gc.callbacks  # stopped with the fleet
+        assert fleet.collector.freezer is None
+        _, stats, _ = asyncio.run(run(None))
+        assert "gc" not in stats
+    finally:
+        gc.unfreeze()
+    with pytest.raises(UserError, match="--gc must be"):
+        SimFleet(spec, emitter=emitter, gc_policy="often")
 
 
 def test_engine_keeps_its_phase_after_a_long_stall() -> None:
     """After a stall past the catch-up limit the step chain skips whole steps, staying on its grid
     (restarting at "now" would phase-lock every instance of the loop after a shared stall)."""
-    import asyncio
     import sys
     import time
     from pathlib import Path

@@ -1,6 +1,6 @@
 """The simulator's speed machinery stays behind its seam: the engine, the server and the write path's
-default know a token sink and nothing of threads, descriptors or the collector (sim/fastpath.py is
-the one module that does, plugged in at start), and the engines count the cut streams the
+default know a token sink and nothing of threads, descriptors or the collector (sim/fastpath.py and
+sim/gcpolicy.py do, plugged in by the fleet at start), and the engines count the cut streams the
 collector policy needs."""
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from crossover.spec import load_spec
 from tests.helpers import SPECS
 
 SIM = Path(__file__).resolve().parents[2] / "sim"
-# what the speed machinery is made of: the plug-in, the native thread, descriptors, the collector
-MACHINERY = {"crossover.sim.fastpath", "crossover.sim._emitter", "threading", "socket", "os", "gc", "select"}
+# what the speed machinery is made of: the plug-in, the collector policy, the native thread,
+# descriptors, the collector
+MACHINERY = {"crossover.sim.fastpath", "crossover.sim.gcpolicy", "crossover.sim._emitter", "threading",
+             "socket", "os", "gc", "select"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -35,7 +37,18 @@ def _imports(path: Path) -> set[str]:
 def test_the_engine_and_the_server_know_no_speed_machinery() -> None:
     for name in ("engine.py", "server.py", "writer.py", "scheduler.py"):
         assert not _imports(SIM / name) & MACHINERY, (name, sorted(_imports(SIM / name) & MACHINERY))
-    assert "crossover.sim.fastpath" in _imports(SIM / "fleet.py")  # plugged in there, at start
+    # plugged in there, at start
+    assert {"crossover.sim.fastpath", "crossover.sim.gcpolicy"} <= _imports(SIM / "fleet.py")
+
+
+def test_the_speed_machinery_keeps_no_module_level_state() -> None:
+    """Each job's state is its object's (the emitter's FastPath, the collector's CollectorPolicy): no
+    module-level assignment of a mutable value in either module."""
+    for name in ("fastpath.py", "gcpolicy.py"):
+        for node in ast.parse((SIM / name).read_text()).body:
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                assert not isinstance(node.value, ast.List | ast.Dict | ast.Set | ast.ListComp
+                                      | ast.DictComp | ast.SetComp | ast.Call), (name, ast.unparse(node))
 
 
 def test_engines_count_the_streams_cut_before_their_last_token() -> None:
