@@ -30,9 +30,7 @@ from crossover.spec import (
     REQUEST_SOURCES,
     FleetSpec,
     Role,
-    bucket_neighbours,
     format_duration,
-    on_boundary,
     parse_duration,
 )
 
@@ -405,14 +403,12 @@ def slo_buckets(spec: FleetSpec, refuse_off_boundary: bool = False,
     for kind, threshold_ms in spec.slos.thresholds_ms.items():
         metric = slo.SLO_HISTOGRAMS[kind]
         threshold_s = threshold_ms / 1000.0
-        if on_boundary(threshold_s, metric.buckets):
-            le = min(metric.buckets, key=lambda b: abs(b - threshold_s))
-            chosen.append(SloBucket(kind, threshold_ms, metric, le, exact=True))
+        boundary = slo.boundary_index(threshold_s, metric.buckets)
+        if boundary is not None:
+            chosen.append(SloBucket(kind, threshold_ms, metric, metric.buckets[boundary], exact=True))
             continue
-        below, above = bucket_neighbours(threshold_s, metric.buckets)
-        near = " and ".join(f"{b * 1000:g} ms" for b in (below, above) if b is not None)
-        where = f"{source}: slos.{kind}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} " \
-                f"(neighbours {near})"
+        below, _above = slo.bucket_neighbours(threshold_s, metric.buckets)
+        where = f"{source}: slos.{kind}_ms: {slo.not_a_boundary(threshold_ms, metric.name, metric.buckets)}"
         if refuse_off_boundary:
             raise UserError(f"{where}; pick a boundary or drop --refuse-off-boundary to round down")
         if below is None:
