@@ -15,7 +15,7 @@ from crossover.exporter.parse import ParsedSeries, Parser
 from crossover.exporter.quantile import bucket_fraction
 from crossover.exporter.state import TargetHealth, build_snapshot
 from crossover.exporter.window import History
-from crossover.rules.model import slo_buckets
+from crossover.rules.buckets import slo_buckets
 from crossover.spec import FleetSpec, parse_spec, slo_warnings, spec_targets
 from tests.helpers import SPECS
 
