@@ -19,8 +19,9 @@ of requests served; attainment per SLO is their product. Several SLOs together g
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from crossover import catalog
@@ -45,6 +46,45 @@ QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 TAIL_QUANTILE = 0.99
 # The kinds whose tail latency headlines, charts and crossings compare (e2el is in the tables only).
 TAIL_KINDS: tuple[str, ...] = ("ttft", "tpot", "itl")
+
+
+# --- thresholds and histogram buckets -------------------------------------------------------------
+# A histogram's share within a threshold is exact only when the threshold is one of its bucket
+# boundaries. Every part decides that here, on the buckets it is given: the spec's warning and the
+# rules' choice of bucket on vLLM's defaults (crossover.catalog), the exporter's `attainment_exact` on
+# the bounds a target exposes, a router on its own. The tolerance is relative only: bounds are in
+# whatever unit their family counts (seconds here, bytes or a router's own elsewhere), and an
+# absolute one (say 1e-12) would widen the match only for bounds under 1e-3 of that unit.
+BOUNDARY_REL_TOL = 1e-9
+
+
+def boundary_index(value: float, bounds: Sequence[float]) -> int | None:
+    """The index of the bucket boundary `value` lies on, or None between boundaries. `bounds`: the
+    ascending upper bounds in value's unit; a +Inf bound may close them and is never matched. Only
+    the two boundaries around `value` are compared, the one at or above it first."""
+    index = bisect.bisect_left(bounds, value)
+    for near in (index, index - 1):
+        if 0 <= near < len(bounds) and math.isclose(bounds[near], value, rel_tol=BOUNDARY_REL_TOL,
+                                                    abs_tol=0.0):
+            return near
+    return None
+
+
+def bucket_neighbours(value: float, bounds: Sequence[float]) -> tuple[float | None, float | None]:
+    """The bucket boundaries just below and at or above `value` (None beyond either end)."""
+    index = bisect.bisect_left(bounds, value)
+    below = bounds[index - 1] if index > 0 else None
+    above = bounds[index] if index < len(bounds) else None
+    return below, above
+
+
+def not_a_boundary(threshold_ms: float, family: str, bounds_s: Sequence[float]) -> str:
+    """The one sentence for a threshold off the buckets of a family (bounds in seconds), e.g. "2000
+    ms is not a bucket boundary of <TTFT's family> (neighbours 1000 ms and 2500 ms)"; the caller says
+    before it where the threshold comes from and after it what follows."""
+    below, above = bucket_neighbours(threshold_ms / 1000.0, bounds_s)
+    near = " and ".join(f"{b * 1000:g} ms" for b in (below, above) if b is not None)
+    return f"{threshold_ms:g} ms is not a bucket boundary of {family} (neighbours {near})"
 
 
 def quantile_label(q: float) -> str:

@@ -6,7 +6,6 @@ or raises `SpecError` with a one-line message naming the file, the field and the
 
 from __future__ import annotations
 
-import bisect
 import difflib
 import math
 import os
@@ -31,7 +30,7 @@ from pydantic import (
 from crossover.catalog import KV_CONNECTORS
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
-from crossover.slo import SLO_HISTOGRAMS
+from crossover.slo import SLO_HISTOGRAMS, boundary_index, not_a_boundary
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -579,31 +578,16 @@ def load_spec(path: str | os.PathLike[str]) -> FleetSpec:
     return parse_spec(data, source)
 
 
-def bucket_neighbours(threshold_s: float, buckets: tuple[float, ...]) -> tuple[float | None, float | None]:
-    """The bucket boundaries just below and above a threshold (None beyond either end)."""
-    index = bisect.bisect_left(buckets, threshold_s)
-    below = buckets[index - 1] if index > 0 else None
-    above = buckets[index] if index < len(buckets) else None
-    return below, above
-
-
-def on_boundary(threshold_s: float, buckets: tuple[float, ...]) -> bool:
-    return any(math.isclose(threshold_s, b, rel_tol=1e-9, abs_tol=1e-12) for b in buckets)
-
-
 def slo_warnings(spec: FleetSpec, source: str = "spec") -> list[str]:
     """One line for each SLO threshold that is not on a default vLLM bucket boundary."""
     warnings = []
     for slo, threshold_ms in spec.slos.thresholds_ms.items():
         metric = SLO_HISTOGRAMS[slo]
-        threshold_s = threshold_ms / 1000.0
-        if on_boundary(threshold_s, metric.buckets):
+        if boundary_index(threshold_ms / 1000.0, metric.buckets) is not None:
             continue
-        below, above = bucket_neighbours(threshold_s, metric.buckets)
-        near = " and ".join(f"{b * 1000:g} ms" for b in (below, above) if b is not None)
         warnings.append(
-            f"{source}: slos.{slo}_ms: {threshold_ms:g} ms is not a bucket boundary of {metric.name} "
-            f"(neighbours {near}); histogram-based goodput is interpolated there, exact only on a boundary")
+            f"{source}: slos.{slo}_ms: {not_a_boundary(threshold_ms, metric.name, metric.buckets)}; "
+            "histogram-based goodput is interpolated there, exact only on a boundary")
     return warnings
 
 

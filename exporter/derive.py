@@ -598,10 +598,9 @@ def _fraction_rows(threshold: float, bounds: tuple[float, ...], monotonic: np.nd
     finite = len(bounds) - 1
     index = bisect.bisect_left(bounds, threshold, 0, finite)
     with np.errstate(divide="ignore", invalid="ignore"):
-        if index < finite and math.isclose(bounds[index], threshold, rel_tol=1e-9, abs_tol=0.0):
-            return monotonic[:, index] / total, True, empty
-        if index > 0 and math.isclose(bounds[index - 1], threshold, rel_tol=1e-9, abs_tol=0.0):
-            return monotonic[:, index - 1] / total, True, empty
+        boundary = slo.boundary_index(threshold, bounds)
+        if boundary is not None:
+            return monotonic[:, boundary] / total, True, empty
         if index == finite:
             return monotonic[:, finite - 1] / total, False, empty
         if index == 0 and bounds[0] <= 0:

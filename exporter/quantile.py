@@ -15,6 +15,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from crossover.slo import boundary_index
+
 Bucket = tuple[float, float]  # (upper bound `le`, cumulative count)
 
 NAN = float("nan")
@@ -147,10 +149,9 @@ def fraction_of(threshold: float, prepared: Prepared | None, count: float | None
         return Fraction(NAN, True)
     finite = len(bounds) - 1
     index = bisect.bisect_left(bounds, threshold, 0, finite)
-    if index < finite and math.isclose(bounds[index], threshold, rel_tol=1e-9, abs_tol=0.0):
-        return Fraction(counts[index] / total, True)
-    if index > 0 and math.isclose(bounds[index - 1], threshold, rel_tol=1e-9, abs_tol=0.0):
-        return Fraction(counts[index - 1] / total, True)
+    boundary = boundary_index(threshold, bounds)
+    if boundary is not None:
+        return Fraction(counts[boundary] / total, True)
     if index == finite:  # above the highest finite bound: only a lower bound is known
         return Fraction(counts[finite - 1] / total, False)
     if index == 0 and bounds[0] <= 0:

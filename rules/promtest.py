@@ -21,7 +21,9 @@ from crossover import catalog, slo
 from crossover.catalog import Metric, MetricType
 from crossover.exporter.quantile import histogram_quantile
 from crossover.rules import model as m
-from crossover.rules.model import AlertRule, RuleSet
+from crossover.rules.alerts import WATCHED_FAMILIES, AlertRule
+from crossover.rules.model import RuleSet
+from crossover.rules.recording import LATENCY_HISTOGRAMS
 from crossover.rules.render import dump, expand_annotation, header
 from crossover.spec import ENTRYPOINT_ROLE, Instance, Role, Topology, entrypoint_replica, format_duration
 
@@ -123,7 +125,7 @@ def _entrypoint(data: _Input, rules: RuleSet, labels: dict[str, str], engine: di
     """What crossover's P/D proxy exposes: the request families only (catalog.ENTRYPOINT_FAMILIES)."""
     data.gauge("up", labels, 1.0)
     data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "length"}, REQUESTS_PER_S)
-    for metric in m.LATENCY_HISTOGRAMS:
+    for metric in LATENCY_HISTOGRAMS:
         data.histogram(metric, engine, _latency_shape(metric, good, rules), spell)
 
 
@@ -161,7 +163,7 @@ def _serving_instance(data: _Input, rules: RuleSet, role: Role, labels: dict[str
     data.gauge(catalog.NUM_REQUESTS_WAITING.promql_name, engine, WAITING)
     data.gauge(catalog.KV_CACHE_USAGE.promql_name, engine, KV_USAGE)
     failed_finished = sum(failed.get(r, 0.0) for r in slo.FAILED_REASONS)
-    for metric in m.LATENCY_HISTOGRAMS:
+    for metric in LATENCY_HISTOGRAMS:
         data.histogram(metric, engine, _latency_shape(metric, good, rules, failed_finished), spell)
     if role is Role.DECODE:
         connector = catalog.KV_CONNECTORS[rules.spec.simulator.kv_connector]
@@ -405,7 +407,7 @@ def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
         labels = _instance_labels(renamed_topology, renamed_topology.instances[0], 1)
         engine = {**labels, "model_name": spec.model.name, "engine": "0"}
         data.gauge("up", labels, 1.0)
-        for metric in m.WATCHED_FAMILIES:
+        for metric in WATCHED_FAMILIES:
             if metric is catalog.KV_CACHE_USAGE:
                 data.gauge(metric.aliases[0], engine, KV_USAGE)  # the pre-0.11 name
             elif metric.type is MetricType.HISTOGRAM:

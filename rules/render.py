@@ -8,7 +8,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from crossover.rules.model import JOB_NAME, AlertRule, RecordingRule, RuleSet
+from crossover.rules.alerts import AlertRule
+from crossover.rules.model import JOB_NAME, RuleSet
+from crossover.rules.recording import RecordingRule
 from crossover.spec import FleetSpec, format_duration, spec_targets
 
 # Pod labels an operator puts on vLLM pods so the PodMonitor can attach the topology labels.

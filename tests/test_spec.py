@@ -12,7 +12,8 @@ import pytest
 from crossover import validate
 from crossover.catalog import TTFT
 from crossover.netutil import spec_on_free_ports
-from crossover.spec import FleetSpec, SpecError, bucket_neighbours, load_spec, parse_duration, slo_warnings
+from crossover.slo import bucket_neighbours
+from crossover.spec import FleetSpec, SpecError, load_spec, parse_duration, slo_warnings
 from tests.helpers import FIXTURES, SPECS
 
 EXAMPLES = sorted(SPECS.glob("*.yaml"))

@@ -12,8 +12,12 @@ from crossover import catalog
 from crossover.cli import main
 from crossover.errors import UserError
 from crossover.rules import model as m
+from crossover.rules import names
+from crossover.rules.alerts import WATCHED_FAMILIES
+from crossover.rules.buckets import le_regex, le_spellings, slo_buckets
 from crossover.rules.generate import Format, outputs
-from crossover.rules.model import BURN_ALERT, RulesConfig, build_rules, le_spellings, slo_buckets
+from crossover.rules.model import BURN_ALERT, RulesConfig, build_rules
+from crossover.rules.raw_series import promql_string
 from crossover.spec import load_spec, parse_duration, parse_spec, spec_targets
 from tests.helpers import SPECS
 
@@ -67,7 +71,7 @@ def test_le_spellings_cover_prometheus_2_and_3_and_parse_back() -> None:
     assert "0.05" in le_spellings(0.05)
     assert {"8589934592.0", "8589934592"} <= set(le_spellings(float(2**33)))
     for value in (0.001, 0.05, 1.0, 2.5, 2560.0, float(2**33)):
-        regex = re.compile(m.le_regex(value))
+        regex = re.compile(le_regex(value))
         assert all(float(s) == value and regex.fullmatch(s) for s in le_spellings(value))
         # The anchored regex must not match a neighbouring bucket.
         assert not regex.fullmatch(repr(value * 10))
@@ -370,7 +374,14 @@ def test_a_family_is_present_by_one_series_in_the_source_choice_and_the_alerts()
     exprs = {r.record: r.expr for r in rules.records}
     alerts = {a.alert: a.expr for a in rules.alerts}
     families = "|".join(re.escape(f.presence_name) for f in catalog.ENTRYPOINT_FAMILIES)
-    entry = f'{{job="vllm",__name__=~{m.promql_string(families)},role="entrypoint"}}'
+    entry = f'{{job="vllm",__name__=~{promql_string(families)},role="entrypoint"}}'
     assert entry in exprs[m.requests_source_name()] and entry in alerts["VllmEntrypointMetricsAbsent"]
-    for family in m.WATCHED_FAMILIES:
+    for family in WATCHED_FAMILIES:
         assert f'unless on (instance) {family.presence_name}{{job="vllm"}}' in alerts["VllmMetricsAbsent"]
+
+
+def test_the_naming_examples_are_names_the_rules_record() -> None:
+    """names.py's docstring shows the naming scheme by example; each example must stay a real name."""
+    examples = re.findall(r"^\s+([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)(?:\{[^}]*\})?\s", names.__doc__ or "", re.M)
+    assert len(examples) == 4
+    assert set(examples) <= build_rules(load_spec(PD)).record_names
