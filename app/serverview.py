@@ -128,16 +128,21 @@ def exporter_rows(snapshot: Any, now: float) -> list[dict[str, Any]]:
 def prometheus_queries(spec: FleetSpec) -> dict[str, str]:
     """Series key -> the recording rule that holds it (names from crossover.rules, never spelled here)."""
     from crossover import catalog
-    from crossover.rules import model as rules
+    from crossover.rules.names import (
+        goodput_tokens_name,
+        quantile_name,
+        rate_name,
+        requests_source_name,
+    )
 
     window = format_duration(min(spec.scrape.window_seconds))
     return {
-        "goodput_tps": rules.goodput_tokens_name(window),
-        "output_tps": rules.rate_name(catalog.GENERATION_TOKENS, window),
+        "goodput_tps": goodput_tokens_name(window),
+        "output_tps": rate_name(catalog.GENERATION_TOKENS, window),
         **{slo.percentile_column(kind, slo.TAIL_QUANTILE):
-           f"1000 * {rules.quantile_name(slo.SLO_HISTOGRAMS[kind], slo.TAIL_QUANTILE, window)}"
+           f"1000 * {quantile_name(slo.SLO_HISTOGRAMS[kind], slo.TAIL_QUANTILE, window)}"
            for kind in slo.TAIL_KINDS},
-        SOURCE: rules.requests_source_name(),
+        SOURCE: requests_source_name(),
     }
 
 

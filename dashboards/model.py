@@ -11,7 +11,31 @@ from dataclasses import dataclass, field
 
 from crossover import catalog
 from crossover.rules import model as m
+from crossover.rules.buckets import request_slo_buckets
 from crossover.rules.model import RuleSet
+from crossover.rules.names import (
+    BUDGET_REMAINING_NAME,
+    FAILURES_COUNTED_NAME,
+    KV_BYTES,
+    KV_FAILURES,
+    KV_TIME,
+    REPLICA_LEVEL,
+    ROLE_LEVEL,
+    attainment_name,
+    failed_requests_name,
+    gauge_sum_name,
+    goodput_requests_name,
+    goodput_tokens_name,
+    histogram_rate_name,
+    joint_attainment_name,
+    kv_bandwidth_name,
+    kv_usage_name,
+    per_gpu_name,
+    quantile_name,
+    rate_name,
+    requests_source_name,
+    sli_error_name,
+)
 from crossover.spec import REQUEST_SOURCES
 
 DATASOURCE_UID = "crossover-prometheus"  # the provisioned datasource's fixed uid
@@ -89,7 +113,7 @@ SOURCE_LEGEND = "{{topology}} ({{source}})"
 def _requests(name: str, legend: str = SOURCE_LEGEND) -> Query:
     """A per-topology request figure joined with where it comes from (rules' requests source)."""
     decode = REQUEST_SOURCES["decode"]
-    joined = f"{_sel(name)}\n* on (topology) group_left (source)\n{m.requests_source_name()}"
+    joined = f"{_sel(name)}\n* on (topology) group_left (source)\n{requests_source_name()}"
     return Query(f'label_replace(\n{joined},\n"source", "{decode}", "source", "decode")', legend)
 
 
@@ -109,8 +133,8 @@ def _latency_panel(rules: RuleSet, metric: catalog.Metric, kind: str, title: str
                     f"topology's from its entrypoint, or decode-side (excludes the prefill) without "
                     f"one, as the legend says.{note}",
         unit="s",
-        queries=(_requests(m.quantile_name(metric, 0.5, WINDOW), f"{SOURCE_LEGEND} p50"),
-                 _requests(m.quantile_name(metric, 0.99, WINDOW), f"{SOURCE_LEGEND} p99")),
+        queries=(_requests(quantile_name(metric, 0.5, WINDOW), f"{SOURCE_LEGEND} p50"),
+                 _requests(quantile_name(metric, 0.99, WINDOW), f"{SOURCE_LEGEND} p99")),
         lines=lines, min=0)
 
 
@@ -121,7 +145,7 @@ def _failed_per_topology() -> Panel:
                     "error), abort (engine-side cancel), rejected (admission queue limit, 503), unfinished "
                     "(answered but never finished by the engine: a client that cut its stream, a 5xx "
                     "before the engine). Bad input (4xx) is not counted.",
-        unit="reqps", queries=(_per_topology(m.failed_requests_name(WINDOW), "{{topology}} {{reason}}"),),
+        unit="reqps", queries=(_per_topology(failed_requests_name(WINDOW), "{{topology}} {{reason}}"),),
         min=0, scope="any")
 
 
@@ -132,7 +156,7 @@ def _failed_per_instance() -> Panel:
         description="Failed requests per second of each instance by reason, counted as on the panel per "
                     "topology (unfinished over the longest window there too).",
         unit="reqps",
-        queries=(Query(_sel(m.failed_requests_name(WINDOW, m.REPLICA_LEVEL)),
+        queries=(Query(_sel(failed_requests_name(WINDOW, REPLICA_LEVEL)),
                        "{{topology}} {{replica}} {{reason}}"),),
         min=0, scope="any")
 
@@ -143,9 +167,9 @@ def _uid(stem: str, kind: str) -> str:
 
 def _goodput_panels(rules: RuleSet) -> tuple[Panel, ...]:
     objective = rules.spec.slos.objective
-    slo_queries = tuple(_requests(m.attainment_name(b.slo, WINDOW), f"{SOURCE_LEGEND} {b.slo}")
+    slo_queries = tuple(_requests(attainment_name(b.slo, WINDOW), f"{SOURCE_LEGEND} {b.slo}")
                         for b in rules.slo_buckets)
-    request_slos = m.request_slo_buckets(rules.slo_buckets)
+    request_slos = request_slo_buckets(rules.slo_buckets)
     goodput_rows: list[Panel] = [Panel(
         title="Attainment per SLO",
         description="Share of all requests the topology should have served that were served within each "
@@ -159,7 +183,7 @@ def _goodput_panels(rules: RuleSet) -> tuple[Panel, ...]:
                           "0: an instance does not (vLLM before finished_reason): its attainment is the "
                           "histogram share alone and failures go unseen (docs/slo.md).",
               unit="short", kind="stat", min=0, max=1,
-              queries=(Query(f"{m.FAILURES_COUNTED_NAME}{{{TOPOLOGY_FILTER}}}", "{{topology}}"),),
+              queries=(Query(f"{FAILURES_COUNTED_NAME}{{{TOPOLOGY_FILTER}}}", "{{topology}}"),),
               width=6, height=4)]
     if request_slos:
         goodput_rows.insert(0, Panel(
@@ -169,22 +193,22 @@ def _goodput_panels(rules: RuleSet) -> tuple[Panel, ...]:
                         "shares - (n-1)), upper = min of shares. "
                         f"The red line is the objective ({objective:g}).",
             unit="percentunit",
-            queries=(_requests(m.joint_attainment_name("lower", WINDOW), f"{SOURCE_LEGEND} lower bound"),
-                     _requests(m.joint_attainment_name("upper", WINDOW), f"{SOURCE_LEGEND} upper bound")),
+            queries=(_requests(joint_attainment_name("lower", WINDOW), f"{SOURCE_LEGEND} lower bound"),
+                     _requests(joint_attainment_name("upper", WINDOW), f"{SOURCE_LEGEND} upper bound")),
             lines=(Line(objective),), min=0, max=1))
         goodput_rows += [
             Panel(title="Goodput requests/s",
                   description="Requests per second served within every SLO (lower bound): every request "
                               "the topology should have served per second times the joint lower bound.",
-                  unit="reqps", queries=(_per_topology(m.goodput_requests_name(WINDOW)),), min=0),
+                  unit="reqps", queries=(_per_topology(goodput_requests_name(WINDOW)),), min=0),
             Panel(title="Goodput tokens/s",
                   description="Output tokens/s of the topology times its lower-bound goodput ratio: tokens "
                               "certainly served within every SLO (a conservative figure).",
-                  unit="short", queries=(_requests(m.goodput_tokens_name(WINDOW)),), min=0),
+                  unit="short", queries=(_requests(goodput_tokens_name(WINDOW)),), min=0),
             Panel(title="Goodput tokens/s per GPU",
                   description="Goodput tokens/s divided by the topology's GPUs (from the spec): the figure "
                               "that decides the crossover between topologies of equal GPU count.",
-                  unit="short", queries=(_requests(m.goodput_tokens_name(WINDOW, per_gpu=True)),), min=0),
+                  unit="short", queries=(_requests(goodput_tokens_name(WINDOW, per_gpu=True)),), min=0),
         ]
     return tuple(goodput_rows)
 
@@ -194,15 +218,15 @@ def _throughput_panels(rules: RuleSet) -> tuple[Panel, ...]:
         Panel(title="Output tokens/s",
               description="Generated tokens per second, summed over the topology's instances (a P/D "
                           "topology's decode role: its prefill role's one token per request is no output).",
-              unit="short", queries=(_per_topology(m.rate_name(catalog.GENERATION_TOKENS, WINDOW)),), min=0),
+              unit="short", queries=(_per_topology(rate_name(catalog.GENERATION_TOKENS, WINDOW)),), min=0),
         Panel(title="Output tokens/s per GPU",
               description="Generated tokens per second divided by the topology's GPU count.",
-              unit="short", queries=(_per_topology(m.per_gpu_name(catalog.GENERATION_TOKENS, WINDOW)),),
+              unit="short", queries=(_per_topology(per_gpu_name(catalog.GENERATION_TOKENS, WINDOW)),),
               min=0),
         Panel(title="Finished requests/s",
               description="Requests finished per second (every finished_reason), per topology, each request "
                           "once: a P/D topology's from its entrypoint, else decode-side.",
-              unit="reqps", queries=(_requests(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW)),), min=0),
+              unit="reqps", queries=(_requests(rate_name(catalog.REQUEST_SUCCESS, WINDOW)),), min=0),
         Panel(title="Output tokens/s per instance",
               description="Generated tokens per second of each instance, from the raw counter over "
                           "$__rate_interval: shows an unbalanced or idle replica inside a topology.",
@@ -231,16 +255,16 @@ def _load_panels(rules: RuleSet) -> tuple[Panel, ...]:
         Panel(title="Running and waiting requests",
               description="Requests in the running batch and in the waiting queue, summed per topology.",
               unit="short",
-              queries=(_per_topology(m.gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), "{{topology}} running"),
-                       _per_topology(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING), "{{topology}} waiting")),
+              queries=(_per_topology(gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), "{{topology}} running"),
+                       _per_topology(gauge_sum_name(catalog.NUM_REQUESTS_WAITING), "{{topology}} waiting")),
               min=0),
         Panel(title="KV-cache usage",
               description="KV-cache usage of the fullest instance of each topology (1 = full; preemptions "
                           "follow). Instances of a topology have equal pools.",
-              unit="percentunit", queries=(_per_topology(m.kv_usage_name("max")),), min=0, max=1),
+              unit="percentunit", queries=(_per_topology(kv_usage_name("max")),), min=0, max=1),
         Panel(title="Preemptions/s",
               description="Requests preempted per second (KV cache exhausted), per topology.",
-              unit="short", queries=(_per_topology(m.rate_name(catalog.NUM_PREEMPTIONS, WINDOW)),), min=0),
+              unit="short", queries=(_per_topology(rate_name(catalog.NUM_PREEMPTIONS, WINDOW)),), min=0),
         Panel(title="Targets up",
               description="Instances of each topology that Prometheus scrapes successfully, out of those "
                           "in the spec.",
@@ -273,7 +297,7 @@ def slo_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                           f"{SLO_TITLES[b.slo]} SLO ({b.le * 1000:g} ms) over each alerting window, per "
                           f"topology. The red line is the objective ({rules.spec.slos.objective:g}).",
               unit="percentunit",
-              queries=tuple(Query(f'1 - {m.sli_error_name(w)}{{slo="{b.slo}",{FILTERS}}}',
+              queries=tuple(Query(f'1 - {sli_error_name(w)}{{slo="{b.slo}",{FILTERS}}}',
                                   f"{{{{topology}}}} {w}") for w in _alert_windows(rules)),
               lines=(Line(rules.spec.slos.objective),), min=0, max=1)
         for b in rules.slo_buckets)
@@ -283,9 +307,9 @@ def slo_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
                           f"({budget:g}), per topology and SLO. The alert fires when both exceed the red "
                           f"line ({t.factor:g}x: {t.budget_share * 100:g}% of the budget in {t.long}).",
               unit="short",
-              queries=(Query(f"{m.sli_error_name(t.long)}{{{FILTERS}}} / {budget!r}",
+              queries=(Query(f"{sli_error_name(t.long)}{{{FILTERS}}} / {budget!r}",
                              f"{{{{topology}}}} {{{{slo}}}} {t.long}"),
-                       Query(f"{m.sli_error_name(t.short)}{{{FILTERS}}} / {budget!r}",
+                       Query(f"{sli_error_name(t.short)}{{{FILTERS}}} / {budget!r}",
                              f"{{{{topology}}}} {{{{slo}}}} {t.short}")),
               lines=(Line(t.factor),), min=0)
         for t in rules.tiers)
@@ -294,7 +318,7 @@ def slo_dashboard(rules: RuleSet, stem: str) -> DashboardModel:
               description=f"1 - (error ratio over the {rules.period} period) / (1 - objective), per topology "
                           "and SLO. Below 0 the budget is spent.",
               unit="percentunit",
-              queries=(Query(f"{m.BUDGET_REMAINING_NAME}{{{FILTERS}}}", "{{topology}} {{slo}}"),),
+              queries=(Query(f"{BUDGET_REMAINING_NAME}{{{FILTERS}}}", "{{topology}} {{slo}}"),),
               lines=(Line(0.0),)),
         Panel(title="Firing crossover alerts",
               description="Alerts of the generated rules firing now (0 when none); their start and end are "
@@ -317,27 +341,27 @@ def _on_role(name: str, role: str) -> Query:
 
 
 def _kv_transfer_panels(rules: RuleSet) -> tuple[Panel, ...]:
-    xfer = m.KV_TIME
+    xfer = KV_TIME
     return (
         Panel(title="KV-transfer time", scope="pd",
               description="KV-cache transfer duration p50 and p99 per P/D topology, from whichever connector "
                           "(NIXL or Mooncake) the decode instances expose; pooled over TP ranks.",
-              unit="s", queries=(_per_topology(m.quantile_name(xfer, 0.5, WINDOW), "{{topology}} p50"),
-                                 _per_topology(m.quantile_name(xfer, 0.99, WINDOW), "{{topology}} p99")),
+              unit="s", queries=(_per_topology(quantile_name(xfer, 0.5, WINDOW), "{{topology}} p50"),
+                                 _per_topology(quantile_name(xfer, 0.99, WINDOW), "{{topology}} p99")),
               lines=(Line(rules.config.kv_transfer_p99_ms / 1000.0),), min=0),
         Panel(title="KV bytes/s", scope="pd",
               description="Bytes of KV cache moved per second from prefill to decode instances.",
-              unit="Bps", queries=(_per_topology(m.histogram_rate_name(m.KV_BYTES, "sum", WINDOW)),),
+              unit="Bps", queries=(_per_topology(histogram_rate_name(KV_BYTES, "sum", WINDOW)),),
               min=0),
         Panel(title="Per-transfer bandwidth", scope="pd",
               description="Bytes moved divided by the time transfers took (sum of bytes over sum of transfer "
                           "seconds): the link speed a transfer sees.",
-              unit="Bps", queries=(_per_topology(m.kv_bandwidth_name(WINDOW)),), min=0),
+              unit="Bps", queries=(_per_topology(kv_bandwidth_name(WINDOW)),), min=0),
         Panel(title="KV transfers and failures/s", scope="pd",
               description="KV transfers per second and failed transfers per second (NIXL or Mooncake).",
               unit="ops",
-              queries=(_per_topology(m.histogram_rate_name(xfer, "count", WINDOW), "{{topology}} transfers"),
-                       _per_topology(m.rate_name(m.KV_FAILURES, WINDOW),
+              queries=(_per_topology(histogram_rate_name(xfer, "count", WINDOW), "{{topology}} transfers"),
+                       _per_topology(rate_name(KV_FAILURES, WINDOW),
                                      "{{topology}} failed")),
               min=0),
     )
@@ -352,25 +376,25 @@ def _stage_panels(rules: RuleSet) -> tuple[Panel, ...]:
               description="p99 time to first token per topology as its users see it: from the entrypoint "
                           "(prefill + KV transfer + first decode step), or decode-side without one.",
               unit="s",
-              queries=(_requests(m.quantile_name(catalog.TTFT, 0.99, WINDOW), f"{SOURCE_LEGEND} p99"),),
+              queries=(_requests(quantile_name(catalog.TTFT, 0.99, WINDOW), f"{SOURCE_LEGEND} p99"),),
               lines=(Line(ttft_slo.le),) if ttft_slo else (), min=0),
         Panel(title="Prefill: TTFT p99 on the prefill role", scope="pd", width=6,
               description="p99 time to first token on the prefill instances: the prefill itself (and its "
                           "queue), the first stage of a P/D request.",
               unit="s",
-              queries=(_on_role(m.quantile_name(catalog.TTFT, 0.99, WINDOW, m.ROLE_LEVEL), "prefill"),),
+              queries=(_on_role(quantile_name(catalog.TTFT, 0.99, WINDOW, ROLE_LEVEL), "prefill"),),
               min=0),
         Panel(title="KV transfer: time p99", scope="pd", width=6,
               description="p99 KV-cache transfer time, prefill to decode (NIXL or Mooncake): the second "
                           "stage.",
               unit="s",
-              queries=(_per_topology(m.quantile_name(m.KV_TIME, 0.99, WINDOW), "{{topology}} p99"),),
+              queries=(_per_topology(quantile_name(KV_TIME, 0.99, WINDOW), "{{topology}} p99"),),
               lines=(Line(rules.config.kv_transfer_p99_ms / 1000.0),), min=0),
         Panel(title="Decode: ITL p99 on the decode role", scope="pd", width=6,
               description="p99 inter-token latency on the decode instances: the third stage, free of "
                           "prefill chunks.",
               unit="s",
-              queries=(_on_role(m.quantile_name(catalog.ITL, 0.99, WINDOW, m.ROLE_LEVEL), "decode"),),
+              queries=(_on_role(quantile_name(catalog.ITL, 0.99, WINDOW, ROLE_LEVEL), "decode"),),
               lines=(Line(itl_slo.le),) if itl_slo else (), min=0),
     )
 
@@ -382,18 +406,18 @@ def _decode_panels(rules: RuleSet) -> tuple[Panel, ...]:
               description="p99 inter-token latency of every topology: with 8K-token prompts, prefill chunks "
                           "stall colocated decode steps; a P/D decode instance never runs a prefill.",
               unit="s",
-              queries=(_requests(m.quantile_name(catalog.ITL, 0.99, WINDOW), f"{SOURCE_LEGEND} p99"),),
+              queries=(_requests(quantile_name(catalog.ITL, 0.99, WINDOW), f"{SOURCE_LEGEND} p99"),),
               lines=(Line(itl_slo.le),) if itl_slo else (), min=0),
         Panel(title="Queue depth: prefill vs decode",
               description="Waiting requests per role (prefill, decode, colocated) of each topology.",
               unit="short",
-              queries=(Query(_sel(m.gauge_sum_name(catalog.NUM_REQUESTS_WAITING, m.ROLE_LEVEL)),
+              queries=(Query(_sel(gauge_sum_name(catalog.NUM_REQUESTS_WAITING, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
     )
 
 
 def _per_role_panels(rules: RuleSet) -> tuple[Panel, ...]:
-    request_slos = m.request_slo_buckets(rules.slo_buckets)
+    request_slos = request_slo_buckets(rules.slo_buckets)
     twice = ("A P/D request is one request on the prefill instance (max_tokens 1), one on the decode "
              "instance and one at the entrypoint; the overlay counts it once (entrypoint, else decode-side), "
              "here each role shows its own.")
@@ -401,19 +425,19 @@ def _per_role_panels(rules: RuleSet) -> tuple[Panel, ...]:
         Panel(title="Finished requests/s per role", scope="pd",
               description=f"Requests finished per second on each role of each topology. {twice}",
               unit="reqps",
-              queries=(Query(_sel(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, m.ROLE_LEVEL)),
+              queries=(Query(_sel(rate_name(catalog.REQUEST_SUCCESS, WINDOW, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
         Panel(title="TTFT p99 per role", scope="pd",
               description="p99 time to first token per role. On the decode role it covers the wait for the "
                           "KV transfer, on the prefill role the prefill itself; a user sees about their "
                           f"sum. {twice}",
               unit="s",
-              queries=(Query(_sel(m.quantile_name(catalog.TTFT, 0.99, WINDOW, m.ROLE_LEVEL)),
+              queries=(Query(_sel(quantile_name(catalog.TTFT, 0.99, WINDOW, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
         Panel(title="End-to-end latency p99 per role", scope="pd",
               description=f"p99 end-to-end request latency per role. {twice}",
               unit="s",
-              queries=(Query(_sel(m.quantile_name(catalog.E2E_LATENCY, 0.99, WINDOW, m.ROLE_LEVEL)),
+              queries=(Query(_sel(quantile_name(catalog.E2E_LATENCY, 0.99, WINDOW, ROLE_LEVEL)),
                              "{{topology}} {{role}}"),), min=0),
     ]
     if request_slos:
@@ -422,7 +446,7 @@ def _per_role_panels(rules: RuleSet) -> tuple[Panel, ...]:
             description="Share of requests within each per-request SLO on each role (rate of the SLO "
                         f"bucket over the rate of the count, summed per role first). {twice}",
             unit="percentunit",
-            queries=tuple(Query(_sel(m.attainment_name(b.slo, WINDOW, m.ROLE_LEVEL)),
+            queries=tuple(Query(_sel(attainment_name(b.slo, WINDOW, ROLE_LEVEL)),
                                 f"{{{{topology}}}} {{{{role}}}} {b.slo}") for b in request_slos),
             lines=(Line(rules.spec.slos.objective),), min=0, max=1))
     return tuple(per_role)

@@ -23,13 +23,14 @@ from grafanalib.core import (
     TimeSeries,
 )
 
+from crossover import catalog
 from crossover.dashboards.model import (
     DATASOURCE_UID,
     TOPOLOGY_FILTER,
     DashboardModel,
     Panel,
 )
-from crossover.rules import model as m
+from crossover.rules.names import GPUS_NAME, gauge_sum_name
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
@@ -43,14 +44,14 @@ def _variables(model: DashboardModel) -> list[dict[str, Any]]:
          "current": {"selected": True, "text": "Prometheus", "value": DATASOURCE_UID},
          "hide": 0, "refresh": 1, "regex": "", "options": []},
         {"name": "model", "label": "Model", "type": "query", "datasource": DATASOURCE,
-         "query": {"query": f"label_values({m.gauge_sum_name(m.catalog.NUM_REQUESTS_RUNNING)}, model_name)",
+         "query": {"query": f"label_values({gauge_sum_name(catalog.NUM_REQUESTS_RUNNING)}, model_name)",
                    "refId": "model"},
-         "definition": f"label_values({m.gauge_sum_name(m.catalog.NUM_REQUESTS_RUNNING)}, model_name)",
+         "definition": f"label_values({gauge_sum_name(catalog.NUM_REQUESTS_RUNNING)}, model_name)",
          "includeAll": True, "multi": False, "allValue": ".+", "current": every, "refresh": 2, "sort": 1,
          "hide": 0, "regex": "", "options": []},
         {"name": "topology", "label": "Topology", "type": "query", "datasource": DATASOURCE,
-         "query": {"query": f"label_values({m.GPUS_NAME}, topology)", "refId": "topology"},
-         "definition": f"label_values({m.GPUS_NAME}, topology)",
+         "query": {"query": f"label_values({GPUS_NAME}, topology)", "refId": "topology"},
+         "definition": f"label_values({GPUS_NAME}, topology)",
          "includeAll": True, "multi": True, "allValue": ".+", "current": every, "refresh": 2, "sort": 1,
          "hide": 0, "regex": "", "options": []},
         {"name": "window", "label": "Window", "type": "custom", "query": ",".join(model.windows),

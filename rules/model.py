@@ -10,9 +10,6 @@ knobs) and `build_rules`, which picks the windows and puts what the other module
   raw_series.py   how every rule reads vLLM's raw series (the selector, the roles users see)
   recording.py    the recording rules (RecordingRules)
   alerts.py       the burn-rate tiers and the alerts (Alerts)
-
-The names are re-exported here: the dashboards, the app and the tests read them as
-`rules.model.<name>`.
 """
 
 from __future__ import annotations
@@ -21,66 +18,12 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from crossover import catalog
 from crossover.errors import UserError
 from crossover.rules.alerts import AlertRule, Alerts, BurnTier, burn_tiers, round_window, unreachable_tiers
-from crossover.rules.buckets import SloBucket, request_slo_buckets, slo_buckets
-from crossover.rules.names import (
-    BUDGET_REMAINING_NAME,
-    BURN_ALERT,
-    FAILURES_COUNTED_NAME,
-    GPUS_NAME,
-    KV_BYTES,
-    KV_FAILURES,
-    KV_HISTOGRAMS,
-    KV_TIME,
-    OBJECTIVE_NAME,
-    REPLICA_BY,
-    REPLICA_LEVEL,
-    ROLE_BY,
-    ROLE_LEVEL,
-    SLI_ERROR_PREFIX,
-    TOPOLOGY_BY,
-    KvFamily,
-    Stemmed,
-    api_requests_name,
-    attainment_name,
-    failed_requests_name,
-    finished_by_reason_name,
-    gauge_sum_name,
-    good_requests_name,
-    goodput_requests_name,
-    goodput_tokens_name,
-    histogram_rate_name,
-    joint_attainment_name,
-    kv_bandwidth_name,
-    kv_usage_name,
-    mean_name,
-    per_gpu_name,
-    quantile_name,
-    rate_name,
-    requests_name,
-    requests_source_name,
-    runbook_url,
-    sli_error_name,
-)
+from crossover.rules.buckets import SloBucket, slo_buckets
 from crossover.rules.raw_series import RawSeries
 from crossover.rules.recording import RecordingRule, RecordingRules
 from crossover.spec import FleetSpec, Role, format_duration
-
-__all__ = [
-    "BUDGET_REMAINING_NAME", "BURN_ALERT", "DEFAULT_SELECTOR", "FAILURES_COUNTED_NAME", "GPUS_NAME",
-    "JOB_NAME", "KV_BYTES", "KV_FAILURES", "KV_HISTOGRAMS", "KV_TIME", "OBJECTIVE_NAME", "REPLICA_BY",
-    "REPLICA_LEVEL", "ROLE_BY", "ROLE_LEVEL", "SLI_ERROR_PREFIX", "TOPOLOGY_BY", "AlertRule", "BurnTier",
-    "KvFamily", "RecordingRule", "RuleGroup", "RuleSet", "RulesConfig", "SloBucket", "Stemmed",
-    "api_requests_name", "attainment_name", "build_rules",
-    "catalog",  # the catalog the names are built on (the dashboards read `rules.model.catalog`)
-    "disaggregated_topologies", "error_budget", "failed_requests_name", "finished_by_reason_name",
-    "gauge_sum_name", "good_requests_name", "goodput_requests_name", "goodput_tokens_name",
-    "histogram_rate_name", "joint_attainment_name", "kv_bandwidth_name", "kv_usage_name", "mean_name",
-    "per_gpu_name", "quantile_name", "rate_name", "request_slo_buckets", "requests_name",
-    "requests_source_name", "runbook_url", "sli_error_name",
-]
 
 JOB_NAME = "vllm"
 DEFAULT_SELECTOR = f'job="{JOB_NAME}"'

@@ -22,7 +22,27 @@ from crossover.catalog import Metric, MetricType
 from crossover.exporter.quantile import histogram_quantile
 from crossover.rules import model as m
 from crossover.rules.alerts import WATCHED_FAMILIES, AlertRule
+from crossover.rules.buckets import request_slo_buckets
 from crossover.rules.model import RuleSet
+from crossover.rules.names import (
+    BURN_ALERT,
+    FAILURES_COUNTED_NAME,
+    GPUS_NAME,
+    REPLICA_LEVEL,
+    ROLE_LEVEL,
+    attainment_name,
+    failed_requests_name,
+    gauge_sum_name,
+    goodput_requests_name,
+    goodput_tokens_name,
+    joint_attainment_name,
+    kv_bandwidth_name,
+    kv_usage_name,
+    per_gpu_name,
+    quantile_name,
+    rate_name,
+    requests_source_name,
+)
 from crossover.rules.recording import LATENCY_HISTOGRAMS
 from crossover.rules.render import dump, expand_annotation, header
 from crossover.spec import ENTRYPOINT_ROLE, Instance, Role, Topology, entrypoint_replica, format_duration
@@ -190,7 +210,7 @@ class _Load:
     """The traffic the attainment test gives one topology, per instance."""
 
     good: float  # share of served requests within every SLO
-    requests_from: str  # where the topology's request figures come from (m.requests_source_name)
+    requests_from: str  # where the topology's request figures come from (requests_source_name)
     failed: dict[str, float]  # failed requests/s by reason
 
     @classmethod
@@ -261,37 +281,37 @@ def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) 
     """What the topology-level recording rules must come out at under `load`."""
     key = _topology_key(rules, topology)
     n = len(topology.instances)
-    request_slos = m.request_slo_buckets(rules.slo_buckets)
+    request_slos = request_slo_buckets(rules.slo_buckets)
     lower, upper = slo.joint_bounds([load.attained] * len(request_slos))
     # Each request once: from the entrypoint or the decode role of a P/D topology; tokens
     # generated on the decode role only.
     serving = 1 if topology.disaggregated else n
     gen_rate = GENERATION_TOKENS_PER_S * serving
     expectations: list[Expectation] = [
-        (m.GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
-        (m.FAILURES_COUNTED_NAME, {"topology": topology.name}, 1.0),
-        (m.requests_source_name(), {"topology": topology.name, "source": load.requests_from}, 1.0),
-        (m.rate_name(catalog.REQUEST_SUCCESS, window), key, load.finished_per_s * serving),
-        (m.rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
-        (m.per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / topology.gpus),
-        (m.gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), key, RUNNING * n),
-        (m.kv_usage_name("max"), key, KV_USAGE),
-        (m.quantile_name(catalog.TTFT, 0.99, window), key, _ttft_p99(rules, load.good, n)),
+        (GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
+        (FAILURES_COUNTED_NAME, {"topology": topology.name}, 1.0),
+        (requests_source_name(), {"topology": topology.name, "source": load.requests_from}, 1.0),
+        (rate_name(catalog.REQUEST_SUCCESS, window), key, load.finished_per_s * serving),
+        (rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
+        (per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / topology.gpus),
+        (gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), key, RUNNING * n),
+        (kv_usage_name("max"), key, KV_USAGE),
+        (quantile_name(catalog.TTFT, 0.99, window), key, _ttft_p99(rules, load.good, n)),
     ]
     for bucket in rules.slo_buckets:
-        expectations.append((m.attainment_name(bucket.slo, window), key, load.attained))
+        expectations.append((attainment_name(bucket.slo, window), key, load.attained))
     for reason, per_s in load.failed.items():
-        expectations.append((m.failed_requests_name(window), {**key, "reason": reason}, per_s * serving))
+        expectations.append((failed_requests_name(window), {**key, "reason": reason}, per_s * serving))
         for instance in topology.instances:  # the dashboard's per-instance view, counted the same way
             replica = {**key, "role": instance.role.value, "replica": instance.name, "reason": reason}
-            expectations.append((m.failed_requests_name(window, m.REPLICA_LEVEL), replica, per_s))
+            expectations.append((failed_requests_name(window, REPLICA_LEVEL), replica, per_s))
     if request_slos:
-        expectations.append((m.joint_attainment_name("lower", window), key, lower))
-        expectations.append((m.joint_attainment_name("upper", window), key, upper))
-        expectations.append((m.goodput_requests_name(window), key, load.every_per_s * serving * lower))
-        expectations.append((m.goodput_tokens_name(window), key, gen_rate * lower))
+        expectations.append((joint_attainment_name("lower", window), key, lower))
+        expectations.append((joint_attainment_name("upper", window), key, upper))
+        expectations.append((goodput_requests_name(window), key, load.every_per_s * serving * lower))
+        expectations.append((goodput_tokens_name(window), key, gen_rate * lower))
     if topology.disaggregated:
-        expectations.append((m.kv_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
+        expectations.append((kv_bandwidth_name(window), key, XFER_BYTES / XFER_SECONDS))
     if m.disaggregated_topologies(rules.spec):  # the per-role rules exist for every topology
         expectations.extend(_role_expectations(rules, topology, load, window))
     return expectations
@@ -304,10 +324,10 @@ def _role_expectations(rules: RuleSet, topology: Topology, load: _Load, window: 
     expectations: list[Expectation] = []
     for role, count in roles.items():
         role_key = {"topology": topology.name, "role": role, "model_name": rules.spec.model.name}
-        expectations.append((m.rate_name(catalog.REQUEST_SUCCESS, window, m.ROLE_LEVEL), role_key,
+        expectations.append((rate_name(catalog.REQUEST_SUCCESS, window, ROLE_LEVEL), role_key,
                              load.finished_per_s * count))
-        for bucket in m.request_slo_buckets(rules.slo_buckets):
-            name = m.attainment_name(bucket.slo, window, m.ROLE_LEVEL)
+        for bucket in request_slo_buckets(rules.slo_buckets):
+            name = attainment_name(bucket.slo, window, ROLE_LEVEL)
             expectations.append((name, role_key, load.attained))
     return expectations
 
@@ -356,7 +376,7 @@ def _expect_burn(rules: RuleSet, expected: dict[str, list[dict[str, Any]]], key:
                  attained: float) -> None:
     error = 1 - attained
     for rule in rules.alerts:
-        if rule.alert == m.BURN_ALERT:
+        if rule.alert == BURN_ALERT:
             tier = next(t for t in rules.tiers if ("long_window", t.long) in rule.labels)
             if error > tier.factor * rules.error_budget:
                 for bucket in rules.slo_buckets:
@@ -389,7 +409,7 @@ def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
     and TTFT buckets without the SLO boundary."""
     spec = rules.spec
     interval = 60.0
-    longest_for = max((a.for_s for a in rules.alerts if a.alert != m.BURN_ALERT), default=0.0)
+    longest_for = max((a.for_s for a in rules.alerts if a.alert != BURN_ALERT), default=0.0)
     # Rules are evaluated every `step`: leave two whole steps after the longest `for` has run out.
     eval_s = math.ceil((longest_for + interval + 2 * step) / step) * step
     samples = int(eval_s / interval) + 1
@@ -442,7 +462,7 @@ def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
             expected[name] = [_alert(by_name[name], key)]
     counted: list[dict[str, Any]] = []
     if len(spec.topologies) > 1:  # the renamed instance's requests counter has no finished_reason
-        name, labels = m.FAILURES_COUNTED_NAME, {"topology": spec.topologies[1].name}
+        name, labels = FAILURES_COUNTED_NAME, {"topology": spec.topologies[1].name}
         counted.append({"expr": f'{name}{{topology="{labels["topology"]}"}}',
                         "eval_time": format_duration(eval_s),
                         "exp_samples": [{"labels": _series_name(name, labels), "value": 0.0}]})

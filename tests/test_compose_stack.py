@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from crossover.netutil import free_port
-from crossover.rules.model import BURN_ALERT
+from crossover.rules.names import BURN_ALERT
 from crossover.spec import load_spec
 from tests.helpers import REPO, require, require_binary, wait_for
 

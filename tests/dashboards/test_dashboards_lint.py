@@ -14,8 +14,8 @@ from crossover.dashboards.generate import example_outputs
 from crossover.dashboards.lint import known_names, lint, metric_names, substitute
 from crossover.dashboards.model import DATASOURCE_UID, dashboards
 from crossover.dashboards.render import to_json
-from crossover.rules import model as m
 from crossover.rules.model import build_rules
+from crossover.rules.names import REPLICA_LEVEL, failed_requests_name
 from crossover.spec import load_spec
 from tests.helpers import REPO, SPECS
 
@@ -117,7 +117,7 @@ def test_panel_ids_are_stable_and_queries_name_recording_rules() -> None:
     # rules' per-replica recording, counted as per topology.
     assert names & rules.record_names and names - rules.record_names <= {
         "up", "ALERTS", catalog.GENERATION_TOKENS.promql_name}
-    assert m.failed_requests_name("1m", m.REPLICA_LEVEL) in names
+    assert failed_requests_name("1m", REPLICA_LEVEL) in names
 
 
 def test_cli_writes_dashboards_and_provisioning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,6 +15,7 @@ from crossover.dashboards.lint import substitute
 from crossover.dashboards.model import dashboards
 from crossover.dashboards.render import to_json
 from crossover.rules import model as m
+from crossover.rules.names import rate_name
 from tests.rules.live_stack import LiveStack, live_stack
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -25,7 +26,7 @@ SPEC = "pd-8k-prompts.yaml"
 def stack() -> LiveStack:
     stack = live_stack(SPEC)
     stack.fresh_traffic()
-    rate = m.rate_name(catalog.GENERATION_TOKENS, "1m")
+    rate = rate_name(catalog.GENERATION_TOKENS, "1m")
     count = len(stack.spec.topologies)
     stack.prometheus.wait_until(lambda: len(stack.prometheus.query(f"{rate} > 0")) == count,
                                 60, f"{rate} > 0 for every topology")

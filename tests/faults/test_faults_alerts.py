@@ -29,7 +29,7 @@ from aiohttp import web
 from crossover import slo
 from crossover.cli import main as crossover_main
 from crossover.netutil import free_port, spec_on_free_ports
-from crossover.rules.model import BURN_ALERT
+from crossover.rules.names import BURN_ALERT
 from crossover.sim.fleet import running_fleet
 from crossover.spec import Fault, FleetSpec, load_spec
 from tests.faults.faults_servers import serving

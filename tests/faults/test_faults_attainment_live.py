@@ -21,6 +21,7 @@ from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import spec_on_free_ports
 from crossover.rules import model as m
 from crossover.rules.generate import Format, outputs
+from crossover.rules.names import attainment_name, joint_attainment_name
 from crossover.sim.fleet import running_fleet
 from crossover.spec import Fault, FleetSpec, load_spec
 from tests.faults.faults_stack import running_prometheus
@@ -83,11 +84,11 @@ def test_sweep_exporter_and_rules_agree_under_engine_errors(tmp_path: Path) -> N
                     continue
                 exported = f'{ratio}{{window="{window}",slo="{bucket.slo}"}}'
                 compared[bucket.slo] = (client[column], read(exported),
-                                        read(m.attainment_name(bucket.slo, window)))
+                                        read(attainment_name(bucket.slo, window)))
             joint = names.derived_name("topology", f"{slo.ATTAINMENT}_upper_ratio")
             exported_joint = f'{joint}{{window="{window}"}}'
             compared["joint"] = (client[slo.attainment_column()], read(exported_joint),
-                                 read(m.joint_attainment_name("upper", window)))
+                                 read(joint_attainment_name("upper", window)))
     print(f"\nfailed share {failed:.3f} (noise {noise:.3f}); client, exporter, rules: {compared}")
     assert {"ttft", "tpot"} <= set(compared), compared
     for kind, (ours, exporter, recorded) in compared.items():

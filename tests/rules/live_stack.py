@@ -21,8 +21,9 @@ import aiohttp
 
 from crossover.netutil import spec_on_free_ports
 from crossover.rules.generate import Format, outputs
-from crossover.rules.model import RecordingRule, RulesConfig, RuleSet, build_rules
+from crossover.rules.model import RulesConfig, RuleSet, build_rules
 from crossover.rules.prom import PrometheusServer, running_prometheus
+from crossover.rules.recording import RecordingRule
 from crossover.spec import FleetSpec, load_spec
 from tests.helpers import SPECS, require, require_binary
 

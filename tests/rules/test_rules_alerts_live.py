@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from crossover.rules.model import BURN_ALERT, RulesConfig
+from crossover.rules.model import RulesConfig
+from crossover.rules.names import BURN_ALERT
 from crossover.spec import Fault
 from tests.rules.live_stack import LiveStack, drive, live_stack
 

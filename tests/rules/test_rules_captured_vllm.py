@@ -18,11 +18,20 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from crossover import catalog
 from crossover.netutil import spec_on_free_ports
-from crossover.rules import model as m
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import RuleSet, build_rules
+from crossover.rules.names import (
+    KV_BYTES,
+    KV_FAILURES,
+    KV_TIME,
+    api_requests_name,
+    attainment_name,
+    histogram_rate_name,
+)
 from crossover.rules.prom import PrometheusServer, running_prometheus
+from crossover.rules.recording import RecordingRule
 from crossover.spec import FleetSpec, load_spec
 from tests.helpers import FIXTURES, SPECS, require_binary
 
@@ -71,16 +80,16 @@ def replayed() -> Iterator[tuple[FleetSpec, RuleSet, PrometheusServer]]:
             stack.callback(server.shutdown)
         prometheus = stack.enter_context(running_prometheus(folder / "prometheus.yml"))
         # TPOT's count only grows in the last payload: wait until the rules have seen all three.
-        rate = m.histogram_rate_name(m.catalog.TPOT, "count", "1m")
+        rate = histogram_rate_name(catalog.TPOT, "count", "1m")
         prometheus.wait_until(lambda: len(prometheus.query(f"{rate} > 0")) == len(spec.topologies), 60,
                               f"{rate} > 0 for every topology")
         # Rule groups are evaluated at their own offsets: a ratio may still hold a 0/0 from before.
-        ratios = [m.attainment_name(b.slo, "1m") for b in rules.slo_buckets]
+        ratios = [attainment_name(b.slo, "1m") for b in rules.slo_buckets]
         prometheus.wait_until(lambda: all(len(prometheus.query(f"{ratio} >= 0")) == len(spec.topologies)
                                           for ratio in ratios), 60, "every goodput ratio")
         # The long SLI windows' group evaluates once a minute: wait for its last rule.
         last = rules.groups[[g.name for g in rules.groups].index("crossover-slo-windows")].rules[-1]
-        assert isinstance(last, m.RecordingRule)
+        assert isinstance(last, RecordingRule)
         prometheus.wait_until(lambda: bool(prometheus.query(last.record)), 150, f"data in {last.record}")
         yield spec, rules, prometheus
 
@@ -97,17 +106,17 @@ def test_slo_le_matchers_hit_real_vllm_buckets(replayed) -> None:
     missing = next(a for a in rules.alerts if a.alert == "VllmSloBucketMissing")
     assert prometheus.query(missing.expr) == []
     for bucket in rules.slo_buckets:
-        shares = prometheus.query(m.attainment_name(bucket.slo, "1m"))
+        shares = prometheus.query(attainment_name(bucket.slo, "1m"))
         assert {s.labels["topology"] for s in shares} == {t.name for t in spec.topologies}
         assert all(0.0 <= s.value <= 1.0 + 1e-9 for s in shares), [(s.labels, repr(s.value)) for s in shares]
 
 
 def test_every_recording_rule_but_the_pd_ones_has_data(replayed) -> None:
     _, rules, prometheus = replayed
-    kv = (m.KV_TIME.rule_stem, m.KV_BYTES.rule_stem, m.KV_FAILURES.rule_stem)
+    kv = (KV_TIME.rule_stem, KV_BYTES.rule_stem, KV_FAILURES.rule_stem)
     # The idle capture has no HTTP counter yet (it appears with the first request), so replayed in a
     # cycle it never holds two samples in a window: no API-request rate, no unfinished requests.
-    http = (m.api_requests_name("", "").split(":")[1], "vllm_requests_unfinished")
+    http = (api_requests_name("", "").split(":")[1], "vllm_requests_unfinished")
     empty = [n for n in sorted(rules.record_names) if not any(stem in n for stem in (*kv, *http))
              and not prometheus.query(n)]
     assert not empty, f"recording rules without data on real vLLM's exposition: {empty}"

@@ -18,7 +18,26 @@ from collections import defaultdict
 import pytest
 
 from crossover import catalog, slo
-from crossover.rules import model as m
+from crossover.rules.names import (
+    GPUS_NAME,
+    KV_BYTES,
+    KV_FAILURES,
+    KV_TIME,
+    Stemmed,
+    attainment_name,
+    goodput_tokens_name,
+    histogram_rate_name,
+    joint_attainment_name,
+    kv_bandwidth_name,
+    kv_usage_name,
+    mean_name,
+    per_gpu_name,
+    quantile_name,
+    rate_name,
+    requests_name,
+    requests_source_name,
+)
+from crossover.rules.recording import RecordingRule
 from crossover.spec import parse_duration
 from tests.helpers import require
 from tests.rules.live_stack import LiveStack, live_stack
@@ -34,7 +53,7 @@ NEVER_WITH_HEALTHY_FLEET = ("VllmTargetDown", "VllmTopologyDown", "VllmTopologyA
 def stack() -> LiveStack:
     stack = live_stack(SPEC)
     stack.fresh_traffic()
-    rate = m.rate_name(catalog.GENERATION_TOKENS, "1m")
+    rate = rate_name(catalog.GENERATION_TOKENS, "1m")
     topologies = {t.name for t in stack.spec.topologies}
     stack.prometheus.wait_until(
         lambda: {s.labels["topology"] for s in stack.prometheus.query(f"{rate} > 0")} == topologies,
@@ -60,14 +79,14 @@ def test_every_recording_rule_has_data(stack: LiveStack) -> None:
 
 
 def test_per_topology_series_for_every_topology(stack: LiveStack) -> None:
-    for name in (m.rate_name(catalog.GENERATION_TOKENS, "1m"), m.attainment_name("tpot", "1m"),
-                 m.quantile_name(catalog.ITL, 0.99, "1m"), m.kv_usage_name("max")):
+    for name in (rate_name(catalog.GENERATION_TOKENS, "1m"), attainment_name("tpot", "1m"),
+                 quantile_name(catalog.ITL, 0.99, "1m"), kv_usage_name("max")):
         got = {s.labels["topology"] for s in stack.prometheus.query(name)}
         assert got == {t.name for t in stack.spec.topologies}, name
-    kv = {s.labels["topology"] for s in stack.prometheus.query(m.kv_bandwidth_name("1m"))}
+    kv = {s.labels["topology"] for s in stack.prometheus.query(kv_bandwidth_name("1m"))}
     assert kv == {"pd1p1d"}
     sources = {s.labels["topology"]: s.labels["source"]
-               for s in stack.prometheus.query(m.requests_source_name())}
+               for s in stack.prometheus.query(requests_source_name())}
     assert sources == {"colocated": "instances", "pd1p1d": "entrypoint"}
 
 
@@ -153,7 +172,7 @@ def _expanded(stack: LiveStack, name: str) -> str:
     exprs: dict[str, list[str]] = defaultdict(list)
     for rule in stack.rules.records:
         exprs[rule.record].append(rule.expr)
-    unique = {k: v[0] for k, v in exprs.items() if len(v) == 1 and k != m.GPUS_NAME}
+    unique = {k: v[0] for k, v in exprs.items() if len(v) == 1 and k != GPUS_NAME}
     # A recording read with label matchers (`...:rate1m{le=~"..."}`) or over a range (`[5m]`) stays:
     # its group recorded it at the same evaluation.
     pattern = re.compile(r"(?<![\w:])(" + "|".join(re.escape(k) for k in unique) + r")(?![\w:{\[])")
@@ -183,7 +202,7 @@ def _fresh(stack: LiveStack, max_age_s: float = RECENT_S) -> None:
 def _window_groups_interval(stack: LiveStack, window: str = "1m") -> float:
     """The longest evaluation interval among the groups that record `window` rules."""
     return max(g.interval_s or stack.spec.scrape.interval_seconds for g in stack.rules.groups
-               if any(isinstance(r, m.RecordingRule) and r.record.endswith(window) for r in g.rules))
+               if any(isinstance(r, RecordingRule) and r.record.endswith(window) for r in g.rules))
 
 
 def _recorded(stack: LiveStack, name: str) -> tuple[float, dict[str, float]]:
@@ -217,7 +236,7 @@ def _close(got: float, want: float, rel: float) -> bool:
 def test_rates_and_goodput_match_the_python_derivation(stack: LiveStack) -> None:
     sel = stack.rules.config.selector
     window = "1m"
-    name = m.rate_name(catalog.GENERATION_TOKENS, window)
+    name = rate_name(catalog.GENERATION_TOKENS, window)
     at, recorded = _recorded(stack, name)
     # generated tokens leave out the prefill role (one token per request, no output)
     tokens = f'{catalog.GENERATION_TOKENS.promql_name}{{{sel},role!~"entrypoint|prefill"}}'
@@ -225,7 +244,7 @@ def test_rates_and_goodput_match_the_python_derivation(stack: LiveStack) -> None
     for topology, value in recorded.items():
         assert value > 0 and _close(value, derived[(topology,)], REL), (topology, value, derived)
     for bucket in stack.rules.slo_buckets:
-        at, recorded = _recorded(stack, m.attainment_name(bucket.slo, window))
+        at, recorded = _recorded(stack, attainment_name(bucket.slo, window))
         good = _user_rates(stack, f"{bucket.metric.name}_bucket{{{sel},{bucket.le_matcher}}}", at, window)
         every = _user_rates(stack, f"{bucket.metric.name}_count{{{sel}}}", at, window)
         for topology, value in recorded.items():
@@ -244,7 +263,7 @@ def _outcomes(stack: LiveStack, topology: str, at: float, window: str) -> slo.Ou
                                                  at, window, ("topology", "finished_reason")).items()}
     rejected = _user_rates(stack, f"{catalog.ADMISSION_REJECTIONS.promql_name}{{{sel}}}", at, window)
     longest = max(stack.rules.dashboard_windows, key=parse_duration)
-    unfinished = m.requests_name("unfinished", longest)
+    unfinished = requests_name("unfinished", longest)
     recorded = stack.prometheus.query(f'{unfinished}{{topology="{topology}"}}', at)
     found = slo.outcomes(by_reason, rejected.get((topology,)), None)
     if not recorded:
@@ -254,13 +273,13 @@ def _outcomes(stack: LiveStack, topology: str, at: float, window: str) -> slo.Ou
 
 def test_joint_bounds_follow_from_the_per_slo_shares(stack: LiveStack) -> None:
     window = "1m"
-    at, lower = _recorded(stack, m.joint_attainment_name("lower", window))
+    at, lower = _recorded(stack, joint_attainment_name("lower", window))
     upper = {s.labels["topology"]: s.value
-             for s in stack.prometheus.query(m.joint_attainment_name("upper", window), at)}
+             for s in stack.prometheus.query(joint_attainment_name("upper", window), at)}
     shares: dict[str, list[float]] = defaultdict(list)
     for bucket in stack.rules.slo_buckets:
         if bucket.slo in slo.PER_REQUEST_SLOS:
-            for s in stack.prometheus.query(m.attainment_name(bucket.slo, window), at):
+            for s in stack.prometheus.query(attainment_name(bucket.slo, window), at):
                 shares[s.labels["topology"]].append(s.value)
     for topology, values in shares.items():
         assert _close(lower[topology], max(0.0, sum(values) - (len(values) - 1)), 1e-9)
@@ -272,15 +291,15 @@ def test_quantiles_and_kv_bandwidth_match_the_python_derivation(stack: LiveStack
     sel = stack.rules.config.selector
     window = "1m"
     for metric in (catalog.TTFT, catalog.ITL):
-        at, recorded = _recorded(stack, m.quantile_name(metric, 0.99, window))
+        at, recorded = _recorded(stack, quantile_name(metric, 0.99, window))
         rates = _user_rates(stack, f"{metric.name}_bucket{{{sel}}}", at, window, ("topology", "le"))
         for topology, value in recorded.items():
             buckets = {float(le): r for (t, le), r in rates.items() if t == topology}
             want = _quantile(0.99, buckets)
             assert _close(value, want, REL), (metric.name, topology, value, want)
-    at, recorded = _recorded(stack, m.kv_bandwidth_name(window))
-    moved = _rates(stack, f'{{__name__=~"{m.KV_BYTES.names("_sum")}",{sel}}}', at, window)
-    busy = _rates(stack, f'{{__name__=~"{m.KV_TIME.names("_sum")}",{sel}}}', at, window)
+    at, recorded = _recorded(stack, kv_bandwidth_name(window))
+    moved = _rates(stack, f'{{__name__=~"{KV_BYTES.names("_sum")}",{sel}}}', at, window)
+    busy = _rates(stack, f'{{__name__=~"{KV_TIME.names("_sum")}",{sel}}}', at, window)
     assert recorded and all(_close(v, moved[(t,)] / busy[(t,)], REL) for t, v in recorded.items())
 
 
@@ -306,45 +325,45 @@ def _exporter_pairs(stack: LiveStack) -> list[tuple[str, str, str, str]]:
     share), or lower (the rules round an off-boundary SLO down, so theirs is an upper limit)."""
     w = EXPORTER_WINDOW
     tokens_per_gpu = "generation_tokens_per_second_per_gpu"
-    pairs = [(m.rate_name(catalog.GENERATION_TOKENS, w), "generation_tokens_per_second", "", "rate"),
-             (m.rate_name(catalog.PROMPT_TOKENS, w), "prompt_tokens_per_second", "", "rate"),
-             (m.rate_name(catalog.REQUEST_SUCCESS, w), "requests_per_second", "", "rate"),
-             (m.rate_name(catalog.NUM_PREEMPTIONS, w), "preemptions_per_second", "", "rate"),
-             (m.per_gpu_name(catalog.GENERATION_TOKENS, w), tokens_per_gpu, "", "rate"),
-             (m.histogram_rate_name(m.KV_BYTES, "sum", w), "kv_transfer_bytes_per_second", "", "rate"),
-             (m.histogram_rate_name(m.KV_TIME, "count", w), "kv_transfers_per_second", "", "rate"),
-             (m.rate_name(m.KV_FAILURES, w), "kv_transfer_failures_per_second", "", "rate"),
-             (m.kv_bandwidth_name(w), "kv_transfer_bandwidth_bytes_per_second", "", "ratio")]
-    metrics: tuple[tuple[m.Stemmed, str], ...] = (
+    pairs = [(rate_name(catalog.GENERATION_TOKENS, w), "generation_tokens_per_second", "", "rate"),
+             (rate_name(catalog.PROMPT_TOKENS, w), "prompt_tokens_per_second", "", "rate"),
+             (rate_name(catalog.REQUEST_SUCCESS, w), "requests_per_second", "", "rate"),
+             (rate_name(catalog.NUM_PREEMPTIONS, w), "preemptions_per_second", "", "rate"),
+             (per_gpu_name(catalog.GENERATION_TOKENS, w), tokens_per_gpu, "", "rate"),
+             (histogram_rate_name(KV_BYTES, "sum", w), "kv_transfer_bytes_per_second", "", "rate"),
+             (histogram_rate_name(KV_TIME, "count", w), "kv_transfers_per_second", "", "rate"),
+             (rate_name(KV_FAILURES, w), "kv_transfer_failures_per_second", "", "rate"),
+             (kv_bandwidth_name(w), "kv_transfer_bandwidth_bytes_per_second", "", "ratio")]
+    metrics: tuple[tuple[Stemmed, str], ...] = (
         (catalog.TTFT, "ttft"), (catalog.TPOT, "tpot"), (catalog.ITL, "itl"), (catalog.E2E_LATENCY, "e2el"),
-        (m.KV_TIME, "kv_transfer"))
+        (KV_TIME, "kv_transfer"))
     for metric, short in metrics:
-        pairs += [(m.quantile_name(metric, q, w), f"{short}_seconds", f',quantile="{q:g}"', "ratio")
+        pairs += [(quantile_name(metric, q, w), f"{short}_seconds", f',quantile="{q:g}"', "ratio")
                   for q in slo.QUANTILES]
-        pairs.append((m.mean_name(metric, w), f"{short}_mean_seconds", "", "ratio"))
+        pairs.append((mean_name(metric, w), f"{short}_mean_seconds", "", "ratio"))
     for bucket in stack.rules.slo_buckets:
-        pairs.append((m.attainment_name(bucket.slo, w), "attainment_ratio", f',slo="{bucket.slo}"',
+        pairs.append((attainment_name(bucket.slo, w), "attainment_ratio", f',slo="{bucket.slo}"',
                       "exact" if bucket.exact else "lower"))
     joined = [b for b in stack.rules.slo_buckets if b.slo in slo.PER_REQUEST_SLOS]
     joint = "exact" if all(b.exact for b in joined) else "lower"
-    pairs += [(m.joint_attainment_name("lower", w), "attainment_lower_ratio", "", joint),
-              (m.joint_attainment_name("upper", w), "attainment_upper_ratio", "", joint),
-              (m.goodput_tokens_name(w), "goodput_tokens_per_second_lower", "", joint),
-              (m.goodput_tokens_name(w, per_gpu=True), "goodput_tokens_per_second_per_gpu_lower", "", joint)]
+    pairs += [(joint_attainment_name("lower", w), "attainment_lower_ratio", "", joint),
+              (joint_attainment_name("upper", w), "attainment_upper_ratio", "", joint),
+              (goodput_tokens_name(w), "goodput_tokens_per_second_lower", "", joint),
+              (goodput_tokens_name(w, per_gpu=True), "goodput_tokens_per_second_per_gpu_lower", "", joint)]
     return pairs
 
 
 def _exporter_role_pairs(stack: LiveStack) -> list[tuple[str, str, str, str]]:
     """The same for the per-role rules of P/D topologies (the exporter's role level)."""
     w, level = EXPORTER_WINDOW, "topology_role"
-    pairs = [(m.rate_name(catalog.REQUEST_SUCCESS, w, level), "requests_per_second", "", "rate"),
-             (m.rate_name(catalog.GENERATION_TOKENS, w, level), "generation_tokens_per_second", "", "rate")]
+    pairs = [(rate_name(catalog.REQUEST_SUCCESS, w, level), "requests_per_second", "", "rate"),
+             (rate_name(catalog.GENERATION_TOKENS, w, level), "generation_tokens_per_second", "", "rate")]
     for metric, short in ((catalog.TTFT, "ttft"), (catalog.TPOT, "tpot"), (catalog.E2E_LATENCY, "e2el")):
-        pairs += [(m.quantile_name(metric, q, w, level), f"{short}_seconds", f',quantile="{q:g}"', "ratio")
+        pairs += [(quantile_name(metric, q, w, level), f"{short}_seconds", f',quantile="{q:g}"', "ratio")
                   for q in slo.QUANTILES]
     for bucket in stack.rules.slo_buckets:
         if bucket.slo in slo.PER_REQUEST_SLOS:
-            pairs.append((m.attainment_name(bucket.slo, w, level), "attainment_ratio",
+            pairs.append((attainment_name(bucket.slo, w, level), "attainment_ratio",
                           f',slo="{bucket.slo}"', "exact" if bucket.exact else "lower"))
     return pairs
 

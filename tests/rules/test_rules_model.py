@@ -11,13 +11,29 @@ import yaml
 from crossover import catalog
 from crossover.cli import main
 from crossover.errors import UserError
-from crossover.rules import model as m
 from crossover.rules import names
 from crossover.rules.alerts import WATCHED_FAMILIES
 from crossover.rules.buckets import le_regex, le_spellings, slo_buckets
 from crossover.rules.generate import Format, outputs
-from crossover.rules.model import BURN_ALERT, RulesConfig, build_rules
+from crossover.rules.model import RulesConfig, build_rules
+from crossover.rules.names import (
+    BURN_ALERT,
+    REPLICA_LEVEL,
+    ROLE_LEVEL,
+    SLI_ERROR_PREFIX,
+    api_requests_name,
+    attainment_name,
+    failed_requests_name,
+    finished_by_reason_name,
+    good_requests_name,
+    quantile_name,
+    rate_name,
+    requests_name,
+    requests_source_name,
+    sli_error_name,
+)
 from crossover.rules.raw_series import promql_string
+from crossover.rules.recording import RecordingRule
 from crossover.spec import load_spec, parse_duration, parse_spec, spec_targets
 from tests.helpers import SPECS
 
@@ -128,9 +144,9 @@ def test_attainment_is_good_over_all_requests_and_sums_before_dividing() -> None
             window = rule.record.split("ratio_rate")[1]
             kind = rule.record.split(":")[1].removeprefix("vllm_attainment_")
             # failed requests count: good requests over every request the fleet should have served
-            assert rule.expr == (f"{m.good_requests_name(kind, window, level)} / on ({by}) "
-                                 f"{m.requests_name('all', window, level)}")
-            good = exprs[m.good_requests_name(kind, window, level)]
+            assert rule.expr == (f"{good_requests_name(kind, window, level)} / on ({by}) "
+                                 f"{requests_name('all', window, level)}")
+            good = exprs[good_requests_name(kind, window, level)]
             assert good.startswith(("avg_over_time(", "clamp_min(\n  sum by", "sum by")), good
             checked += 1
     assert checked > 20
@@ -173,23 +189,23 @@ def test_outcome_rules_fall_back_when_failure_families_are_absent() -> None:
     failed finished_reason: 0 failed, not absent."""
     rules = build_rules(load_spec(PD))
     exprs = {r.record: r.expr for r in rules.records}
-    finished = m.rate_name(catalog.REQUEST_SUCCESS, "5m")
-    every = exprs[m.requests_name("all", "5m")]
-    assert f"({m.rate_name(catalog.ADMISSION_REJECTIONS, '5m')} or 0 * {finished})" in every
-    assert f"({m.requests_name('unfinished', '5m')} or 0 * {finished})" in every
+    finished = rate_name(catalog.REQUEST_SUCCESS, "5m")
+    every = exprs[requests_name("all", "5m")]
+    assert f"({rate_name(catalog.ADMISSION_REJECTIONS, '5m')} or 0 * {finished})" in every
+    assert f"({requests_name('unfinished', '5m')} or 0 * {finished})" in every
     # unfinished requests over the longest raw window only: the HTTP counter lags the engine's
-    assert m.requests_name("unfinished", "1m") not in exprs
-    assert f"({m.requests_name('unfinished', '5m')} or" in exprs[m.requests_name("all", "1m")]
-    failed = exprs[m.requests_name("failed_finished", "5m")]
+    assert requests_name("unfinished", "1m") not in exprs
+    assert f"({requests_name('unfinished', '5m')} or" in exprs[requests_name("all", "1m")]
+    failed = exprs[requests_name("failed_finished", "5m")]
     assert failed.endswith(f"or on (topology, model_name) 0 * {finished}")
 
 
 def test_windows_cover_the_spec_and_the_alerts() -> None:
     rules = build_rules(load_spec(PD))
     assert {"1m", "5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d"} == set(rules.sli_windows)
-    errors = {r.record for r in rules.records if r.record.startswith(m.SLI_ERROR_PREFIX)}
+    errors = {r.record for r in rules.records if r.record.startswith(SLI_ERROR_PREFIX)}
     for tier in rules.tiers:
-        assert m.sli_error_name(tier.long) in errors and m.sli_error_name(tier.short) in errors
+        assert sli_error_name(tier.long) in errors and sli_error_name(tier.short) in errors
 
 
 def test_every_alert_has_severity_annotations_and_a_runbook_section() -> None:
@@ -326,9 +342,9 @@ def test_pd_fleets_record_request_figures_per_role() -> None:
     """A P/D request is one request on each role, so the topology level counts it twice; the
     per-role rules exist for P/D fleets only (colocated fleets keep their rule files unchanged)."""
     names = build_rules(load_spec(PD)).record_names
-    assert {m.rate_name(catalog.REQUEST_SUCCESS, "1m", "topology_role"),
-            m.quantile_name(catalog.TTFT, 0.99, "5m", "topology_role"),
-            m.attainment_name("ttft", "1m", "topology_role")} <= names
+    assert {rate_name(catalog.REQUEST_SUCCESS, "1m", "topology_role"),
+            quantile_name(catalog.TTFT, 0.99, "5m", "topology_role"),
+            attainment_name("ttft", "1m", "topology_role")} <= names
     seed = build_rules(load_spec(SEED)).record_names
     assert not any(n.startswith("topology_role:") and ":rate" in n for n in seed)
 
@@ -342,23 +358,23 @@ def test_failures_per_replica_are_counted_as_per_topology_and_roles_sum_replicas
         rules = build_rules(load_spec(spec))
         exprs = {r.record: r.expr for r in rules.records}
         group = next(g for g in rules.groups if g.name == "crossover-replicas")
-        order = [r.record for r in group.rules if isinstance(r, m.RecordingRule)]
+        order = [r.record for r in group.rules if isinstance(r, RecordingRule)]
         for window in rules.dashboard_windows:
-            replica = exprs[m.failed_requests_name(window, m.REPLICA_LEVEL)]
-            topology = exprs[m.failed_requests_name(window)]
+            replica = exprs[failed_requests_name(window, REPLICA_LEVEL)]
+            topology = exprs[failed_requests_name(window)]
             assert replica == topology.replace("topology:", "topology_replica:").replace(
                 "topology_finished_reason:", "topology_replica_finished_reason:")
-            for name in (m.finished_by_reason_name(window, m.REPLICA_LEVEL),
-                         m.rate_name(catalog.ADMISSION_REJECTIONS, window, m.REPLICA_LEVEL),
-                         m.api_requests_name(window, m.REPLICA_LEVEL)):
+            for name in (finished_by_reason_name(window, REPLICA_LEVEL),
+                         rate_name(catalog.ADMISSION_REJECTIONS, window, REPLICA_LEVEL),
+                         api_requests_name(window, REPLICA_LEVEL)):
                 if window == rules.dashboard_windows[0]:  # raw over the shortest window only
                     assert "rate(" in exprs[name] and "sum by (topology, role, replica" in exprs[name]
                 else:
                     base = name.replace(f"rate{window}", f"rate{rules.dashboard_windows[0]}")
                     assert exprs[name] == f"avg_over_time({base}[{window}])"
                 if spec == PD:
-                    role = name.replace(f"{m.REPLICA_LEVEL}:", f"{m.ROLE_LEVEL}:").replace(
-                        f"{m.REPLICA_LEVEL}_", f"{m.ROLE_LEVEL}_")
+                    role = name.replace(f"{REPLICA_LEVEL}:", f"{ROLE_LEVEL}:").replace(
+                        f"{REPLICA_LEVEL}_", f"{ROLE_LEVEL}_")
                     assert exprs[role].startswith("sum by (topology, role, model_name") and \
                         exprs[role].endswith(f"({name})")
                     assert order.index(name) < order.index(role)
@@ -375,7 +391,7 @@ def test_a_family_is_present_by_one_series_in_the_source_choice_and_the_alerts()
     alerts = {a.alert: a.expr for a in rules.alerts}
     families = "|".join(re.escape(f.presence_name) for f in catalog.ENTRYPOINT_FAMILIES)
     entry = f'{{job="vllm",__name__=~{promql_string(families)},role="entrypoint"}}'
-    assert entry in exprs[m.requests_source_name()] and entry in alerts["VllmEntrypointMetricsAbsent"]
+    assert entry in exprs[requests_source_name()] and entry in alerts["VllmEntrypointMetricsAbsent"]
     for family in WATCHED_FAMILIES:
         assert f'unless on (instance) {family.presence_name}{{job="vllm"}}' in alerts["VllmMetricsAbsent"]
 

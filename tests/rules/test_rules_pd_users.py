@@ -16,6 +16,12 @@ from crossover import catalog
 from crossover.netutil import spec_on_free_ports
 from crossover.rules import model as m
 from crossover.rules.generate import Format, outputs
+from crossover.rules.names import (
+    mean_name,
+    quantile_name,
+    rate_name,
+    requests_source_name,
+)
 from crossover.rules.prom import running_prometheus
 from crossover.spec import FleetSpec, load_spec
 from tests.exporter.exporter_traffic import send
@@ -59,9 +65,9 @@ def test_rules_count_each_request_once_with_the_users_ttft() -> None:
             prometheus.wait_until(lambda: [s.value for s in prometheus.query(finished)] == [REQUESTS],
                                   60, "the proxy's final request count scraped")
             counted = time.time()
-            read = (m.rate_name(catalog.REQUEST_SUCCESS, WINDOW), m.mean_name(catalog.TTFT, WINDOW),
-                    m.quantile_name(catalog.TTFT, 0.99, WINDOW),
-                    m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, "topology_role"))
+            read = (rate_name(catalog.REQUEST_SUCCESS, WINDOW), mean_name(catalog.TTFT, WINDOW),
+                    quantile_name(catalog.TTFT, 0.99, WINDOW),
+                    rate_name(catalog.REQUEST_SUCCESS, WINDOW, "topology_role"))
 
             def evaluated_since_counted() -> bool:
                 stamps = [s.value for name in read
@@ -76,12 +82,12 @@ def test_rules_count_each_request_once_with_the_users_ttft() -> None:
 
             span = time.time() - scraped_from
             source = {s.labels["topology"]: s.labels["source"]
-                      for s in prometheus.query(m.requests_source_name())}
-            per_second = one(m.rate_name(catalog.REQUEST_SUCCESS, WINDOW))
+                      for s in prometheus.query(requests_source_name())}
+            per_second = one(rate_name(catalog.REQUEST_SUCCESS, WINDOW))
             roles = {s.labels["role"]: s.value * 60 for s in prometheus.query(
-                f'{m.rate_name(catalog.REQUEST_SUCCESS, WINDOW, "topology_role")}{{topology="pd1p1d"}}')}
-            mean = one(m.mean_name(catalog.TTFT, WINDOW))
-            p99 = one(m.quantile_name(catalog.TTFT, 0.99, WINDOW))
+                f'{rate_name(catalog.REQUEST_SUCCESS, WINDOW, "topology_role")}{{topology="pd1p1d"}}')}
+            mean = one(mean_name(catalog.TTFT, WINDOW))
+            p99 = one(quantile_name(catalog.TTFT, 0.99, WINDOW))
     assert source == {"colocated": "instances", "pd1p1d": "entrypoint"}
     # rate() extrapolates the increase it saw by up to one scrape interval (1 s) at either end of the
     # samples it has: of the whole window, or since Prometheus started when that is shorter.
