@@ -14,6 +14,19 @@ from crossover.spec import FleetSpec, load_spec
 from tests.ci_guard import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 from tests.helpers import SPECS, require
 
+# Tests that start the real vLLM fleet or a Docker stack are slow whichever test pays for the start.
+_SLOW_FIXTURES = {"real_vllm_fleet", "real_vllm_url"}
+_SLOW_MARKERS = ("docker", "vllm")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`pytest -m "not slow"` is the inner loop: it must never start a real vLLM server or Docker."""
+    for item in items:
+        if _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or any(
+                item.get_closest_marker(name) for name in _SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)
+
+
 # One instance on both cores, two instances pinned to one core each: the seed's question at CPU scale.
 _CPU_BINDING = {"big-0": "0-1", "small-0": "0", "small-1": "1"}
 

@@ -240,6 +240,7 @@ def test_alert_webhook_prints_each_alert_and_refuses_garbage(tmp_path: Path) -> 
         hook.wait(timeout=20)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_running_servers_are_detected_and_used_as_they_are(tmp_path: Path) -> None:
     """Every instance answering /health means a real fleet: the demo starts no simulator of its own
@@ -275,6 +276,7 @@ def test_some_instances_up_is_ambiguous(tmp_path: Path) -> None:
     assert "['tp4-0'] answer but ['tp2-0', 'tp2-1'] do not" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_ctrl_c_during_the_sweep_interrupts_it_and_keeps_finished_levels(tmp_path: Path) -> None:
     out = tmp_path / "run"

@@ -65,6 +65,7 @@ def _distribution(module: str) -> str:
     return _normal(distributions[0])
 
 
+@pytest.mark.slow
 def test_every_import_of_the_package_is_declared_with_a_lower_bound() -> None:
     files = [p for folder in PACKAGE_DIRS for p in (REPO / folder).glob("*.py")]
     declared = _declared()

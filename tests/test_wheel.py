@@ -52,6 +52,7 @@ def crossover(env: dict[str, str], cwd: Path, *args: str,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 def test_wheel_ships_every_example_spec(wheelhouse: Path) -> None:
     wheel = next(wheelhouse.glob("vllm_crossover-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())

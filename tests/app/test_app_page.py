@@ -153,6 +153,7 @@ def test_a_target_that_is_down_is_named(monkeypatch, tmp_path):
     assert f"target down: tp4x1 at {url}" in error and "Start the fleet" in error
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_in_the_background_and_the_page_follows_it(monkeypatch, tmp_path):
     spec, path = spec_file_on_free_ports(tmp_path)
     results = tmp_path / "results"
@@ -198,6 +199,7 @@ def test_a_sweep_runs_in_the_background_and_the_page_follows_it(monkeypatch, tmp
     assert sorted(per_gpu) == sorted(t[:-1] + " per GPU)" if t in rates else t for t in titles), per_gpu
 
 
+@pytest.mark.slow
 def test_a_sweep_that_fails_says_why_on_the_page(monkeypatch, tmp_path):
     spec, path = spec_file_on_free_ports(tmp_path)
     results = tmp_path / "results"
@@ -212,6 +214,7 @@ def test_a_sweep_that_fails_says_why_on_the_page(monkeypatch, tmp_path):
     assert app.button(key="start").proto.disabled is False
 
 
+@pytest.mark.slow
 def test_stop_ends_the_sweep_and_a_past_run_can_be_opened(monkeypatch, tmp_path):
     spec, path = spec_file_on_free_ports(tmp_path)
     results = tmp_path / "results"
@@ -236,6 +239,7 @@ def test_stop_ends_the_sweep_and_a_past_run_can_be_opened(monkeypatch, tmp_path)
     assert len(other.dataframe[0].value) == measured
 
 
+@pytest.mark.slow
 def test_follow_shows_a_sweep_another_process_writes_level_by_level(monkeypatch, tmp_path):
     """`crossover demo` runs its sweep beside the app and starts it with --follow: the page opens on
     that folder, waits for it, and redraws it as each level lands, then stops polling."""
@@ -266,6 +270,7 @@ def test_follow_shows_a_sweep_another_process_writes_level_by_level(monkeypatch,
     assert app.success or app.info  # the crossover sentence, or the statement that there is none
 
 
+@pytest.mark.slow
 def test_a_folder_of_vllm_bench_results_opens_as_a_past_run(monkeypatch, tmp_path):
     """vllm bench serve --save-result --save-detailed files (here written by a sweep with
     --save-result, as vllm bench writes them) in the results folder open like a sweep."""

@@ -138,6 +138,7 @@ def child_sweep(behaviour: str, out_dir: Path, on_level, stop) -> None:
     ("fail", RunState.FAILED, 1, "sweep failed: RuntimeError: disk full somewhere"),
     ("die", RunState.FAILED, 1, "sweep failed: the sweep process ended without a result (exit code 3)"),
 ])
+@pytest.mark.slow
 def test_a_sweep_in_a_child_process_reports_like_one_in_a_thread(tmp_path, behaviour, state, levels, error):
     import functools
     import os
@@ -154,6 +155,7 @@ def test_a_sweep_in_a_child_process_reports_like_one_in_a_thread(tmp_path, behav
     assert child != os.getpid()  # measured away from the page's interpreter
 
 
+@pytest.mark.slow
 def test_stop_reaches_a_sweep_in_a_child_process(tmp_path):
     import functools
 

@@ -256,6 +256,7 @@ def _prometheus_client_reads(text: str) -> list | None:
         return None
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(payloads())
 def test_same_samples_as_prometheus_client(text):

@@ -127,6 +127,7 @@ def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
 
 
+@pytest.mark.slow
 def test_quantiles_and_goodput_equal_prometheus(prometheus_for, fixture_server):
     spec = spec_on_free_ports(load_spec(SPECS / "seed-70b-h100.yaml"))
     jobs: list[dict[str, Any]] = [{

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 NOT_COLOCATED = {s.suffix for s in DERIVED_SERIES if s.suffix.startswith("kv_transfer")}
 
 
+@pytest.mark.slow
 def test_every_colocated_series_present_and_finite_on_real_vllm(real_vllm_fleet: Any) -> None:
     spec = real_vllm_fleet.spec
 

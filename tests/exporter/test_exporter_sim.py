@@ -55,6 +55,7 @@ def _middle_boundary(values: list[float], buckets: tuple[float, ...]) -> tuple[f
     return buckets[best - 1], buckets[best], buckets[best + 1]
 
 
+@pytest.mark.slow
 def test_goodput_matches_client_measured_truth():
     # A tenth of real speed: latencies in the 50 ms-1 s range, where the client's own loopback and
     # event-loop overhead on a busy 2-core machine stays well inside one bucket.

@@ -35,7 +35,7 @@ from tests.faults.faults_exporter import (
 from tests.faults.faults_servers import serving
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 
 # bad target name -> (what its /metrics does, the reason the exporter must count)
 BAD = {

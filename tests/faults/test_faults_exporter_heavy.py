@@ -34,7 +34,7 @@ from tests.faults.faults_exporter import (
 )
 from tests.helpers import REPO, wait_for
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 HEAVY = ("big", "chunked", "bomb")
 INTERVAL_S = 2.0

@@ -32,7 +32,7 @@ from tests.faults.faults_exporter import HEALTHY_PAYLOAD, errors, get, samples, 
 from tests.faults.faults_servers import LoopbackApp, serving, tokenizer_routes
 from tests.helpers import REPO, SPECS, wait_for
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 
 TOKEN_ENV = "CROSSOVER_FAULTS_SCRAPE_TOKEN"
 

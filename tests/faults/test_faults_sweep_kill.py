@@ -63,6 +63,7 @@ def _served(fleet: SimFleet, spec: FleetSpec) -> set[str]:
     return {r["id"] for t in spec.topologies for i in t.instances for r in fleet.requests(i.name)}
 
 
+@pytest.mark.slow
 def test_kill_9_mid_sweep_loses_at_most_the_level_in_flight_and_resumes(
         fleet: tuple[SimFleet, FleetSpec, Path], tmp_path: Path) -> None:
     running, spec, spec_path = fleet

@@ -157,6 +157,7 @@ ADAPTIVE_PLAN = SweepPlan(levels=(1, 32), rounds=2, input_len=LengthDist.fixed(8
                           output_len=LengthDist.fixed(8), slos_ms={"tpot": 1000.0})
 
 
+@pytest.mark.slow
 def test_an_adaptive_sweep_homes_in_and_resumes(crossing_fleet: FleetSpec, tmp_path: Path) -> None:
     adaptive = AdaptivePlan(target_ci=0.05, metric="output_tps", max_requests=400, answers=("crossing",))
     seen: list[LevelDone] = []
@@ -222,6 +223,7 @@ def test_bad_flags_are_one_line_and_exit_2_before_traffic(flags: list[str], mess
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_the_cli_summary_says_why_the_adaptive_sweep_stopped(crossing_fleet: FleetSpec, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     spec_path = tmp_path / "spec.yaml"

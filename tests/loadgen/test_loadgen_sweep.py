@@ -35,6 +35,7 @@ def fleet() -> Iterator[tuple[FleetSpec, dict[str, FakeServer]]]:
         yield made
 
 
+@pytest.mark.slow
 def test_sweep_writes_every_level_and_resumes(fleet: tuple[FleetSpec, dict[str, FakeServer]],
                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, servers = fleet
@@ -93,6 +94,7 @@ def test_sweep_writes_every_level_and_resumes(fleet: tuple[FleetSpec, dict[str, 
         run_sweep(spec, SweepPlan(levels=(1,), rounds=1), tmp_path)
 
 
+@pytest.mark.slow
 def test_a_folder_written_with_the_old_goodput_names_loads_and_resumes(
         fleet: tuple[FleetSpec, dict[str, FakeServer]], tmp_path: Path) -> None:
     spec, _ = fleet
@@ -155,6 +157,7 @@ def test_open_loop_errors_and_timeouts_count_as_failed(tmp_path: Path) -> None:
     assert any("HTTP 500" in e for e in errors) and "timeout after 0.5 s" in errors
 
 
+@pytest.mark.slow
 def test_cli_sweep_prints_tables_and_writes_files(fleet: tuple[FleetSpec, dict[str, FakeServer]],
                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec, _ = fleet

@@ -62,6 +62,7 @@ def fleet() -> Iterator[tuple[FleetSpec, dict[str, FakeServer]]]:
 KEY = ["topology", "level", "index", "planned_input", "planned_output", "ok"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan", [CLOSED, OPEN], ids=["closed", "open"])
 def test_two_workers_send_what_one_sends_into_one_level_file(
         fleet: tuple[FleetSpec, dict[str, FakeServer]], plan: SweepPlan, tmp_path: Path) -> None:
@@ -98,6 +99,7 @@ def test_two_workers_send_what_one_sends_into_one_level_file(
     pd.testing.assert_frame_equal(one.summary[figures], two.summary[figures])
 
 
+@pytest.mark.slow
 def test_a_shard_sends_only_its_share(fleet: tuple[FleetSpec, dict[str, FakeServer]], tmp_path: Path) -> None:
     spec, _ = fleet
     plan = SweepPlan(levels=(1, 4), rounds=2, input_len=LengthDist.fixed(4), output_len=LengthDist.fixed(4))
@@ -120,6 +122,7 @@ def test_a_shard_sends_only_its_share(fleet: tuple[FleetSpec, dict[str, FakeServ
         run_sweep(spec, plan, tmp_path / "m0", ["big1x2c"], n_boot=0, traffic=Traffic(shard=(1, 2)))
 
 
+@pytest.mark.slow
 def test_workers_stop_with_the_sweep(fleet: tuple[FleetSpec, dict[str, FakeServer]], tmp_path: Path) -> None:
     spec, servers = fleet
     for server in servers.values():
@@ -136,6 +139,7 @@ def test_workers_stop_with_the_sweep(fleet: tuple[FleetSpec, dict[str, FakeServe
     assert not level_path(tmp_path, plan, "big1x2c", 4).exists()
 
 
+@pytest.mark.slow
 def test_shards_from_the_cli_merge_with_crossover_analyze(
         fleet: tuple[FleetSpec, dict[str, FakeServer]], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

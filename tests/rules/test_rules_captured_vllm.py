@@ -35,7 +35,7 @@ from crossover.rules.recording import RecordingRule
 from crossover.spec import FleetSpec, load_spec
 from tests.helpers import FIXTURES, SPECS, require_binary
 
-pytestmark = [pytest.mark.prometheus]
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 PAYLOADS = [FIXTURES / f"vllm-0.32.0-{name}.prom" for name in ("idle", "under-load", "after-requests")]
 
 
@@ -94,6 +94,7 @@ def replayed() -> Iterator[tuple[FleetSpec, RuleSet, PrometheusServer]]:
         yield spec, rules, prometheus
 
 
+@pytest.mark.slow
 def test_every_family_the_rules_read_exists_on_real_vllm(replayed) -> None:
     _, rules, prometheus = replayed
     absent = next(a for a in rules.alerts if a.alert == "VllmMetricsAbsent")

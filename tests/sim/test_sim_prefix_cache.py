@@ -6,6 +6,8 @@ import json
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from crossover.catalog import PREFIX_CACHE_HITS, PROMPT_TOKENS_BY_SOURCE
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import running_fleet
@@ -92,6 +94,7 @@ def test_chat_prompt_keys_match_the_token_count() -> None:
     assert urllib.request  # the module's client is the shared helper's
 
 
+@pytest.mark.slow
 def test_a_five_turn_sweep_shows_prefix_cache_hits_and_a_falling_ttft(tmp_path: Path) -> None:
     """`crossover sweep --turns 5` on the measured H200 spec: each conversation opens with a long
     document and follows up briefly, as chats do; every later turn's prompt holds the whole history,
