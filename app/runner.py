@@ -17,7 +17,6 @@ is a small state machine:
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import threading
 import time
@@ -32,9 +31,8 @@ import pandas as pd
 
 from crossover.errors import UserError
 from crossover.loadgen.adaptive import AdaptivePlan
-from crossover.loadgen.crossings import current_names
-from crossover.loadgen.plan import SweepPlan
-from crossover.loadgen.results import CROSSOVER_FILE
+from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.report import CrossoverReport
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec
 
@@ -65,7 +63,7 @@ class LevelMark:
 class RunStatus:
     state: RunState = RunState.IDLE
     out_dir: Path | None = None
-    axis: str = "concurrency"  # the plan's load axis: "concurrency" or "rate"
+    axis: str = Mode.CLOSED.axis  # the plan's load axis by its name (Mode.axis): "concurrency" or "rate"
     started_at: float | None = None
     ended_at: float | None = None
     levels_done: int = 0
@@ -74,7 +72,7 @@ class RunStatus:
     error: str | None = None
     generation: int = 0  # grows with every start and every finished level: a cache key for results
     summary: pd.DataFrame | None = None  # per topology x level, as of the last finished level
-    crossover: dict[str, Any] = field(default_factory=dict)  # loadgen's analyze() as of then
+    crossover: CrossoverReport = field(default_factory=CrossoverReport)  # the analysis as of then
     request_frames: tuple[pd.DataFrame, ...] = ()  # each finished level's requests
 
     def requests(self) -> pd.DataFrame:
@@ -118,7 +116,7 @@ class SweepRunner:
             return self._status
 
     def start(self, sweep: SweepFunction, out_dir: Path, levels_total: int,
-              axis: str = "concurrency") -> None:
+              axis: str = Mode.CLOSED.axis) -> None:
         """Start a sweep; a UserError if one is already running."""
         with self._lock:
             if self._status.state.active:
@@ -175,13 +173,12 @@ class SweepRunner:
                                    crossover=final if final is not None else self._status.crossover)
 
 
-def _final_crossover(out_dir: Path) -> dict[str, Any] | None:
+def _final_crossover(out_dir: Path) -> CrossoverReport | None:
     """crossover.json as the sweep left it, or None when it wrote none (or it cannot be read)."""
     try:
-        data = json.loads((out_dir / CROSSOVER_FILE).read_text())
-    except (OSError, ValueError):
+        return CrossoverReport.read(out_dir)
+    except UserError:
         return None
-    return current_names(data) if isinstance(data, dict) else None
 
 
 def _child_main(sweep: SweepFunction, out_dir: Path, events: Connection, stop: Any) -> None:

@@ -179,7 +179,7 @@ def show_status(status: RunStatus) -> None:
         RunState.FAILED: f"Sweep failed after {done}",
     }[status.state]
     st.progress(status.progress, text=text)
-    adaptive = status.crossover.get("adaptive")
+    adaptive = status.crossover.adaptive
     if adaptive:
         st.caption(adaptive_line(adaptive, status.axis))
     if status.state is RunState.FAILED and status.error:
@@ -260,7 +260,7 @@ def show_table_and_downloads(results: view.ResultsView, downloads: bool) -> None
                 f"{what}.{fmt}", data=functools.partial(_table_bytes, get, fmt),
                 file_name=f"{stem}-{what}.{fmt}", mime=runs.MIME[fmt], key=f"dl_{what}_{fmt}")
             position += 1
-    columns[position].download_button("crossover.json", data=runs.json_bytes(results.crossover),
+    columns[position].download_button("crossover.json", data=runs.json_bytes(results.crossover.to_json()),
                                       file_name=f"{stem}-crossover.json", mime=runs.MIME["json"],
                                       key="dl_crossover")
 

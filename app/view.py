@@ -2,7 +2,7 @@
 
 A `ResultsView` comes either from the background runner's latest status (a sweep in progress) or
 from a run folder opened with loadgen's `load_run`; both give the same summary, requests and
-crossover dict, so the charts, sentences, table and downloads have one code path.
+crossover report, so the charts, sentences, table and downloads have one code path.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from crossover.app.charts import CrossoverMark
 from crossover.app.runner import RunStatus
 from crossover.errors import UserError
 from crossover.loadgen.crossings import METRICS
+from crossover.loadgen.report import Crossover, CrossoverReport
 from crossover.loadgen.results import Run, read_info, read_server_views
 from crossover.loadgen.summary import per_gpu, turn_summary
 
@@ -42,9 +43,9 @@ SUMMARY_TABLE_COLUMNS = (
 class ResultsView:
     source: str  # "live" or the run folder's name
     out_dir: Path | None
-    axis: str  # "concurrency" or "rate"
+    axis: str  # the load axis' name (Mode.axis): "concurrency" or "rate"
     summary: pd.DataFrame
-    crossover: dict[str, Any]
+    crossover: CrossoverReport
     requests: Callable[[], pd.DataFrame] = field(repr=False, default=pd.DataFrame)
     server: Callable[[], pd.DataFrame] = field(repr=False, default=pd.DataFrame)  # server_table's rows
     key: str = ""  # changes whenever the data does: charts are rebuilt only then
@@ -62,49 +63,48 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def crossover_marks(crossover: dict[str, Any]) -> list[CrossoverMark]:
-    """Every actual crossing in loadgen's crossover dict, as chart markers."""
+def crossover_marks(crossover: CrossoverReport) -> list[CrossoverMark]:
+    """Every actual crossing in the crossover report, as chart markers."""
     marks = []
-    for item in crossover.get("crossovers", []):
-        at = _finite(item.get("x"))
-        if item.get("kind") != "crossing" or at is None:
+    for item in crossover.crossovers:
+        at = _finite(item.x)
+        if item.kind != "crossing" or at is None:
             continue
-        marks.append(CrossoverMark(metric=str(item.get("metric", "")), at=at, low=_finite(item.get("ci_low")),
-                                   high=_finite(item.get("ci_high")), sentence=str(item.get("sentence", ""))))
+        marks.append(CrossoverMark(metric=item.metric, at=at, low=_finite(item.ci_low),
+                                   high=_finite(item.ci_high), sentence=item.sentence))
     return marks
 
 
-def _rank(item: dict[str, Any]) -> int:
-    metric = item.get("metric")
-    return METRIC_ORDER.index(metric) if metric in METRIC_ORDER else len(METRIC_ORDER)
+def _rank(item: Crossover) -> int:
+    return METRIC_ORDER.index(item.metric) if item.metric in METRIC_ORDER else len(METRIC_ORDER)
 
 
-def crossing_sentences(crossover: dict[str, Any]) -> list[str]:
+def crossing_sentences(crossover: CrossoverReport) -> list[str]:
     """Sentences of actual crossings, goodput first."""
-    items = [c for c in crossover.get("crossovers", []) if c.get("kind") == "crossing"]
-    return [str(c["sentence"]) for c in sorted(items, key=_rank) if c.get("sentence")]
+    items = [c for c in crossover.crossovers if c.kind == "crossing"]
+    return [c.sentence for c in sorted(items, key=_rank) if c.sentence]
 
 
-def headline_sentences(crossover: dict[str, Any], metric: str = slo.GOODPUT_REQUESTS) -> list[str]:
+def headline_sentences(crossover: CrossoverReport, metric: str = slo.GOODPUT_REQUESTS) -> list[str]:
     """The crossover the page leads with: per pair, the goodput crossing the bootstrap supports most
     (the later one on a tie, since it decides who wins under more load)."""
     best: dict[tuple[str, str], tuple[float, float, str]] = {}
-    for item in crossover.get("crossovers", []):
-        at = _finite(item.get("x"))
-        if item.get("kind") != "crossing" or item.get("metric") != metric or at is None:
+    for item in crossover.crossovers:
+        at = _finite(item.x)
+        if item.kind != "crossing" or item.metric != metric or at is None:
             continue
-        pair = (str(item.get("topology_a")), str(item.get("topology_b")))
-        candidate = (_finite(item.get("support")) or 0.0, at, str(item.get("sentence", "")))
+        pair = (item.topology_a, item.topology_b)
+        candidate = (_finite(item.support) or 0.0, at, item.sentence)
         if pair not in best or candidate[:2] > best[pair][:2]:
             best[pair] = candidate
     return [best[pair][2] for pair in sorted(best)]
 
 
-def other_sentences(crossover: dict[str, Any]) -> list[str]:
+def other_sentences(crossover: CrossoverReport) -> list[str]:
     """Pairs that do not cross (or lack data) and each topology's capacity at the objective."""
-    items = [c for c in crossover.get("crossovers", []) if c.get("kind") != "crossing"]
-    lines = [str(c["sentence"]) for c in sorted(items, key=_rank) if c.get("sentence")]
-    return lines + [str(c["sentence"]) for c in crossover.get("capacities", []) if c.get("sentence")]
+    items = [c for c in crossover.crossovers if c.kind != "crossing"]
+    lines = [c.sentence for c in sorted(items, key=_rank) if c.sentence]
+    return lines + [c.sentence for c in crossover.capacities if c.sentence]
 
 
 def failure_warnings(summary: pd.DataFrame) -> list[str]:

@@ -58,7 +58,7 @@ import pandas as pd  # noqa: E402
 from crossover import slo  # noqa: E402
 from crossover.loadgen import summary  # noqa: E402
 from crossover.loadgen import sweep as sweep_module  # noqa: E402
-from crossover.loadgen.adaptive import AdaptivePlan, Interval, bracket, intervals  # noqa: E402
+from crossover.loadgen.adaptive import AdaptivePlan, Interval, intervals  # noqa: E402
 from crossover.loadgen.client import RequestRecord, StreamTrace, build_record  # noqa: E402
 from crossover.loadgen.dataset import arrival_offsets  # noqa: E402
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan  # noqa: E402
@@ -253,7 +253,8 @@ def _run(spec: FleetSpec, plan: SweepPlan, folder: Path, pair: tuple[str, str], 
     levels = sorted(set(frame["level"]))
     most = frame.groupby("level")["repeat"].max()
     repeats = {float(x): int(most[x]) for x in levels}
-    order = [float(x) for x in (result.crossover.get("adaptive") or {}).get("levels", levels)]
+    adaptive_state = result.crossover.adaptive
+    order = [float(x) for x in (adaptive_state.levels if adaptive_state is not None else levels)]
     return Outcome(len(frame), traffic, wall, levels, _crossing(result, adaptive), result.stop_reason,
                    repeats, order, frame)
 
@@ -296,7 +297,7 @@ def _inside(interval: Interval | None, x: float) -> str:
 def _bracket(o: Outcome, x: float) -> str:
     """The measured levels either side of the estimate, and whether the truth lies between them
     (a jump between two levels is invisible to the bootstrap interval, never to the bracket)."""
-    found = bracket(o.interval, o.levels) if o.interval is not None else None
+    found = o.interval.ends(o.levels) if o.interval is not None else None
     if found is None:
         return "-"
     return f"{found[0]:.3g}-{found[1]:.3g} ({'yes' if found[0] <= x <= found[1] else 'NO'})"
@@ -333,7 +334,7 @@ def met(row: dict[str, Any]) -> bool:
     """The goal: the adaptive sweep reaches the grid's width with at most half its requests, and the
     truth lies inside both intervals and the adaptive sweep's bracket."""
     grid, found, x = row["grid"], row["adaptive"], row["truth"]
-    found_bracket = bracket(found.interval, found.levels) if found.interval is not None else None
+    found_bracket = found.interval.ends(found.levels) if found.interval is not None else None
     return (found.requests <= grid.requests / 2 and found.interval is not None
             and found.interval.width <= row["target"] and _inside(grid.interval, x) == "yes"
             and _inside(found.interval, x) == "yes" and found_bracket is not None

@@ -24,7 +24,8 @@ see. `max_repeats` repeats that all read the end's side confirm it; two that dis
 the level lies in the jump's band and bounds nothing, so the bracket reaches past it to levels
 that do (crossings.split_levels), and bisection goes on beside the band.
 Levels given beyond the two ends are all measured first, as the user's own coarse start.
-Pure functions of crossover.json's content and the levels measured: no I/O, no traffic.
+Pure functions of the crossover report (loadgen.report: crossover.json) and the levels measured:
+no I/O, no traffic. A decision is kept in the report as its AdaptiveState (Decision.state).
 """
 
 from __future__ import annotations
@@ -39,27 +40,22 @@ import pandas as pd
 
 from crossover import slo
 from crossover.errors import UserError
-from crossover.loadgen.crossings import METRICS, ComparedMetric, metric_named, repeat_sides
-from crossover.loadgen.crossings import bracket as levels_either_side
+from crossover.loadgen.crossings import METRICS, ComparedMetric, bracket, repeat_sides
 from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.report import (
+    STOP_REASONS,
+    AdaptiveState,
+    Capacity,
+    Crossover,
+    CrossoverReport,
+    ReportedInterval,
+    metric_named,
+)
 
 DEFAULT_METRIC = slo.GOODPUT_REQUESTS
 DEFAULT_TARGET_CI = 0.1
 DEFAULT_MAX_REPEATS = 2
 ANSWERS = ("crossing", "capacity")  # the kinds of interval an adaptive sweep may narrow
-
-# Why an adaptive sweep stopped: one word each (crossover.json's adaptive.stop_reason), and what the
-# summary says about it.
-STOP_REASONS = {
-    "target": "every interval that matters, and the levels either side of it (confirmed by repeats), "
-              "within --target-ci",
-    "nothing-to-narrow": "no crossing of the metric and no capacity inside the range",
-    "resolution": "every level inside the remaining intervals is measured already",
-    "max-requests": "the next level would overspend --max-requests",
-    "max-duration": "the next level would overspend --max-duration",
-    "stopped": "stopped before the answer was as sure as asked",
-}
-
 
 @dataclass(frozen=True)
 class AdaptivePlan:
@@ -124,10 +120,15 @@ class Interval:
             return math.inf
         return (self.high - self.low) / self.x
 
-    def to_json(self) -> dict[str, Any]:
-        width = self.width
-        return {"what": self.what, "x": self.x, "low": self.low, "high": self.high,
-                "width": width if math.isfinite(width) else None}
+    def ends(self, measured: Sequence[float]) -> tuple[float, float] | None:
+        """The measured levels nearest the estimate either side of it that bound it: the analysis's
+        bracket (past the levels whose repeats split), else crossings.bracket of the levels measured."""
+        return self.between or bracket(measured, self.x)
+
+    def reported(self) -> ReportedInterval:
+        """As the report keeps it (AdaptiveState)."""
+        width = self.width if math.isfinite(self.width) else None
+        return ReportedInterval(self.what, self.x, self.low, self.high, width)
 
 
 def _log_middle(low: float, high: float, mode: Mode) -> float:
@@ -137,6 +138,13 @@ def _log_middle(low: float, high: float, mode: Mode) -> float:
 
 def _round_rate(rate: float) -> float:
     return float(f"{rate:.3g}")
+
+
+def _level_at(u: float, mode: Mode) -> float:
+    """The level a sweep can measure nearest a position on the axis (Mode.scale): a whole
+    concurrency, a rate of three significant digits."""
+    level = mode.unscale(u)
+    return float(max(1, round(level))) if mode is Mode.CLOSED else _round_rate(level)
 
 
 def coarse_levels(plan: SweepPlan) -> tuple[float, ...]:
@@ -163,7 +171,7 @@ def level_above(plan: SweepPlan, measured: Sequence[float]) -> float | None:
     return middle if top < middle < end and end / top > 4 else end
 
 
-def open_above(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Interval]:
+def open_above(report: CrossoverReport, adaptive: AdaptivePlan) -> list[Interval]:
     """The answers that may lie above the highest level measured: pairs that do not cross in the
     metric there, topologies that meet the objective at every level so far. Each is an Interval
     without bounds that reads a level's side as its crossing or capacity will (past it: the pair's
@@ -171,12 +179,10 @@ def open_above(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Int
     metric = METRICS[adaptive.metric]
     found = []
     if "crossing" in adaptive.answers:
-        found += [_crossing(c, metric, c.get("loser", ""), c.get("winner", ""))
-                  for c in crossover.get("crossovers", [])
-                  if c.get("metric") == metric.name and c.get("kind") in ("none", "insufficient")]
+        found += [_crossing(c, metric, c.loser, c.winner) for c in report.crossovers
+                  if c.metric == metric.name and c.kind in ("none", "insufficient")]
     if "capacity" in adaptive.answers:
-        found += [_capacity(c, crossover) for c in crossover.get("capacities", [])
-                  if c.get("censored") == "above"]
+        found += [_capacity(c) for c in report.capacities if c.censored == "above"]
     return found
 
 
@@ -225,61 +231,49 @@ def _planned_seconds(plan: SweepPlan, level: float, requests: int | None) -> flo
     return None
 
 
-def _spanned(found: Mapping[str, Any]) -> tuple[float | None, float | None]:
+def _spanned(found: Crossover | Capacity) -> tuple[float | None, float | None]:
     """An answer's interval: its bootstrap interval, widened to the measured levels either side of
     its estimate (the bootstrap holds each level's noise under interpolation, not a step of the
     curves between two levels). None without a bootstrap interval (too few levels)."""
-    low, high = found.get("ci_low"), found.get("ci_high")
+    low, high = found.ci_low, found.ci_high
     if low is None or high is None:
         return None, None
-    return (min(low, found.get("bracket_low") or low), max(high, found.get("bracket_high") or high))
+    return (min(low, found.bracket_low or low), max(high, found.bracket_high or high))
 
 
-def _crossing(found: Mapping[str, Any], metric: ComparedMetric, ahead: str, versus: str,
+def _crossing(found: Crossover, metric: ComparedMetric, ahead: str, versus: str,
               x: float = math.nan, low: float | None = None, high: float | None = None) -> Interval:
     """A pair's crossing of `metric`, past it when `ahead` leads `versus`."""
-    return Interval(f"{metric.name} crossing {found['topology_a']}/{found['topology_b']}", x, low, high,
+    return Interval(f"{metric.name} crossing {found.topology_a}/{found.topology_b}", x, low, high,
                     metric.column, ahead, versus, 1 if metric.higher_is_better else -1, _between(found))
 
 
-def _capacity(found: Mapping[str, Any], crossover: Mapping[str, Any], x: float = math.nan,
-              low: float | None = None, high: float | None = None) -> Interval:
+def _capacity(found: Capacity, x: float = math.nan, low: float | None = None,
+              high: float | None = None) -> Interval:
     """A topology's capacity, past it when its attainment falls below the objective."""
-    objective = float(found.get("objective", crossover.get("objective", math.nan)))
-    return Interval(f"capacity {found['topology']}", x, low, high, slo.attainment_column(),
-                    found["topology"], objective, -1, _between(found))
+    return Interval(f"capacity {found.topology}", x, low, high, slo.attainment_column(),
+                    found.topology, float(found.objective), -1, _between(found))
 
 
-def _between(found: Mapping[str, Any]) -> tuple[float, float] | None:
-    low, high = found.get("bracket_low"), found.get("bracket_high")
+def _between(found: Crossover | Capacity) -> tuple[float, float] | None:
+    low, high = found.bracket_low, found.bracket_high
     return (float(low), float(high)) if low is not None and high is not None else None
 
 
-def intervals(crossover: Mapping[str, Any], adaptive: AdaptivePlan) -> list[Interval]:
+def intervals(report: CrossoverReport, adaptive: AdaptivePlan) -> list[Interval]:
     """The intervals that matter in an analyze() result: every crossing of the metric and every
     capacity found inside the range (a capacity at the range's edge has nothing to narrow), each
     spanning its bootstrap interval and its bracket."""
     metric = METRICS[adaptive.metric]
     found = []
     if "crossing" in adaptive.answers:
-        found += [_crossing(c, metric, c.get("winner", ""), c.get("loser", ""), float(c["x"]), *_spanned(c))
-                  for c in crossover.get("crossovers", [])
-                  if c.get("metric") == metric.name and c.get("kind") == "crossing"
-                  and c.get("x") is not None]
+        found += [_crossing(c, metric, c.winner, c.loser, float(c.x), *_spanned(c))
+                  for c in report.crossovers
+                  if c.metric == metric.name and c.kind == "crossing" and c.x is not None]
     if "capacity" in adaptive.answers:
-        found += [_capacity(c, crossover, float(c["x"]), *_spanned(c))
-                  for c in crossover.get("capacities", [])
-                  if not c.get("censored") and c.get("x") is not None]
+        found += [_capacity(c, float(c.x), *_spanned(c))
+                  for c in report.capacities if not c.censored and c.x is not None]
     return found
-
-
-def _to_axis(level: float, mode: Mode) -> float:
-    # the crossover module's axes: log2 concurrency, linear rate
-    return math.log2(level) if mode is Mode.CLOSED else level
-
-
-def _from_axis(u: float, mode: Mode) -> float:
-    return float(max(1, round(2.0**u))) if mode is Mode.CLOSED else _round_rate(u)
 
 
 def level_inside(interval: Interval, measured: Sequence[float], plan: SweepPlan) -> float | None:
@@ -289,31 +283,26 @@ def level_inside(interval: Interval, measured: Sequence[float], plan: SweepPlan)
     low = interval.low if interval.low is not None else min(measured)
     high = interval.high if interval.high is not None else max(measured)
     low, high = max(low, plan.levels[0]), min(high, plan.levels[-1])
-    u_low, u_high = _to_axis(low, plan.mode), _to_axis(high, plan.mode)
-    inside = sorted(_to_axis(m, plan.mode) for m in measured if low < m < high)
+    mode = plan.mode
+    u_low, u_high = mode.scale(low), mode.scale(high)
+    inside = sorted(mode.scale(m) for m in measured if low < m < high)
     edges = [u_low, *inside, u_high]
     gaps = sorted(((b - a, (a + b) / 2) for a, b in itertools.pairwise(edges)), reverse=True)
-    estimate = _to_axis(min(max(interval.x, low), high), plan.mode)
-    near = min((abs(estimate - _to_axis(m, plan.mode)) for m in measured), default=math.inf)
+    estimate = mode.scale(min(max(interval.x, low), high))
+    near = min((abs(estimate - mode.scale(m)) for m in measured), default=math.inf)
     candidates = ([estimate] if gaps and near >= gaps[0][0] / 4 else []) + [middle for _, middle in gaps]
     taken = set(measured)
     for u in candidates:
-        level = _from_axis(u, plan.mode)
+        level = _level_at(u, mode)
         if low <= level <= high and level not in taken:
             return level
     return None
 
 
-def bracket(interval: Interval, measured: Sequence[float]) -> tuple[float, float] | None:
-    """The measured levels nearest the estimate either side of it that bound it: the analysis's
-    bracket (crossings.bracket, past the levels whose repeats split), else the nearest levels."""
-    return interval.between or levels_either_side(measured, interval.x)
-
-
 def bracket_width(interval: Interval, measured: Sequence[float]) -> float:
     """The bracket's width relative to the estimate: how far the estimate may be from where the
     curves really cross when they jump between the two levels (interpolation cannot see a step)."""
-    found = bracket(interval, measured)
+    found = interval.ends(measured)
     if found is None or not interval.x > 0:
         return math.inf
     return (found[1] - found[0]) / interval.x
@@ -326,12 +315,12 @@ def bracket_level(interval: Interval, measured: Sequence[float], plan: SweepPlan
     however smooth the interpolation looks. Levels inside the bracket are split ones (they bound
     nothing): then the widest gap between them and the ends is the bracket narrowed, as the band
     they mark needs no more levels. None when no level fits between the two."""
-    ends = bracket(interval, measured)
+    ends = interval.ends(measured)
     if ends is None:
         return None
     edges = [ends[0], *sorted(m for m in measured if ends[0] < m < ends[1]), ends[1]]
     gaps = sorted(itertools.pairwise(edges), reverse=True,
-                  key=lambda gap: _to_axis(gap[1], plan.mode) - _to_axis(gap[0], plan.mode))
+                  key=lambda gap: plan.mode.scale(gap[1]) - plan.mode.scale(gap[0]))
     return next((level for low, high in gaps
                  if (level := _bisecting(interval.x, low, high, measured, plan)) is not None), None)
 
@@ -339,11 +328,11 @@ def bracket_level(interval: Interval, measured: Sequence[float], plan: SweepPlan
 def _bisecting(x: float, low: float, high: float, measured: Sequence[float], plan: SweepPlan) -> float | None:
     """An unmeasured level between low and high: x (a whole concurrency beside it) when it lies in
     their middle half on the axis, else their log middle."""
-    u_low, u_high = _to_axis(low, plan.mode), _to_axis(high, plan.mode)
+    u_low, u_high = plan.mode.scale(low), plan.mode.scale(high)
     quarter = (u_high - u_low) / 4
     near = ((round(x), math.floor(x), math.ceil(x)) if plan.mode is Mode.CLOSED else (_round_rate(x),))
     for level in (*(float(c) for c in near if c >= 1), _log_middle(low, high, plan.mode)):
-        inside = u_low + quarter <= _to_axis(level, plan.mode) <= u_high - quarter
+        inside = u_low + quarter <= plan.mode.scale(level) <= u_high - quarter
         if low < level < high and level not in measured and (inside or not quarter):
             return level
     middle = _log_middle(low, high, plan.mode)
@@ -373,7 +362,7 @@ def unconfirmed_end(interval: Interval, measured: Sequence[float], by_repeat: pd
     lies in the answer's band, the analysis's bracket reaches past it (crossings.split_levels), and
     more repeats would only tip a weighted coin. None when both ends are done, or the estimate is
     a measured level."""
-    found = bracket(interval, measured)
+    found = interval.ends(measured)
     if found is None or found[0] == found[1]:
         return None
     for end, side in ((found[0], -1), (found[1], 1)):
@@ -393,21 +382,27 @@ class Decision:
     intervals: tuple[Interval, ...]
     repeat: int = 1  # above 1: measure `level` again, this time with a fresh seed
 
-    def to_json(self) -> dict[str, Any]:
-        return {"next_level": self.level, "next_repeat": self.repeat, "stop_reason": self.stop_reason,
-                "stop_sentence": STOP_REASONS.get(self.stop_reason, ""),
-                "widest": self.widest.to_json() if self.widest else None,
-                "intervals": [i.to_json() for i in self.intervals]}
+    def state(self, reason: str, levels: Sequence[float], repeats: Mapping[float, int], requests: int,
+              traffic_s: float) -> AdaptiveState:
+        """The report's "adaptive" after this decision: `reason` is why the sweep stops (the
+        decision's own, or a budget the next level would overspend; "" to go on), `levels` those
+        measured in the order first measured, `repeats` their measurements, `requests` and
+        `traffic_s` what the sweep spent."""
+        return AdaptiveState(
+            next_level=self.level if not reason else None, next_repeat=self.repeat, stop_reason=reason,
+            widest=self.widest.reported() if self.widest else None,
+            intervals=tuple(i.reported() for i in self.intervals), levels=tuple(levels), requests=requests,
+            repeats={level: n for level, n in repeats.items() if n > 1}, traffic_s=traffic_s)
 
 
-def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan,
+def decide(report: CrossoverReport, adaptive: AdaptivePlan, plan: SweepPlan,
            measured: Sequence[float], by_repeat: pd.DataFrame | None = None) -> Decision:
     """The next level: up the range while an answer may lie above (with `by_repeat`, the rows of
     summary.summarize_repeats, once the highest level's repeats confirm it), then inside the
     widest interval first, then a repeat of a bracket end not yet confirmed; a stop reason when
     none is worth measuring."""
-    found = tuple(intervals(crossover, adaptive))
-    pending = open_above(crossover, adaptive)
+    found = tuple(intervals(report, adaptive))
+    pending = open_above(report, adaptive)
     above = level_above(plan, measured) if pending else None
     if above is not None:
         if by_repeat is not None and adaptive.max_repeats > 1:
@@ -438,23 +433,25 @@ def decide(crossover: Mapping[str, Any], adaptive: AdaptivePlan, plan: SweepPlan
     return Decision(None, "resolution", (far or wide)[0], found)
 
 
-def adaptive_line(state: Mapping[str, Any], axis: str) -> str:
-    """One line from crossover.json's "adaptive": the levels so far and the next one, or why the
-    sweep stopped and the widest interval it left."""
-    repeats = state.get("repeats") or {}
-    levels = ", ".join(f"{x:g}" + (f" (x{repeats[f'{x:g}']})" if repeats.get(f"{x:g}", 1) > 1 else "")
-                       for x in state.get("levels", [])) or "none"
-    widest = state.get("widest") or {}
-    if state.get("next_level") is not None:
-        repeat = state.get("next_repeat") or 1
-        if repeat > 1:
-            return (f"adaptive sweep: levels {levels} so far; next {axis} {state['next_level']:g} again "
-                    f"(repeat {repeat}, to confirm its side of the {widest.get('what', 'answer')})")
-        why = f"to narrow the {widest['what']}" if widest.get("what") else "an answer may lie above"
-        return f"adaptive sweep: levels {levels} so far; next {axis} {state['next_level']:g} ({why})"
-    reason = STOP_REASONS.get(state.get("stop_reason", ""), "stopped before the coarse start was measured")
+def adaptive_line(state: AdaptiveState | None, axis: str) -> str:
+    """One line from the report's adaptive state (None: no decision yet), on the load axis named
+    `axis` (Mode.axis): the levels so far and the next one, or why the sweep stopped and the widest
+    interval it left."""
+    state = state if state is not None else AdaptiveState()
+    repeats = state.repeats
+    levels = ", ".join(f"{x:g}" + (f" (x{repeats[x]})" if repeats.get(x, 1) > 1 else "")
+                       for x in state.levels) or "none"
+    widest = state.widest
+    what = widest.what if widest is not None else ""
+    if state.next_level is not None:
+        if state.next_repeat > 1:
+            return (f"adaptive sweep: levels {levels} so far; next {axis} {state.next_level:g} again "
+                    f"(repeat {state.next_repeat}, to confirm its side of the {what or 'answer'})")
+        why = f"to narrow the {what}" if what else "an answer may lie above"
+        return f"adaptive sweep: levels {levels} so far; next {axis} {state.next_level:g} ({why})"
+    reason = STOP_REASONS.get(state.stop_reason, "stopped before the coarse start was measured")
     line = f"adaptive sweep stopped: {reason}; levels measured: {levels}"
-    if widest.get("width") is not None:
-        line += (f"; widest interval: {widest['what']} at {axis} {widest['x']:.3g}, "
-                 f"{widest['width']:.0%} of it")
+    if widest is not None and widest.width is not None:
+        line += (f"; widest interval: {widest.what} at {axis} {widest.x:.3g}, "
+                 f"{widest.width:.0%} of it")
     return line

@@ -17,7 +17,7 @@ from crossover.errors import UserError
 from crossover.loadgen import results
 from crossover.loadgen.benchjson import read_bench_results, requests_frame
 from crossover.loadgen.crossings import analyze
-from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.plan import SweepPlan
 from crossover.loadgen.results import Run, RunInfo, TopologyInfo
 from crossover.loadgen.summary import summarize
 
@@ -82,16 +82,14 @@ def import_bench_run(paths: list[str], slos_ms: dict[str, float], objective: flo
                      gpus: dict[str, int] | None = None, n_boot: int = 200) -> Run:
     """A run from vllm bench serve result files: requests, summary and crossover as a sweep's."""
     files = read_bench_results(paths)
-    axis = files[0].axis
     requests = pd.concat([requests_frame(f) for f in files], ignore_index=True)
     per_topology = _gpus(files, spec, gpus or {})
     order = list(dict.fromkeys(sorted(f.topology for f in files)))
-    plan = SweepPlan(mode=Mode.CLOSED if axis == "concurrency" else Mode.OPEN,
-                     levels=tuple(sorted({f.level for f in files})),
+    plan = SweepPlan(mode=files[0].mode, levels=tuple(sorted({f.level for f in files})),
                      requests_per_level=max(len(f.data["ttfts"]) for f in files) or 1, slos_ms=slos_ms,
                      objective=objective)
     summary = summarize(requests, slos_ms, per_topology, plan)
-    crossover = analyze(summary, requests, axis=axis, objective=objective, slos_ms=slos_ms, plan=plan,
+    crossover = analyze(summary, requests, mode=plan.mode, objective=objective, slos_ms=slos_ms, plan=plan,
                         n_boot=n_boot, seed=0, order=order)
     info = RunInfo(plan=plan, slos_ms=dict(slos_ms), objective=objective,
                    model=str(files[0].data.get("model_id", "")),
@@ -107,7 +105,7 @@ def write_run(folder: Path, run: Run) -> None:
         results.write_level(folder, run.info.plan, str(topology), float(level),  # type: ignore[arg-type]
                             frame.reset_index(drop=True))
     results.write_summary(folder, run.summary)
-    results.write_json(folder / results.CROSSOVER_FILE, run.crossover)
+    run.crossover.write(folder)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import pandas as pd
 
 from crossover import slo
 from crossover.errors import UserError
+from crossover.loadgen.plan import Mode
 from crossover.loadgen.summary import latency_samples, mark_requests
 
 PERCENTILE_METRICS = slo.SLO_KINDS
@@ -70,7 +71,7 @@ def _stats(values: np.ndarray, name: str, percentiles: Sequence[float]) -> dict[
     return out
 
 
-def bench_result(requests: pd.DataFrame, *, topology: str, level: float, axis: str, model: str,
+def bench_result(requests: pd.DataFrame, *, topology: str, level: float, mode: Mode, model: str,
                  endpoint: str, tokenizer: str, burstiness: float, slos_ms: dict[str, float],
                  options: BenchOptions) -> dict[str, Any]:
     """One (topology, level) as `vllm bench serve` writes it (its calculate_metrics: over the whole
@@ -87,8 +88,8 @@ def bench_result(requests: pd.DataFrame, *, topology: str, level: float, axis: s
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": BACKENDS[endpoint],
         "backend": BACKENDS[endpoint], "label": "crossover", "model_id": model, "tokenizer_id": tokenizer,
         "num_prompts": len(ordered), "topology": topology,
-        "request_rate": level if axis == "rate" else "inf", "burstiness": burstiness,
-        "max_concurrency": int(level) if axis == "concurrency" else None,
+        "request_rate": level if mode is Mode.OPEN else "inf", "burstiness": burstiness,
+        "max_concurrency": int(level) if mode is Mode.CLOSED else None,
         "duration": duration, "completed": len(ok), "failed": len(ordered) - len(ok),
         "total_input_tokens": total_input, "total_output_tokens": total_output,
         "request_throughput": len(ok) * rate,
@@ -129,7 +130,7 @@ class BenchFile:
     path: Path
     topology: str
     level: float
-    axis: str  # "concurrency" (max_concurrency, request_rate inf) or "rate"
+    mode: Mode  # the load axis: concurrency (max_concurrency, request_rate inf) or rate
     data: dict[str, Any]
 
 
@@ -163,11 +164,11 @@ def _bench_file(path: Path) -> BenchFile | None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise UserError(f"{path}: neither a request rate nor a max concurrency to place it on a "
                             "load axis")
-        axis, level = "concurrency", float(concurrency)
+        mode, level = Mode.CLOSED, float(concurrency)
     else:
-        axis, level = "rate", float(rate)
+        mode, level = Mode.OPEN, float(rate)
     topology = str(data.get("topology") or path.parent.name)
-    return BenchFile(path, topology, level, axis, data)
+    return BenchFile(path, topology, level, mode, data)
 
 
 def read_bench_results(paths: Iterable[str]) -> list[BenchFile]:
@@ -176,7 +177,7 @@ def read_bench_results(paths: Iterable[str]) -> list[BenchFile]:
     files = [f for f in (_bench_file(p) for p in _files(paths)) if f is not None]
     if not files:
         raise UserError(f"{', '.join(paths)}: no vllm bench serve result files there")
-    axes = {f.axis for f in files}
+    axes = {f.mode for f in files}
     if len(axes) > 1:
         raise UserError("the files mix concurrency levels (request rate inf) and request rates; "
                         "analyze one kind at a time")
@@ -184,7 +185,7 @@ def read_bench_results(paths: Iterable[str]) -> list[BenchFile]:
     for f in files:
         key = (f.topology, f.level)
         if key in seen:
-            raise UserError(f"{f.path}: a second file for topology {f.topology} at {f.axis} {f.level:g} "
+            raise UserError(f"{f.path}: a second file for topology {f.topology} at {f.mode.axis} {f.level:g} "
                             f"(also {seen[key]})")
         seen[key] = f.path
     return files

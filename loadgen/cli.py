@@ -7,10 +7,13 @@ import argparse
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crossover import slo
 from crossover.errors import UserError
+
+if TYPE_CHECKING:
+    from crossover.loadgen.report import CrossoverReport
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,7 +160,7 @@ def _adaptive(args: argparse.Namespace) -> Any:
         DEFAULT_TARGET_CI,
         AdaptivePlan,
     )
-    from crossover.loadgen.crossings import RENAMED
+    from crossover.loadgen.report import RENAMED
 
     if args.metric in RENAMED:
         print(f"crossover sweep: --metric {args.metric} is deprecated and goes in the next release; "
@@ -252,7 +255,7 @@ def _cell(value: Any, form: str) -> str:
         return str(value)
 
 
-def print_summary(summary: Any, crossover: dict[str, Any], console: Any) -> None:
+def print_summary(summary: Any, crossover: CrossoverReport, console: Any) -> None:
     from rich.table import Table
 
     table = Table(title="sweep summary (steady-state window)")
@@ -263,7 +266,7 @@ def print_summary(summary: Any, crossover: dict[str, Any], console: Any) -> None
     console.print(table)
     from crossover.loadgen.summary import level_warnings
 
-    for sentence in crossover.get("sentences", []):
+    for sentence in crossover.sentences:
         console.print(f"- {sentence}")
     for warning in level_warnings(summary):
         console.print(f"warning: {warning}")
@@ -345,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
     if adaptive is not None:
         from crossover.loadgen.adaptive import adaptive_line
 
-        out.print(adaptive_line(result.crossover.get("adaptive") or {}, plan.axis))
+        out.print(adaptive_line(result.crossover.adaptive, plan.axis))
     if not result.turns.empty:
         print_turns(result.turns, out)
     workload = result.workload

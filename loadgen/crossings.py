@@ -5,16 +5,16 @@ concurrency axis (or a linear rate axis); the difference of two curves is scanne
 and every sign change refined with brentq. A bootstrap resamples each (topology, level)'s
 requests with replacement, recomputes the metric and the crossing, and gives the interval.
 Throughput and goodput are compared per GPU, so topologies of different sizes compare fairly.
-Pure functions of DataFrames: no I/O.
+`analyze` gathers it all in a CrossoverReport (loadgen.report: crossover.json). Pure functions of
+DataFrames: no I/O.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from itertools import combinations
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,8 @@ from scipy.interpolate import PchipInterpolator
 from scipy.optimize import brentq
 
 from crossover import slo
-from crossover.loadgen.plan import SweepPlan
+from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.report import Capacity, Crossover, CrossoverReport, metric_named
 from crossover.loadgen.summary import (
     mark_requests,
     per_gpu,
@@ -60,78 +61,6 @@ METRICS: dict[str, ComparedMetric] = {m.name: m for m in (
 )}
 DEFAULT_METRICS = ("output_tps", slo.GOODPUT_REQUESTS, *(m.name for m in _TAIL_LATENCIES))
 
-# The names before the unit joined them (docs/sweep.md): accepted as metric names, and read from old
-# run folders, for one release.
-RENAMED: dict[str, str] = {"goodput": slo.GOODPUT_REQUESTS, "token_goodput": slo.GOODPUT_TOKENS}
-
-
-def metric_named(name: str) -> str:
-    """A metric's name, its old name (RENAMED) read as the new one."""
-    return RENAMED.get(name, name)
-
-
-def current_names(crossover: dict[str, Any]) -> dict[str, Any]:
-    """crossover.json as this version writes it, from any version's: old metric names renamed."""
-    crossovers = [{**c, "metric": metric_named(c["metric"])} if isinstance(c, dict) and "metric" in c else c
-                  for c in crossover.get("crossovers", [])]
-    upgraded = {**crossover, "crossovers": crossovers} if "crossovers" in crossover else dict(crossover)
-    adaptive = crossover.get("adaptive")
-    if isinstance(adaptive, dict) and "metric" in adaptive:
-        upgraded["adaptive"] = {**adaptive, "metric": metric_named(adaptive["metric"])}
-    return upgraded
-
-
-@dataclass(frozen=True)
-class Crossover:
-    """One crossing of two topologies' curves, or the statement that there is none.
-
-    kind: "crossing" (x is where `winner` overtakes `loser`), "none" (no crossing in the range:
-    `winner` leads throughout), "insufficient" (fewer than two common levels).
-    """
-
-    topology_a: str
-    topology_b: str
-    metric: str
-    axis: str  # "concurrency" or "rate"
-    kind: str
-    x: float | None
-    ci_low: float | None
-    ci_high: float | None
-    direction: str  # "b_overtakes_a", "a_overtakes_b", "a_leads", "b_leads" or ""
-    winner: str
-    loser: str
-    crossings: int  # how many times the point-estimate curves cross in the range
-    support: float  # share of bootstrap resamples that cross (in this direction), NaN without one
-    level_range: tuple[float, float]
-    sentence: str
-    bracket_low: float | None = None  # the measured levels either side of x (see `bracket`)
-    bracket_high: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["level_range"] = list(self.level_range)
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """The highest load at which a topology still meets the goodput objective (DistServe)."""
-
-    topology: str
-    axis: str
-    objective: float
-    x: float | None  # None when even the lowest level misses the objective
-    ci_low: float | None
-    ci_high: float | None
-    censored: str  # "" (found inside the range), "above" (meets it at every level), "below"
-    per_gpu: float | None
-    sentence: str
-    bracket_low: float | None = None  # the measured levels either side of x (see `bracket`)
-    bracket_high: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def bracket(levels: Sequence[float], x: float, split: Set[float] = frozenset()) -> tuple[float, float] | None:
     """The measured levels nearest x either side of it (x twice when it was measured): where the
@@ -139,7 +68,8 @@ def bracket(levels: Sequence[float], x: float, split: Set[float] = frozenset()) 
     curves (p99 ITL once prefills stall decodes), so the answer may lie anywhere in between, however
     narrow the bootstrap interval. A `split` level (see split_levels) bounds nothing: the bracket
     reaches past it, to the farthest measured level on that side when no other is left. None when x
-    lies outside the measured levels."""
+    lies outside the measured levels. The one bracket search, on plain numbers: the analysis's
+    answers name it, and the adaptive sweep narrows it (adaptive.Interval.ends)."""
     below = [v for v in levels if v <= x]
     above = [v for v in levels if v >= x]
     if not below or not above:
@@ -174,27 +104,19 @@ def split_levels(by_repeat: pd.DataFrame | None, column: str, mine: str, versus:
 
 
 def _interval_text(ci: tuple[float | None, float | None], between: tuple[float, float] | None,
-                   axis: str) -> str:
+                   mode: Mode) -> str:
     parts = []
     if ci[0] is not None and ci[1] is not None:
-        parts.append(f"95% CI {format_load(ci[0], axis)}-{format_load(ci[1], axis)}")
+        parts.append(f"95% CI {format_load(ci[0], mode)}-{format_load(ci[1], mode)}")
     if between is not None and between[0] < between[1]:
-        parts.append(f"between levels {format_load(between[0], axis)} and {format_load(between[1], axis)}")
+        parts.append(f"between levels {format_load(between[0], mode)} and {format_load(between[1], mode)}")
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def format_load(x: float, axis: str) -> str:
-    if axis == "concurrency":
+def format_load(x: float, mode: Mode) -> str:
+    if mode is Mode.CLOSED:
         return f"{x:.0f}" if x >= 9.5 else f"{x:.2g}"
     return f"{x:.2g}" if x < 100 else f"{x:.0f}"
-
-
-def _to_axis(levels: np.ndarray, axis: str) -> np.ndarray:
-    return np.log2(levels) if axis == "concurrency" else levels.astype(float)
-
-
-def _from_axis(u: float, axis: str) -> float:
-    return float(2.0**u) if axis == "concurrency" else float(u)
 
 
 def _roots(u: np.ndarray, ya: np.ndarray, yb: np.ndarray) -> list[tuple[float, int]]:
@@ -225,11 +147,12 @@ def _lead_sign(ya: np.ndarray, yb: np.ndarray) -> int:
     return int(np.sign(np.nanmean(ya - yb)))
 
 
-def _curve_sentence(metric: ComparedMetric, axis: str, a: str, b: str, roots: list[tuple[float, int]],
+def _curve_sentence(metric: ComparedMetric, mode: Mode, a: str, b: str, roots: list[tuple[float, int]],
                     ci: list[tuple[float | None, float | None]], lead: int,
                     span: tuple[float, float], levels: Sequence[float], split: Set[float]) -> list[str]:
     better_when = 1 if metric.higher_is_better else -1
-    lo, hi = format_load(span[0], axis), format_load(span[1], axis)
+    axis = mode.axis
+    lo, hi = format_load(span[0], mode), format_load(span[1], mode)
     if not roots:
         leader, other = (a, b) if lead * better_when > 0 else (b, a)
         if lead == 0:
@@ -239,10 +162,10 @@ def _curve_sentence(metric: ComparedMetric, axis: str, a: str, b: str, roots: li
     sentences = []
     for n, ((u, sign_after), (c_lo, c_hi)) in enumerate(zip(roots, ci, strict=True), 1):
         winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
-        x = _from_axis(u, axis)
-        interval = _interval_text((c_lo, c_hi), bracket(levels, x, split), axis)
+        x = mode.unscale(u)
+        interval = _interval_text((c_lo, c_hi), bracket(levels, x, split), mode)
         text = (f"{winner} overtakes {loser} in {metric.label} at {axis} about "
-                f"{format_load(x, axis)}{interval}")
+                f"{format_load(x, mode)}{interval}")
         if len(roots) > 1:
             text += f"; the curves cross more than once ({len(roots)} times in {axis} {lo}-{hi}), " \
                     f"this is crossing {n}"
@@ -330,7 +253,7 @@ def _curves(summary: pd.DataFrame, a: str, b: str, column: str) -> tuple[np.ndar
 
 
 def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric: str, *,
-                    axis: str = "concurrency", slos_ms: Mapping[str, float] | None = None,
+                    mode: Mode = Mode.CLOSED, slos_ms: Mapping[str, float] | None = None,
                     plan: SweepPlan | None = None, pairs: Sequence[tuple[str, str]] | None = None,
                     n_boot: int = 200, confidence: float = 0.95, seed: int = 0,
                     by_repeat: pd.DataFrame | None = None) -> list[Crossover]:
@@ -354,19 +277,19 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
         levels, ya, yb = _curves(summary, a, b, spec.column)
         span = (float(levels[0]), float(levels[-1])) if len(levels) else (math.nan, math.nan)
         if len(levels) < 2:
-            results.append(Crossover(a, b, metric, axis, "insufficient", None, None, None, "", "", "", 0,
+            results.append(Crossover(a, b, metric, mode, "insufficient", None, None, None, "", "", "", 0,
                                      math.nan, span, f"{a} vs {b} in {spec.label}: fewer than two common "
                                      f"levels with data, no crossing can be computed"))
             continue
-        u = _to_axis(levels, axis)
+        u = mode.scale(levels)
         roots = _roots(u, ya, yb)
         lead = _lead_sign(ya, yb)
         intervals: list[tuple[float | None, float | None]] = [(None, None)] * len(roots)
         supports = [math.nan] * len(roots)
         if marked is not None:
             rng = np.random.default_rng(seed)
-            boot_a = _bootstrap(marked, summary, a, spec, levels, n_boot, rng, axis == "concurrency")
-            boot_b = _bootstrap(marked, summary, b, spec, levels, n_boot, rng, axis == "concurrency")
+            boot_a = _bootstrap(marked, summary, a, spec, levels, n_boot, rng, mode is Mode.CLOSED)
+            boot_b = _bootstrap(marked, summary, b, spec, levels, n_boot, rng, mode is Mode.CLOSED)
             found: list[list[float]] = [[] for _ in roots]
             for r in range(n_boot):
                 ra, rb = boot_a[:, r], boot_b[:, r]
@@ -385,23 +308,22 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
                     # a skewed bootstrap can leave the estimate itself outside the percentile
                     # interval; a reader expects "about X (CI a-b)" to have a <= X <= b
                     root = roots[k][0]
-                    intervals[k] = (_from_axis(min(float(lo), root), axis),
-                                    _from_axis(max(float(hi), root), axis))
+                    intervals[k] = (mode.unscale(min(float(lo), root)), mode.unscale(max(float(hi), root)))
         split = split_levels(by_repeat, spec.column, a, b)
-        sentences = _curve_sentence(spec, axis, a, b, roots, intervals, lead, span, list(levels), split)
+        sentences = _curve_sentence(spec, mode, a, b, roots, intervals, lead, span, list(levels), split)
         better_when = 1 if spec.higher_is_better else -1
         if not roots:
             winner, loser = (a, b) if lead * better_when >= 0 else (b, a)
-            results.append(Crossover(a, b, metric, axis, "none", None, None, None,
+            results.append(Crossover(a, b, metric, mode, "none", None, None, None,
                                      "a_leads" if winner == a else "b_leads", winner, loser, 0, math.nan,
                                      span, sentences[0]))
             continue
         for (root, sign_after), (c_lo, c_hi), support, sentence in zip(roots, intervals, supports, sentences,
                                                                         strict=True):
             winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
-            x = _from_axis(root, axis)
+            x = mode.unscale(root)
             between = bracket(list(levels), x, split) or (None, None)
-            results.append(Crossover(a, b, metric, axis, "crossing", x, c_lo, c_hi,
+            results.append(Crossover(a, b, metric, mode, "crossing", x, c_lo, c_hi,
                                      "a_overtakes_b" if winner == a else "b_overtakes_a", winner, loser,
                                      len(roots), support, span, sentence, *between))
     return results
@@ -432,7 +354,7 @@ def _capacity_point(u: np.ndarray, attainment: np.ndarray, objective: float) -> 
 
 
 def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | None, objective: float, *,
-                               axis: str = "concurrency", slos_ms: Mapping[str, float] | None = None,
+                               mode: Mode = Mode.CLOSED, slos_ms: Mapping[str, float] | None = None,
                                plan: SweepPlan | None = None, n_boot: int = 200, confidence: float = 0.95,
                                seed: int = 0, by_repeat: pd.DataFrame | None = None) -> list[Capacity]:
     """Per topology, the highest load whose joint SLO attainment still meets `objective`
@@ -450,10 +372,10 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
         gpus = int(rows["gpus"].iloc[0]) if len(rows) else 1
         pct = f"{objective:.0%}".replace(".0%", "%")
         if len(levels) == 0:
-            out.append(Capacity(topology, axis, objective, None, None, None, "below", None,
+            out.append(Capacity(topology, mode, objective, None, None, None, "below", None,
                                 f"{topology}: no level with data"))
             continue
-        u = _to_axis(levels, axis)
+        u = mode.scale(levels)
         attainment = rows[slo.attainment_column()].to_numpy(float)
         if len(levels) == 1:
             point, censored = (float(u[0]), "above") if attainment[0] >= objective else (float(u[0]), "below")
@@ -463,36 +385,37 @@ def max_load_meeting_objective(summary: pd.DataFrame, requests: pd.DataFrame | N
         if marked is not None and len(levels) >= 2:
             rng = np.random.default_rng(seed)
             boot = _bootstrap(marked, summary, topology, _ATTAINMENT, levels, n_boot, rng,
-                              axis == "concurrency")
+                              mode is Mode.CLOSED)
             points = [_capacity_point(u, boot[:, r], objective)[0] for r in range(n_boot)
                       if np.isfinite(boot[:, r]).all()]
             if points:
                 lo, hi = np.percentile(points, [tail, 100 - tail])
-                ci = (_from_axis(min(float(lo), point), axis), _from_axis(max(float(hi), point), axis))
-        x = _from_axis(point, axis)
+                ci = (mode.unscale(min(float(lo), point)), mode.unscale(max(float(hi), point)))
+        x = mode.unscale(point)
         split = split_levels(by_repeat, slo.attainment_column(), topology, objective)
         between = bracket(list(levels), x, split) if not censored else None
-        interval = _interval_text(ci, between, axis)
+        interval = _interval_text(ci, between, mode)
+        axis = mode.axis
         if censored == "below":
             sentence = (f"{topology} misses the {pct} SLO objective already at {axis} "
-                        f"{format_load(x, axis)}, the lowest level tried")
-            out.append(Capacity(topology, axis, objective, None, ci[0], ci[1], censored, None, sentence))
+                        f"{format_load(x, mode)}, the lowest level tried")
+            out.append(Capacity(topology, mode, objective, None, ci[0], ci[1], censored, None, sentence))
             continue
         if censored == "above":
             sentence = (f"{topology} meets the {pct} SLO objective at every level tried, up to {axis} "
-                        f"{format_load(x, axis)} ({format_load(x / gpus, axis)} per GPU)")
+                        f"{format_load(x, mode)} ({format_load(x / gpus, mode)} per GPU)")
         else:
             sentence = (f"{topology} meets the {pct} SLO objective up to {axis} about "
-                        f"{format_load(x, axis)}{interval}, {format_load(x / gpus, axis)} per GPU")
-        out.append(Capacity(topology, axis, objective, x, ci[0], ci[1], censored, x / gpus, sentence,
+                        f"{format_load(x, mode)}{interval}, {format_load(x / gpus, mode)} per GPU")
+        out.append(Capacity(topology, mode, objective, x, ci[0], ci[1], censored, x / gpus, sentence,
                             *(between or (None, None))))
     return out
 
 
-def analyze(summary: pd.DataFrame, requests: pd.DataFrame | None, *, axis: str, objective: float,
+def analyze(summary: pd.DataFrame, requests: pd.DataFrame | None, *, mode: Mode, objective: float,
             slos_ms: Mapping[str, float], plan: SweepPlan | None = None,
             metrics: Sequence[str] = DEFAULT_METRICS, n_boot: int = 200, seed: int = 0,
-            order: Sequence[str] | None = None, by_repeat: pd.DataFrame | None = None) -> dict[str, Any]:
+            order: Sequence[str] | None = None, by_repeat: pd.DataFrame | None = None) -> CrossoverReport:
     """Everything crossover.json holds: crossings per metric and pair (pairs in `order`, e.g. the
     spec's topology order), and capacities. `by_repeat`: summary.summarize_repeats of `requests`,
     when the caller has it already."""
@@ -503,13 +426,9 @@ def analyze(summary: pd.DataFrame, requests: pd.DataFrame | None, *, axis: str, 
     present = set(summary["topology"]) if len(summary) else set()
     pairs = list(combinations([t for t in order if t in present], 2)) if order is not None else None
     crossings = [c for metric in metrics for c in find_crossovers(
-        summary, marked, metric, axis=axis, slos_ms=slos_ms, plan=plan, pairs=pairs, n_boot=n_boot,
+        summary, marked, metric, mode=mode, slos_ms=slos_ms, plan=plan, pairs=pairs, n_boot=n_boot,
         seed=seed, by_repeat=by_repeat)]
-    capacities = max_load_meeting_objective(summary, marked, objective, axis=axis, slos_ms=slos_ms, plan=plan,
+    capacities = max_load_meeting_objective(summary, marked, objective, mode=mode, slos_ms=slos_ms, plan=plan,
                                             n_boot=n_boot, seed=seed, by_repeat=by_repeat)
-    return {
-        "axis": axis, "objective": objective, "slos_ms": dict(slos_ms), "bootstrap": n_boot,
-        "crossovers": [c.to_json() for c in crossings],
-        "capacities": [c.to_json() for c in capacities],
-        "sentences": [c.sentence for c in crossings] + [c.sentence for c in capacities],
-    }
+    return CrossoverReport(axis=mode, objective=objective, slos_ms=dict(slos_ms), bootstrap=n_boot,
+                           crossovers=tuple(crossings), capacities=tuple(capacities))

@@ -12,15 +12,54 @@ import re
 import zlib
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, overload
+
+import numpy as np
 
 from crossover.errors import UserError
 from crossover.slo import SLO_KINDS
 
 
 class Mode(StrEnum):
-    CLOSED = "closed"  # fixed number of requests in flight (concurrency levels)
-    OPEN = "open"  # requests arrive at a rate whatever the server does (rate levels)
+    """The load axis, its one definition: closed loop (a fixed number of requests in flight, the
+    levels are concurrencies) or open loop (requests arrive at a rate whatever the server does, the
+    levels are request rates). Its value is run.json's plan.mode; `axis` names it where the load is
+    a number: crossover.json, result files, the flags (--concurrency, --rate) and every sentence,
+    and `of_axis` reads that name back. Curves are interpolated on its scale: log2 concurrency,
+    linear rate (`scale`, `unscale`)."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+
+    @property
+    def axis(self) -> str:
+        """The axis' name: "concurrency" or "rate"."""
+        return "concurrency" if self is Mode.CLOSED else "rate"
+
+    @classmethod
+    def of_axis(cls, name: str) -> Mode:
+        """The load axis named "concurrency" or "rate" (ValueError for any other name)."""
+        for mode in cls:
+            if mode.axis == name:
+                return mode
+        raise ValueError(f"unknown load axis {name!r} (want concurrency or rate)")
+
+    @overload
+    def scale(self, levels: float) -> float: ...
+    @overload
+    def scale(self, levels: np.ndarray) -> np.ndarray: ...
+
+    def scale(self, levels: float | np.ndarray) -> float | np.ndarray:
+        """Levels as positions on the axis the curves are interpolated on: log2 of a concurrency
+        (doubling it is one step), a rate as it is. Arrays go through numpy, numbers through math,
+        as each always did: the two logarithms differ in the last bit for a few numbers."""
+        if isinstance(levels, np.ndarray):
+            return np.log2(levels) if self is Mode.CLOSED else levels.astype(float)
+        return math.log2(levels) if self is Mode.CLOSED else levels
+
+    def unscale(self, position: float) -> float:
+        """The level at a position on the axis (scale's inverse)."""
+        return float(2.0**position) if self is Mode.CLOSED else float(position)
 
 
 class Arrival(StrEnum):
@@ -190,7 +229,8 @@ class SweepPlan:
 
     @property
     def axis(self) -> str:
-        return "concurrency" if self.mode is Mode.CLOSED else "rate"
+        """The load axis' name, "concurrency" or "rate" (see Mode)."""
+        return self.mode.axis
 
     def conversations_for(self, level: float) -> int | None:
         """How many conversations (of `turns` requests each) a level starts; None for a duration."""

@@ -7,7 +7,8 @@
     OUT/levels/TOPOLOGY/LEVEL.server.json  the servers' own figures over the level (their /metrics)
     OUT/levels/TOPOLOGY/LEVEL.json     the level as a vllm bench serve result (--save-result)
     OUT/summary.parquet, summary.csv   per topology x level (rewritten after every level)
-    OUT/crossover.json                 crossings and capacities (rewritten after every level)
+    OUT/crossover.json                 crossings and capacities (rewritten after every level; its
+                                       one reader and writer is loadgen.report.CrossoverReport)
     OUT/workload.json                  the tokenizer, endpoint, dataset and chat-template overhead
     OUT/turns.csv                      per topology x level x turn: TTFT and ITL (multi-turn sweeps)
 
@@ -21,18 +22,20 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from crossover.errors import UserError
 from crossover.loadgen.plan import SweepPlan, level_key
 
+if TYPE_CHECKING:  # the report writes itself through this module's write_json
+    from crossover.loadgen.report import CrossoverReport
+
 RUN_FILE = "run.json"
 LEVELS_DIR = "levels"
 SUMMARY_FILE = "summary.parquet"
 SUMMARY_CSV = "summary.csv"
-CROSSOVER_FILE = "crossover.json"
 WORKLOAD_FILE = "workload.json"
 TURNS_CSV = "turns.csv"
 SERVER_SUFFIX = ".server.json"
@@ -85,7 +88,7 @@ class Run:
     info: RunInfo
     requests: pd.DataFrame = field(repr=False)
     summary: pd.DataFrame = field(repr=False)
-    crossover: dict[str, Any] = field(default_factory=dict, repr=False)
+    crossover: CrossoverReport = field(repr=False)
     turns: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # per-turn latencies (--turns)
     server: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # the servers' figures per level
 
@@ -226,13 +229,13 @@ def load_run(out_dir: str | os.PathLike[str]) -> Run:
     """Open a past run: its plan, every finished level's requests, the summary and crossover."""
     folder = Path(out_dir)
     info = read_info(folder)
-    from crossover.loadgen.crossings import current_names
+    from crossover.loadgen.report import CrossoverReport
     from crossover.loadgen.summary import summarize, turn_summary  # recomputed, never trusted stale
 
     requests = read_requests(folder)
     summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
-    crossover_path = folder / CROSSOVER_FILE
-    crossover = current_names(json.loads(crossover_path.read_text())) if crossover_path.exists() else {}
+    crossover = CrossoverReport.read(folder) or CrossoverReport(  # none yet: nothing found
+        axis=info.plan.mode, objective=info.objective, slos_ms=info.slos_ms)
     return Run(folder, info, requests, summary, crossover, turn_summary(requests),
                read_server_views(folder, info.plan, requests))
 
@@ -277,9 +280,9 @@ def merge_runs(folders: list[Path], out_dir: Path, n_boot: int = 200) -> Run:
         write_level(out_dir, info.plan, topology, level, merged, repeat=repeat)
     requests = read_requests(out_dir)
     summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
-    crossover = analyze(summary, requests, axis=info.plan.axis, objective=info.objective,
+    crossover = analyze(summary, requests, mode=info.plan.mode, objective=info.objective,
                         slos_ms=info.slos_ms, plan=info.plan, n_boot=n_boot, seed=info.plan.seed,
                         order=list(info.topologies))
     write_summary(out_dir, summary)
-    write_json(out_dir / CROSSOVER_FILE, crossover)
+    crossover.write(out_dir)
     return load_run(out_dir)

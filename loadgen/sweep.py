@@ -25,7 +25,7 @@ import pandas as pd
 from crossover.errors import UserError
 from crossover.eventloop import loop_factory
 from crossover.loadgen import results
-from crossover.loadgen.adaptive import STOP_REASONS, AdaptivePlan, check_budget, coarse_levels, decide
+from crossover.loadgen.adaptive import AdaptivePlan, check_budget, coarse_levels, decide
 from crossover.loadgen.benchjson import BenchOptions, bench_result
 from crossover.loadgen.client import (
     Balancer,
@@ -39,6 +39,7 @@ from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offset
 from crossover.loadgen.httpclient import HTTPClient
 from crossover.loadgen.payloads import PATHS, request_payload
 from crossover.loadgen.plan import DatasetKind, Mode, SweepPlan, repeat_plan
+from crossover.loadgen.report import AdaptiveState, CrossoverReport
 from crossover.loadgen.results import RunInfo, TopologyInfo
 from crossover.loadgen.serverside import ServerView
 from crossover.loadgen.summary import summarize, summarize_repeats, turn_summary
@@ -66,7 +67,7 @@ class LevelDone:
     # kept out of repr: asyncio and loggers repr results, and printing frames is slow
     requests: pd.DataFrame = field(repr=False)
     summary: pd.DataFrame = field(repr=False)
-    crossover: dict[str, Any] = field(repr=False)
+    crossover: CrossoverReport = field(repr=False)
 
 
 @dataclass
@@ -75,7 +76,7 @@ class SweepResult:
     info: RunInfo
     requests: pd.DataFrame = field(repr=False)
     summary: pd.DataFrame = field(repr=False)
-    crossover: dict[str, Any] = field(repr=False)
+    crossover: CrossoverReport = field(repr=False)
     stopped: bool = False
     resumed_levels: int = 0
     workload: dict[str, Any] = field(default_factory=dict)  # workload.json: tokenizer, template overhead
@@ -303,27 +304,50 @@ class Traffic:
         return shares(self.workers, self.shard)
 
 
-class _Sweep:
-    """One sweep's state: the levels measured or resumed so far, published after each measured one."""
+@dataclass(frozen=True)
+class SweepConfig:
+    """What one sweep runs with, fixed for its life and built once by its caller (run_sweep_async):
+    the fleet, the run folder and what runs there (info: the plan, SLOs and topologies), the
+    workload read and checked before any traffic, how this process sends its share of each level,
+    what is written beside each level, and the caller's hooks (on_level, on_request, stop: see
+    run_sweep)."""
 
-    def __init__(self, spec: FleetSpec, folder: Path, info: RunInfo, plan: SweepPlan,
-                 on_level: Callable[[LevelDone], None] | None, on_request: RequestCallback | None,
-                 stop: StopFlag | None, csv: bool, n_boot: int, client: ClientOptions,
-                 pool: WorkerPool | None, share: Share, workload: Workload,
-                 bench: BenchOptions | None) -> None:
-        self.spec, self.folder, self.info, self.plan, self.on_level = spec, folder, info, plan, on_level
-        self.on_request, self.stop, self.csv, self.n_boot = on_request, stop, csv, n_boot
-        self.client, self.pool, self.share = client, pool, share
-        self.workload, self.bench = workload, bench
+    spec: FleetSpec
+    folder: Path
+    info: RunInfo
+    workload: Workload
+    client: ClientOptions = field(default_factory=ClientOptions)
+    share: Share = field(default_factory=Share)  # this process's share of each level (all of it: one)
+    n_boot: int = 200  # bootstrap resamples behind the intervals
+    csv: bool = False  # each level's requests as CSV too
+    bench: BenchOptions | None = None  # --save-result: each level as a vllm bench serve result too
+    on_level: Callable[[LevelDone], None] | None = None
+    on_request: RequestCallback | None = None
+    stop: StopFlag | None = None
+
+    @property
+    def plan(self) -> SweepPlan:
+        return self.info.plan
+
+
+class _Sweep:
+    """One sweep's state: the levels measured or resumed so far, published after each measured one.
+    `pool`: the processes that send each level's shares, or None when this one sends it all."""
+
+    def __init__(self, config: SweepConfig, pool: WorkerPool | None = None) -> None:
+        self.config, self.pool = config, pool
+        self.info, self.plan, self.folder = config.info, config.plan, config.folder  # shorthands
         # a level's requests (by level and seed), made once for every topology
         self.ready: dict[tuple[float, int], list[Prepared]] = {}
         self.frames: list[pd.DataFrame] = []
-        self.outcome = SweepResult(folder, info, pd.DataFrame(), pd.DataFrame(), {},
-                                   workload=workload.describe())
+        report = CrossoverReport(axis=self.plan.mode, objective=self.info.objective,
+                                 slos_ms=self.info.slos_ms, bootstrap=config.n_boot)  # nothing found yet
+        self.outcome = SweepResult(config.folder, config.info, pd.DataFrame(), pd.DataFrame(), report,
+                                   workload=config.workload.describe())
         self.position = 0
         self.spent_requests = 0
         self.spent_s = 0.0
-        self.adaptive: dict[str, Any] | None = None  # the latest decision, kept in crossover.json
+        self.adaptive: AdaptiveState | None = None  # the latest decision, kept in crossover.json
         self.by_repeat = pd.DataFrame()  # summarize_repeats' rows as of the latest analysis
         # (topology, level, position, total, resumed, requests) added but not yet analysed
         self.unannounced: list[tuple[str, float, int, int, bool, pd.DataFrame]] = []
@@ -348,9 +372,9 @@ class _Sweep:
         outcome.requests = pd.concat(self.frames, ignore_index=True) if self.frames else pd.DataFrame()
         outcome.summary = summarize(outcome.requests, info.slos_ms, info.gpus, plan)
         self.by_repeat = summarize_repeats(outcome.requests, info.slos_ms, info.gpus, plan, outcome.summary)
-        outcome.crossover = analyze(outcome.summary, outcome.requests, axis=plan.axis,
+        outcome.crossover = analyze(outcome.summary, outcome.requests, mode=plan.mode,
                                     objective=info.objective, slos_ms=info.slos_ms, plan=plan,
-                                    n_boot=self.n_boot, seed=plan.seed, order=list(info.topologies),
+                                    n_boot=self.config.n_boot, seed=plan.seed, order=list(info.topologies),
                                     by_repeat=self.by_repeat)
         self.write_crossover()
         results.write_summary(self.folder, outcome.summary)
@@ -358,18 +382,19 @@ class _Sweep:
             outcome.turns = turn_summary(outcome.requests)
             results.write_turns(self.folder, outcome.turns)
         announced, self.unannounced = self.unannounced, []
-        if self.on_level is not None:
+        if self.config.on_level is not None:
             for name, level, position, total, resumed, frame in announced:
-                self.on_level(LevelDone(name, level, position, total, resumed, frame, outcome.summary,
+                self.config.on_level(LevelDone(name, level, position, total, resumed, frame, outcome.summary,
                                         outcome.crossover))
 
     def write_crossover(self) -> None:
+        """crossover.json: the latest analysis, with the latest adaptive decision."""
         if self.adaptive is not None:
-            self.outcome.crossover["adaptive"] = self.adaptive
-        results.write_json(self.folder / results.CROSSOVER_FILE, self.outcome.crossover)
+            self.outcome.crossover = replace(self.outcome.crossover, adaptive=self.adaptive)
+        self.outcome.crossover.write(self.folder)
 
     def _prepared(self, level: float, plan: SweepPlan) -> Iterator[Prepared]:
-        workload = self.workload if plan is self.plan else replace(self.workload, plan=plan)
+        workload = self.config.workload if plan is self.plan else replace(self.config.workload, plan=plan)
         if plan.requests_for(level) is None:
             return prepare_level(workload, self.info.model, level)
         key = (level, plan.seed)
@@ -382,14 +407,15 @@ class _Sweep:
                        plan: SweepPlan) -> tuple[list[RequestRecord] | None, dict[str, Any] | None]:
         """The level's records and the servers' figures over it; no records when stopped."""
         prepared = self._prepared(level, plan)
-        view = ServerView(self.spec, name)
+        config = self.config
+        view = ServerView(config.spec, name)
         if self.pool is None:
-            share = self.share
+            share = config.share
             mine = (prepared if share.count == 1
                     else (p for p in prepared if share.owns(plan, level, p[0].index)))
-            runner = _LevelRunner(self.info.topologies[name], self.info.model, plan, level,
-                                  self.on_request, self.client, mine, self.workload.turn_tokens, share=share)
-            measured = await _run_or_stop(view.around(runner.run()), self.stop)
+            runner = _LevelRunner(self.info.topologies[name], self.info.model, plan, level, config.on_request,
+                                  config.client, mine, config.workload.turn_tokens, share=share)
+            measured = await _run_or_stop(view.around(runner.run()), config.stop)
             return measured if measured is not None else (None, None)
         total = plan.requests_for(level)
         sent = 0
@@ -397,11 +423,11 @@ class _Sweep:
         def progress(done: int) -> None:
             nonlocal sent
             sent += done
-            if self.on_request is not None:
-                self.on_request(name, level, sent, total)
+            if config.on_request is not None:
+                config.on_request(name, level, sent, total)
 
         return await view.around(self.pool.run_level(self.info.topologies[name], self.info.model, plan, level,
-                                                     list(prepared), self.stop, progress))
+                                                     list(prepared), config.stop, progress))
 
     async def level(self, level: float, total: int, repeat: int = 1) -> bool:
         """Every topology at `level` (its `repeat`-th measurement), read back where a previous run
@@ -415,7 +441,7 @@ class _Sweep:
                 self.outcome.resumed_levels += 1
                 self._publish(name, level, frame, True, total)
                 continue
-            if self.stop is not None and self.stop.is_set():
+            if self.config.stop is not None and self.config.stop.is_set():
                 self.outcome.stopped = True
                 return False
             self.flush()  # the levels resumed so far, shown while this one runs
@@ -424,14 +450,15 @@ class _Sweep:
                 self.outcome.stopped = True
                 return False
             frame = records_frame(records, self.plan.turns).assign(**{results.REPEAT_COLUMN: repeat})
-            results.write_level(self.folder, self.plan, name, level, frame, csv=self.csv, repeat=repeat)
+            results.write_level(self.folder, self.plan, name, level, frame, csv=self.config.csv,
+                                repeat=repeat)
             if server is not None:
                 results.write_json(path.with_suffix(results.SERVER_SUFFIX), server)
-            if self.bench is not None:  # --save-result: the level as vllm bench serve writes it, beside it
+            if self.config.bench is not None:  # --save-result: the level as vllm bench serve writes it
                 results.write_json(path.with_suffix(".json"), bench_result(
-                    frame, topology=name, level=level, axis=self.plan.axis, model=self.info.model,
+                    frame, topology=name, level=level, mode=self.plan.mode, model=self.info.model,
                     endpoint=self.plan.endpoint.value, tokenizer=self.outcome.workload["tokenizer"],
-                    burstiness=self.plan.burstiness, slos_ms=self.info.slos_ms, options=self.bench))
+                    burstiness=self.plan.burstiness, slos_ms=self.info.slos_ms, options=self.config.bench))
             self.outcome.measured_levels.append((name, level))
             self._publish(name, level, frame, False, total)
         return True
@@ -476,11 +503,7 @@ async def _adaptive_levels(sweep: _Sweep, adaptive: AdaptivePlan) -> str:
         decision = decide(sweep.outcome.crossover, adaptive, plan, levels, sweep.by_repeat)
         reason = decision.stop_reason or (sweep.over_budget(adaptive, decision.level)
                                           if decision.level is not None else "")
-        sweep.adaptive = {**decision.to_json(), "levels": list(levels), "requests": sweep.spent_requests,
-                          "repeats": {f"{level:g}": n for level, n in repeats.items() if n > 1},
-                          "traffic_s": sweep.spent_s, "stop_reason": reason,
-                          "stop_sentence": STOP_REASONS.get(reason, ""),
-                          "next_level": decision.level if not reason else None}
+        sweep.adaptive = decision.state(reason, levels, repeats, sweep.spent_requests, sweep.spent_s)
         sweep.write_crossover()
         if reason:
             return reason
@@ -521,12 +544,13 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
     workload = open_workload(spec, plan, list(info.topologies))
     results.prepare(folder, info, extra)
     results.write_json(folder / results.WORKLOAD_FILE, workload.describe())
-    options = client or ClientOptions()
     share_list = traffic.shares
-    pool = WorkerPool(share_list, options) if len(share_list) > 1 else None
+    config = SweepConfig(spec=spec, folder=folder, info=info, workload=workload,
+                         client=client or ClientOptions(), share=share_list[0], n_boot=n_boot, csv=csv,
+                         bench=bench, on_level=on_level, on_request=on_request, stop=stop)
+    pool = WorkerPool(share_list, config.client) if len(share_list) > 1 else None
     try:
-        sweep = _Sweep(spec, folder, info, plan, on_level, on_request, stop, csv, n_boot, options, pool,
-                       share_list[0], workload, bench)
+        sweep = _Sweep(config, pool)
         if adaptive is None:
             for level in plan.levels:
                 if not await sweep.level(level, len(plan.levels) * len(info.topologies)):
@@ -536,8 +560,7 @@ async def run_sweep_async(spec: FleetSpec, plan: SweepPlan, out_dir: str | Path,
             sweep.outcome.stop_reason = await _adaptive_levels(sweep, adaptive)
         sweep.flush()  # levels resumed after the last measured one
         if adaptive is not None and sweep.outcome.stopped and sweep.adaptive is not None:
-            sweep.adaptive.update(stop_reason="stopped", stop_sentence=STOP_REASONS["stopped"],
-                                  next_level=None)
+            sweep.adaptive = replace(sweep.adaptive, stop_reason="stopped", next_level=None)
             sweep.write_crossover()
     finally:
         if pool is not None:

@@ -6,6 +6,7 @@ import pandas as pd
 
 from crossover import slo
 from crossover.app import charts, view
+from crossover.loadgen.report import CrossoverReport
 from tests.app.app_fixtures import seed_summary
 
 CROSSOVER: dict[str, Any] = {
@@ -23,6 +24,7 @@ CROSSOVER: dict[str, Any] = {
     ],
     "capacities": [{"sentence": "tp4x1 meets the 99% SLO objective up to concurrency about 40"}],
 }
+REPORT = CrossoverReport.from_json(CROSSOVER)  # a partial crossover.json: what it lacks, defaults
 
 
 def metric(key: str) -> charts.ChartMetric:
@@ -62,7 +64,7 @@ def _layers(chart) -> list[dict]:
 
 
 def test_the_crossover_is_a_rule_and_a_band_on_its_own_metric_only():
-    marks = view.crossover_marks(CROSSOVER)
+    marks = view.crossover_marks(REPORT)
     # "none" is no marker
     assert [m.metric for m in marks] == ["ttft_p99", slo.GOODPUT_REQUESTS, slo.GOODPUT_REQUESTS]
     goodput = metric(slo.GOODPUT_REQUESTS)
@@ -94,19 +96,21 @@ def test_chart_titles_say_per_gpu_only_for_rates():
 
 
 def test_the_headline_is_the_best_supported_goodput_crossing_of_each_pair():
-    assert view.headline_sentences(CROSSOVER) == [CROSSOVER["crossovers"][1]["sentence"]]
-    tie = {"crossovers": [dict(c, support=0.5) for c in CROSSOVER["crossovers"]]}
+    assert view.headline_sentences(REPORT) == [CROSSOVER["crossovers"][1]["sentence"]]
+    tie = CrossoverReport.from_json({"crossovers": [dict(c, support=0.5) for c in CROSSOVER["crossovers"]]})
     assert view.headline_sentences(tie) == [CROSSOVER["crossovers"][1]["sentence"]]  # the later one
-    assert view.headline_sentences({"crossovers": [CROSSOVER["crossovers"][0]]}) == []
+    only_ttft = CrossoverReport.from_json({"crossovers": [CROSSOVER["crossovers"][0]]})
+    assert view.headline_sentences(only_ttft) == []
 
 
 def test_sentences_put_goodput_first_and_keep_the_rest_apart():
     crossings = CROSSOVER["crossovers"]
-    assert view.crossing_sentences(CROSSOVER) == [crossings[1]["sentence"], crossings[2]["sentence"],
-                                                  crossings[0]["sentence"]]
-    others = view.other_sentences(CROSSOVER)
+    assert view.crossing_sentences(REPORT) == [crossings[1]["sentence"], crossings[2]["sentence"],
+                                               crossings[0]["sentence"]]
+    others = view.other_sentences(REPORT)
     assert others[0].startswith("tp4x1 stays ahead") and others[1].startswith("tp4x1 meets")
-    assert view.crossing_sentences({}) == [] and view.crossover_marks({}) == []
+    nothing = CrossoverReport()
+    assert view.crossing_sentences(nothing) == [] and view.crossover_marks(nothing) == []
 
 
 def test_failures_become_one_warning_per_level():

@@ -11,6 +11,7 @@ import pytest
 
 from crossover.app.runner import RunState, SweepRunner, describe_failure, jobs_in
 from crossover.errors import UserError
+from crossover.loadgen.report import CrossoverReport
 from crossover.loadgen.sweep import LevelDone
 from tests.app.app_fixtures import seed_summary
 from tests.helpers import wait_for
@@ -19,8 +20,9 @@ from tests.helpers import wait_for
 def level_done(position: int, total: int) -> LevelDone:
     summary = seed_summary().head(position)
     requests = pd.DataFrame({"topology": ["tp4x1"], "level": [float(position)], "index": [0]})
+    # the report's bootstrap count marks which level's report the runner holds
     return LevelDone("tp4x1", float(position), position, total, False, requests, summary,
-                     {"crossovers": [], "position": position})
+                     CrossoverReport(bootstrap=position))
 
 
 def stepping_sweep(steps: int, gate: threading.Semaphore):
@@ -47,7 +49,7 @@ def test_idle_then_running_level_by_level_then_finished(tmp_path):
     status = runner.status()
     assert status.state is RunState.RUNNING
     assert status.summary is not None and len(status.summary) == 1
-    assert status.crossover["position"] == 1
+    assert status.crossover.bootstrap == 1
     assert status.generation > first_generation
     assert status.marks[0].label == "tp4x1 at 1" and status.progress == pytest.approx(1 / 3)
     gate.release()
@@ -150,7 +152,7 @@ def test_a_sweep_in_a_child_process_reports_like_one_in_a_thread(tmp_path, behav
     assert runner.join(60)
     status = runner.status()
     assert (status.state, status.levels_done, status.error) == (state, levels, error)
-    assert status.summary is not None and status.crossover["position"] == levels
+    assert status.summary is not None and status.crossover.bootstrap == levels
     child = int((tmp_path / "child-pid").read_text())
     assert child != os.getpid()  # measured away from the page's interpreter
 

@@ -28,6 +28,7 @@ from crossover.loadgen.adaptive import (
 )
 from crossover.loadgen.crossings import bracket, split_levels
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
+from crossover.loadgen.report import AdaptiveState, CrossoverReport
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec
 from tests.helpers import SPECS
@@ -42,6 +43,13 @@ def _crossing(x: float, low: float | None, high: float | None,
 
 def _capacity(x: float | None, low: float | None, high: float | None, censored: str = "") -> dict[str, Any]:
     return {"topology": "a", "x": x, "ci_low": low, "ci_high": high, "censored": censored}
+
+
+def _report(crossovers: list[dict[str, Any]],
+            capacities: list[dict[str, Any]] | None = None) -> CrossoverReport:
+    """A crossover report of these crossovers and capacities, as crossover.json holds them (the
+    fields a test leaves out: a crossover.json of an older version leaves them out too)."""
+    return CrossoverReport.from_json({"crossovers": crossovers, "capacities": capacities or []})
 
 
 CLOSED = SweepPlan(levels=(1, 128), rounds=2)
@@ -59,23 +67,23 @@ def test_coarse_start_is_the_low_end_and_the_log_middle() -> None:
 
 def test_the_range_above_is_measured_only_while_an_answer_may_lie_there() -> None:
     none = {"metric": slo.GOODPUT_REQUESTS, "kind": "none", "topology_a": "a", "topology_b": "b"}
-    no_crossing = {"crossovers": [none], "capacities": [_capacity(5.0, 4.0, 6.0)]}
+    no_crossing = _report([none], [_capacity(5.0, 4.0, 6.0)])
     decision = decide(no_crossing, AdaptivePlan(), CLOSED, [1, 11])
     assert decision.level == 38.0 and decision.widest is None  # the log middle of 11-128
     assert decide(no_crossing, AdaptivePlan(), CLOSED, [1, 11, 38]).level == 128.0  # 128/38 < 4
     # the metric crossing below and no capacity above: the high end is never measured
-    below = {"crossovers": [_crossing(9.0, 8.0, 10.0)], "capacities": [_capacity(5.0, 4.9, 5.1)]}
+    below = _report([_crossing(9.0, 8.0, 10.0)], [_capacity(5.0, 4.9, 5.1)])
     assert decide(below, AdaptivePlan(target_ci=0.3), CLOSED, [1, 5, 9, 11]).stop_reason == "target"
     # a topology meeting the objective everywhere so far: up, unless capacities are not asked for
-    above = {"crossovers": [_crossing(9.0, 8.0, 10.0)], "capacities": [_capacity(11.0, None, None, "above")]}
+    above = _report([_crossing(9.0, 8.0, 10.0)], [_capacity(11.0, None, None, "above")])
     assert decide(above, AdaptivePlan(target_ci=0.3), CLOSED, [1, 9, 11]).level == 38.0
     assert decide(above, AdaptivePlan(target_ci=0.3, answers=("crossing",)), CLOSED, [1, 9, 11]).stop_reason \
         == "target"
 
 
 def test_next_level_goes_inside_the_widest_interval() -> None:
-    crossover = {"crossovers": [_crossing(9.0, 6.0, 14.0), _crossing(3.0, 2.9, 3.1, metric="output_tps")],
-                 "capacities": [_capacity(40.0, 30.0, 50.0), _capacity(None, None, None, censored="below")]}
+    crossover = _report([_crossing(9.0, 6.0, 14.0), _crossing(3.0, 2.9, 3.1, metric="output_tps")],
+                        [_capacity(40.0, 30.0, 50.0), _capacity(None, None, None, censored="below")])
     decision = decide(crossover, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128])
     # the crossing's 8/9 wide interval is wider than the capacity's 20/40; the other metric is ignored;
     # its estimate 9 lies near the edge of the measured bracket 1-11: the bracket's log middle first
@@ -89,7 +97,7 @@ def test_next_level_goes_inside_the_widest_interval() -> None:
 
 
 def test_the_sweep_stops_at_the_target_or_when_nothing_is_left() -> None:
-    narrow = {"crossovers": [_crossing(9.2, 8.8, 9.3)], "capacities": [_capacity(40.0, 39.0, 41.0)]}
+    narrow = _report([_crossing(9.2, 8.8, 9.3)], [_capacity(40.0, 39.0, 41.0)])
     # narrow, but interpolated between far levels: the widest bracket first (the capacity's 11-128,
     # its estimate well inside), then the crossing's 1-11 until measured levels close in on it
     assert decide(narrow, AdaptivePlan(target_ci=0.1), CLOSED, [1, 11, 128]).level == 40.0
@@ -100,10 +108,10 @@ def test_the_sweep_stops_at_the_target_or_when_nothing_is_left() -> None:
     assert decision.stop_reason == "resolution" and decision.level is None  # 9-10 is 11% of 9.2
     decision = decide(narrow, AdaptivePlan(target_ci=0.15), CLOSED, [1, 6, 9, 10, 11, 40, 128])
     assert decision.stop_reason == "target" and decision.level is None
-    assert decide({"crossovers": [], "capacities": []}, AdaptivePlan(), CLOSED, [1, 11, 128]).stop_reason \
+    assert decide(_report([]), AdaptivePlan(), CLOSED, [1, 11, 128]).stop_reason \
         == "nothing-to-narrow"
     # every integer concurrency inside 8-10 measured: more levels cannot narrow it
-    tight = {"crossovers": [_crossing(9.0, 8.0, 10.0)], "capacities": []}
+    tight = _report([_crossing(9.0, 8.0, 10.0)])
     assert decide(tight, AdaptivePlan(target_ci=0.1), CLOSED, [1, 8, 9, 10, 128]).stop_reason == "resolution"
     # open loop: rates are not integers, a level goes between
     rates = level_inside(Interval("x", 2.0, 1.5, 2.5), [0.5, 2.0, 8.0], OPEN)
@@ -241,21 +249,22 @@ def test_the_status_line_says_the_next_level_or_why_it_stopped() -> None:
 
     running = {"levels": [1.0, 8.0], "next_level": 6.0, "stop_reason": "",
                "widest": {"what": f"{slo.GOODPUT_REQUESTS} crossing a/b", "x": 5.5, "width": None}}
-    assert adaptive_line(running, "concurrency") == ("adaptive sweep: levels 1, 8 so far; next concurrency 6 "
-                                                     f"(to narrow the {slo.GOODPUT_REQUESTS} crossing a/b)")
+    assert adaptive_line(AdaptiveState.from_json(running), "concurrency") == (
+        f"adaptive sweep: levels 1, 8 so far; next concurrency 6 (to narrow the {slo.GOODPUT_REQUESTS} "
+        "crossing a/b)")
     again = {**running, "levels": [1.0, 8.0, 6.0], "repeats": {"6": 2}, "next_repeat": 3}
-    assert adaptive_line(again, "concurrency") == (
+    assert adaptive_line(AdaptiveState.from_json(again), "concurrency") == (
         "adaptive sweep: levels 1, 8, 6 (x2) so far; next concurrency 6 again "
         f"(repeat 3, to confirm its side of the {slo.GOODPUT_REQUESTS} crossing a/b)")
     done = {**running, "next_level": None, "stop_reason": "max-requests",
             "widest": {"what": "capacity a", "x": 40.0, "width": 0.25}}
-    assert adaptive_line(done, "concurrency") == (
+    assert adaptive_line(AdaptiveState.from_json(done), "concurrency") == (
         "adaptive sweep stopped: the next level would overspend --max-requests; levels measured: 1, 8; "
         "widest interval: capacity a at concurrency 40, 25% of it")
 
 
 def test_an_interval_between_two_whole_concurrencies_is_anchored_by_both() -> None:
-    between = {"crossovers": [_crossing(8.53, 8.26, 8.76)], "capacities": []}
+    between = _report([_crossing(8.53, 8.26, 8.76)])
     plan = AdaptivePlan(target_ci=0.05)
     assert decide(between, plan, CLOSED, [1, 6, 14]).level == 9.0  # the nearest whole concurrency
     assert decide(between, plan, CLOSED, [1, 6, 9, 14]).level == 8.0
@@ -280,7 +289,7 @@ def _step_sweep(plan: SweepPlan, step: float, adaptive: AdaptivePlan) -> tuple[l
             crossovers = [_crossing(x, x * 0.98, x * 1.02, metric="itl_p99")]
         elif lead(ordered[-1]) < 0:
             crossovers = [_itl_none()]
-        decision = decide({"crossovers": crossovers, "capacities": []}, adaptive, plan, measured)
+        decision = decide(_report(crossovers), adaptive, plan, measured)
         if decision.level is None:
             return measured, (decision.intervals[0] if decision.intervals else None)
         measured.append(decision.level)
@@ -304,7 +313,7 @@ def test_a_jump_between_far_levels_is_bracketed_before_the_sweep_stops(step: flo
 
 def test_a_jump_on_the_seed_axis_keeps_the_seed_levels() -> None:
     # a smooth crossing near concurrency 6.4 (the seed preset): 1, 8, then 3, 6, 7 as before
-    crossing = {"crossovers": [_crossing(6.4, 6.2, 6.6)], "capacities": []}
+    crossing = _report([_crossing(6.4, 6.2, 6.6)])
     plan = SweepPlan(levels=(1, 64), rounds=4)
     adaptive = AdaptivePlan(target_ci=0.198, answers=("crossing",))
     measured = list(coarse_levels(plan))
@@ -334,7 +343,7 @@ def _by_repeat(readings: dict[float, list[float]]) -> pd.DataFrame:
 def test_a_bracket_end_is_measured_again_until_its_repeats_agree() -> None:
     plan = SweepPlan(mode=Mode.OPEN, levels=(0.5, 4.0), requests_per_level=20)
     adaptive = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",))
-    crossing = {"crossovers": [_itl_crossing(1.3)], "capacities": []}
+    crossing = _report([_itl_crossing(1.3)])
     measured = [0.5, 1.41, 4.0, 1.12]
     interval = decide(crossing, adaptive, plan, measured).intervals[0]
     assert level_sides(interval, _by_repeat({1.41: [60.0, 10.0, 60.0]}), 1.41) == [1, -1, 1]
@@ -363,12 +372,12 @@ def test_an_end_whose_repeats_split_is_not_measured_a_third_time() -> None:
     measured = [0.5, 1.41, 4.0, 1.12]
     readings = {0.5: [10.0], 1.41: [60.0, 10.0], 4.0: [60.0, 60.0], 1.12: [10.0, 10.0]}
     crossing = {**_itl_crossing(1.3), "bracket_low": 1.12, "bracket_high": 4.0}
-    split = {"crossovers": [crossing], "capacities": []}
+    split = _report([crossing])
     step = decide(split, adaptive, plan, measured, _by_repeat(readings))
     assert (step.level, step.repeat) == (2.37, 1)  # the log middle of the wider gap, 1.41-4
     measured.append(2.37)
     readings[2.37] = [60.0, 60.0]
-    crossing["bracket_high"] = 2.37
+    split = _report([{**crossing, "bracket_high": 2.37}])
     step = decide(split, adaptive, plan, measured, _by_repeat(readings))
     assert (step.level, step.repeat) == (1.83, 1)  # (2.37 - 1.12) / 1.3 is still too wide
     narrow = AdaptivePlan(target_ci=0.99, metric="itl_p99", answers=("crossing",))
@@ -380,7 +389,7 @@ def test_the_sweep_climbs_once_the_highest_levels_repeats_agree() -> None:
     # lies above it: that word is taken as a bracket end's is
     plan = SweepPlan(mode=Mode.OPEN, levels=(0.5, 4.0), requests_per_level=20)
     adaptive = AdaptivePlan(target_ci=0.25, metric="itl_p99", answers=("crossing",))
-    none = {"crossovers": [_itl_none()], "capacities": []}
+    none = _report([_itl_none()])
     measured = [0.5, 1.41]
 
     def step(top: list[float], how: AdaptivePlan = adaptive) -> tuple[float | None, int]:
@@ -427,7 +436,7 @@ def _chancy_step_sweep(step: float, reads_jump: Any) -> tuple[list[float], dict[
             crossovers = [{**_itl_crossing(x), "bracket_low": between[0], "bracket_high": between[1]}]
         elif lead[ordered[-1]] < 0:
             crossovers = [_itl_none()]
-        decision = decide({"crossovers": crossovers, "capacities": []}, adaptive, plan, measured,
+        decision = decide(_report(crossovers), adaptive, plan, measured,
                           _by_repeat(readings))
         if decision.level is None:
             assert decision.stop_reason == "target" and decision.intervals, decision
@@ -471,10 +480,9 @@ def test_an_interval_spans_the_measured_levels_either_side_of_its_estimate() -> 
     adaptive = AdaptivePlan(metric="itl_p99", answers=("crossing", "capacity"))
     crossing = {**_crossing(1.1, 1.08, 1.12, metric="itl_p99"), "bracket_low": 1.09, "bracket_high": 1.41}
     capacity = {**_capacity(1.1, 1.05, 1.15), "bracket_low": 1.0, "bracket_high": 1.2}
-    found = intervals({"crossovers": [crossing], "capacities": [capacity]}, adaptive)
+    found = intervals(_report([crossing], [capacity]), adaptive)
     assert [(i.low, i.high) for i in found] == [(1.08, 1.41), (1.0, 1.2)]
     assert found[0].width == pytest.approx((1.41 - 1.08) / 1.1)
     # an older crossover.json without brackets, and a crossing without a bootstrap interval
-    assert intervals({"crossovers": [_crossing(1.1, 1.08, 1.12, metric="itl_p99")]}, adaptive)[0].low == 1.08
-    assert intervals({"crossovers": [{**crossing, "ci_low": None, "ci_high": None}]},
-                     adaptive)[0].width == math.inf
+    assert intervals(_report([_crossing(1.1, 1.08, 1.12, metric="itl_p99")]), adaptive)[0].low == 1.08
+    assert intervals(_report([{**crossing, "ci_low": None, "ci_high": None}]), adaptive)[0].width == math.inf

@@ -15,6 +15,7 @@ import yaml
 from crossover.cli import main
 from crossover.errors import UserError
 from crossover.loadgen.benchjson import BenchOptions, read_bench_results, requests_frame
+from crossover.loadgen.report import Crossover
 from crossover.loadgen.results import load_run
 from crossover.realvllm import vllm_available, vllm_python
 from crossover.spec import FleetSpec, load_spec, parse_spec
@@ -158,13 +159,13 @@ def test_analyze_reads_what_the_pinned_vllm_bench_serve_writes_and_agrees_with_a
         assert main(["analyze", str(tmp_path / source), "--spec", str(spec_path), "--out",
                      str(tmp_path / out)]) == 0
 
-    def crossing(folder: Path) -> dict:
+    def crossing(folder: Path) -> Crossover:
         """Where tp2x2 overtakes tp4x1 (near the crossing the curves are close, and on a loaded
         machine they may touch twice: the crossing the bootstrap supports best)."""
-        found = [c for c in load_run(folder).crossover["crossovers"]
-                 if c["metric"] == "output_tps" and c["kind"] == "crossing" and c["winner"] == "tp2x2"]
-        assert found, load_run(folder).crossover["sentences"]
-        return max(found, key=lambda c: c["support"] if c["support"] == c["support"] else 0.0)  # NaN: 0
+        found = [c for c in load_run(folder).crossover.crossovers
+                 if c.metric == "output_tps" and c.kind == "crossing" and c.winner == "tp2x2"]
+        assert found, load_run(folder).crossover.sentences
+        return max(found, key=lambda c: c.support if c.support == c.support else 0.0)  # NaN: 0
 
     imported, native = crossing(tmp_path / "imported"), crossing(tmp_path / "native")
     # The intervals hold per-request noise only, and near the crossing the curves are within 5% of
@@ -172,5 +173,7 @@ def test_analyze_reads_what_the_pinned_vllm_bench_serve_writes_and_agrees_with_a
     # after the other at load 8, the two gave 5.8 [5.4-6.2] vs 5.1 [4.9-5.2] and 4.7 [3.8-5.4] vs
     # 6.1 [5.6-6.5]; interleaved level by level, 5.2 [5-5.4] vs 5.4 [5.1-5.6] at load 14. The
     # intervals must overlap once each is widened by 10% for what interleaving leaves.
-    low, high = max(imported["ci_low"], native["ci_low"]), min(imported["ci_high"], native["ci_high"])
-    assert low * 0.9 <= high * 1.1, (imported["sentence"], native["sentence"])
+    assert None not in (imported.ci_low, imported.ci_high, native.ci_low, native.ci_high)
+    low = max(imported.ci_low or 0.0, native.ci_low or 0.0)
+    high = min(imported.ci_high or 0.0, native.ci_high or 0.0)
+    assert low * 0.9 <= high * 1.1, (imported.sentence, native.sentence)

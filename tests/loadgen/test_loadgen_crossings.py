@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from crossover.loadgen.crossings import bracket, find_crossovers, max_load_meeting_objective
+from crossover.loadgen.plan import Mode
 from crossover.loadgen.summary import summarize
 
 LEVELS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
@@ -171,17 +172,17 @@ def test_a_level_whose_repeats_read_both_sides_bounds_no_answer() -> None:
     requests = pd.concat([first.assign(repeat=1), again.assign(repeat=2)], ignore_index=True)
     slos = {"ttft": 1e6}
     summary = summarize(requests, slos, {"a": 2, "b": 2})
-    found = analyze(summary, requests, axis="concurrency", objective=0.9, slos_ms=slos, n_boot=20,
+    found = analyze(summary, requests, mode=Mode.CLOSED, objective=0.9, slos_ms=slos, n_boot=20,
                     metrics=["output_tps"])
-    (crossing,) = [c for c in found["crossovers"] if c["kind"] == "crossing"]
-    assert (crossing["bracket_low"], crossing["bracket_high"]) == (4.0, 16.0), crossing
-    assert "between levels 4 and 16" in crossing["sentence"]
+    (crossing,) = [c for c in found.crossovers if c.kind == "crossing"]
+    assert (crossing.bracket_low, crossing.bracket_high) == (4.0, 16.0), crossing
+    assert "between levels 4 and 16" in crossing.sentence
     by_repeat = pd.DataFrame({"topology": ["a", "b"] * 4, "level": [8.0] * 4 + [4.0] * 4,
                               "repeat": [1, 1, 2, 2] * 2, "x": [1, 2, 3, 2, 1, 2, 1, 2]})
     assert split_levels(by_repeat, "x", "a", "b") == {8.0}
     assert split_levels(by_repeat, "x", "a", 1.5) == {8.0}  # against a number: the objective
     assert bracket(LEVELS, 6.0, {8.0}) == (4.0, 16.0) and bracket(LEVELS, 6.0, {4.0, 2.0, 1.0}) == (1.0, 8.0)
-    unsplit = analyze(summarize(first, slos, {"a": 2, "b": 2}), first, axis="concurrency", objective=0.9,
+    unsplit = analyze(summarize(first, slos, {"a": 2, "b": 2}), first, mode=Mode.CLOSED, objective=0.9,
                       slos_ms=slos, n_boot=20, metrics=["output_tps"])
-    (alone,) = [c for c in unsplit["crossovers"] if c["kind"] == "crossing"]
-    assert (alone["bracket_low"], alone["bracket_high"]) == (4.0, 8.0)
+    (alone,) = [c for c in unsplit.crossovers if c.kind == "crossing"]
+    assert (alone.bracket_low, alone.bracket_high) == (4.0, 8.0)

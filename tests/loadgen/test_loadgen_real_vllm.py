@@ -39,7 +39,7 @@ def test_sweep_reports_every_level_on_real_vllm(real_vllm_fleet, tmp_path: Path)
     small = requests[requests["topology"] == "small2x1c"]
     assert small["instance"].nunique() == 2  # both small replicas served
     run = load_run(tmp_path)
-    assert len(run.requests) == len(requests) and run.crossover["sentences"]
+    assert len(run.requests) == len(requests) and run.crossover.sentences
 
 
 @pytest.mark.vllm
@@ -139,23 +139,24 @@ def test_an_adaptive_sweep_from_two_workers_on_real_vllm(real_vllm_fleet, tmp_pa
     assert main(command) == 0
     out = capsys.readouterr().out
     run = load_run(tmp_path / "run")
-    state = run.crossover["adaptive"]
-    reason = state["stop_reason"]
+    state = run.crossover.adaptive
+    assert state is not None
+    reason = state.stop_reason
     assert reason in STOP_REASONS and reason != "stopped", state
     assert f"adaptive sweep stopped: {STOP_REASONS[reason]}" in out, out
-    assert state["levels"][:2] == [1.0, 3.0]  # the low end and the log middle
-    assert all(1 <= level <= 8 for level in state["levels"])
+    assert state.levels[:2] == (1.0, 3.0)  # the low end and the log middle
+    assert all(1 <= level <= 8 for level in state.levels)
     requests = run.requests
     assert requests["ok"].all(), requests["error"].unique()
     assert (requests["input_tokens"] == 16).all() and (requests["output_tokens"] == 8).all()
-    assert len(requests) == state["requests"] <= budget
+    assert len(requests) == state.requests <= budget
     assert json.loads((tmp_path / "run" / "run.json").read_text())["traffic"]["workers"] == 2
     for _, measured in requests.groupby(["topology", "level", "repeat"]):
         level = int(measured["level"].iloc[0])
         assert sorted(measured["index"]) == list(range(rounds * level))  # both shares, merged
-    assert set(requests["level"]) == set(state["levels"])
+    assert set(requests["level"]) == set(state.levels)
     assert main(command) == 0
     resumed = load_run(tmp_path / "run")
     assert len(resumed.requests) == len(requests)
-    assert resumed.crossover["adaptive"]["stop_reason"] == reason
-    assert resumed.crossover["sentences"] == run.crossover["sentences"]
+    assert resumed.crossover.adaptive is not None and resumed.crossover.adaptive.stop_reason == reason
+    assert resumed.crossover.sentences == run.crossover.sentences

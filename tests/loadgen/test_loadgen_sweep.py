@@ -18,6 +18,7 @@ from crossover.cli import main
 from crossover.errors import UserError
 from crossover.loadgen import sweep as sweep_module
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
+from crossover.loadgen.report import CrossoverReport
 from crossover.loadgen.results import load_run
 from crossover.loadgen.summary import per_gpu
 from crossover.loadgen.sweep import LevelDone, run_sweep
@@ -75,7 +76,7 @@ def test_sweep_writes_every_level_and_resumes(fleet: tuple[FleetSpec, dict[str, 
     analyses: list[int] = []  # requests each analysis saw
     analyze = sweep_module.analyze
 
-    def counted(summary: pd.DataFrame, requests: pd.DataFrame, **kwargs: Any) -> dict[str, Any]:
+    def counted(summary: pd.DataFrame, requests: pd.DataFrame, **kwargs: Any) -> CrossoverReport:
         analyses.append(len(requests))
         return analyze(summary, requests, **kwargs)
 
@@ -110,7 +111,7 @@ def test_a_folder_written_with_the_old_goodput_names_loads_and_resumes(
            per_gpu(slo.GOODPUT_TOKENS): "token_goodput_per_gpu"}
     summary.rename(columns=old).to_parquet(tmp_path / "summary.parquet", index=False)
     assert '"goodput"' in path.read_text()
-    metrics = {c["metric"] for c in load_run(tmp_path).crossover["crossovers"]}
+    metrics = {c.metric for c in load_run(tmp_path).crossover.crossovers}
     assert slo.GOODPUT_REQUESTS in metrics and "goodput" not in metrics
     (tmp_path / "levels" / "big1x2c" / "c2.parquet").unlink()
     again = run_sweep(spec, plan, tmp_path, n_boot=0)
