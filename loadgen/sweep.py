@@ -82,7 +82,7 @@ class SweepResult:
     workload: dict[str, Any] = field(default_factory=dict)  # workload.json: tokenizer, template overhead
     turns: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)  # per-turn latencies (--turns)
     measured_levels: list[tuple[str, float]] = field(default_factory=list)  # a repeat: its level again
-    stop_reason: str = ""  # adaptive: loadgen.adaptive.STOP_REASONS; fixed: "stopped" or ""
+    stop_reason: str = ""  # adaptive: loadgen.report.STOP_REASONS; fixed: "stopped" or ""
 
 
 RequestCallback = Callable[[str, float, int, "int | None"], None]
