@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from crossover.cli import main
-from crossover.loadgen.report import STOP_REASONS
 from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist, SweepPlan
+from crossover.loadgen.report import STOP_REASONS
 from crossover.loadgen.results import load_run
 from crossover.loadgen.sweep import run_sweep
 
