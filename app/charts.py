@@ -17,7 +17,7 @@ from crossover import slo
 
 @dataclass(frozen=True)
 class ChartMetric:
-    key: str  # column of crossover.loadgen.summary's table
+    key: str  # column of crossover.loadgen.analysis.summary's table
     title: str
     unit: str
     per_gpu: bool  # a rate that is meaningful divided by the topology's GPUs

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from crossover.errors import UserError
-from crossover.loadgen.adaptive import DEFAULT_TARGET_CI, AdaptivePlan, coarse_levels
+from crossover.loadgen.analysis.adaptive import DEFAULT_TARGET_CI, AdaptivePlan, coarse_levels
 from crossover.loadgen.plan import Endpoint, LengthDist, Mode, SweepPlan, parse_levels
 from crossover.slo import SLO_KINDS
 from crossover.spec import FleetSpec

@@ -30,9 +30,9 @@ from typing import Any
 import pandas as pd
 
 from crossover.errors import UserError
-from crossover.loadgen.adaptive import AdaptivePlan
+from crossover.loadgen.analysis.adaptive import AdaptivePlan
+from crossover.loadgen.analysis.report import CrossoverReport
 from crossover.loadgen.plan import Mode, SweepPlan
-from crossover.loadgen.report import CrossoverReport
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from crossover.loadgen.results import LIST_COLUMNS, RUN_FILE, SUMMARY_FILE, RunInfo, level_done
+from crossover.loadgen.analysis.results import LIST_COLUMNS, RUN_FILE, SUMMARY_FILE, RunInfo, level_done
 
 FORMATS = ("csv", "parquet", "json")
 MIME = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet", "json": "application/json"}

@@ -24,11 +24,11 @@ from crossover.app.config import AppConfig, parse_page_args
 from crossover.app.preflight import unreachable_targets
 from crossover.app.runner import RunState, RunStatus, SweepRunner, in_child_process, jobs_in, sweep_spec_plan
 from crossover.errors import UserError
-from crossover.loadgen.adaptive import adaptive_line
-from crossover.loadgen.analyze import import_bench_run
+from crossover.loadgen.analysis.adaptive import adaptive_line
+from crossover.loadgen.analysis.analyze import import_bench_run
+from crossover.loadgen.analysis.results import RUN_FILE, load_run
+from crossover.loadgen.analysis.summary import level_warnings
 from crossover.loadgen.plan import Endpoint, Mode
-from crossover.loadgen.results import RUN_FILE, load_run
-from crossover.loadgen.summary import level_warnings
 from crossover.slo import SLO_KINDS
 from crossover.spec import REQUEST_SOURCES, FleetSpec, load_spec
 

@@ -20,10 +20,10 @@ from crossover import slo
 from crossover.app.charts import CrossoverMark
 from crossover.app.runner import RunStatus
 from crossover.errors import UserError
-from crossover.loadgen.crossings import METRICS
-from crossover.loadgen.report import Crossover, CrossoverReport
-from crossover.loadgen.results import Run, read_info, read_server_views
-from crossover.loadgen.summary import per_gpu, turn_summary
+from crossover.loadgen.analysis.crossings import METRICS
+from crossover.loadgen.analysis.report import Crossover, CrossoverReport
+from crossover.loadgen.analysis.results import Run, read_info, read_server_views
+from crossover.loadgen.analysis.summary import per_gpu, turn_summary
 
 # the order sentences are listed in: the question the app answers first
 METRIC_ORDER = (slo.GOODPUT_REQUESTS, slo.GOODPUT_TOKENS, "output_tps",

@@ -56,13 +56,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from crossover import slo  # noqa: E402
-from crossover.loadgen import summary  # noqa: E402
 from crossover.loadgen import sweep as sweep_module  # noqa: E402
-from crossover.loadgen.adaptive import AdaptivePlan, Interval, intervals  # noqa: E402
-from crossover.loadgen.client import RequestRecord, StreamTrace, build_record  # noqa: E402
-from crossover.loadgen.dataset import arrival_offsets  # noqa: E402
+from crossover.loadgen.analysis import summary  # noqa: E402
+from crossover.loadgen.analysis.adaptive import AdaptivePlan, Interval, intervals  # noqa: E402
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import SweepResult, run_sweep  # noqa: E402
+from crossover.loadgen.traffic.client import RequestRecord, StreamTrace, build_record  # noqa: E402
+from crossover.loadgen.traffic.dataset import arrival_offsets  # noqa: E402
 from crossover.netutil import spec_on_free_ports  # noqa: E402
 from crossover.sim import fleet as sim_fleet  # noqa: E402
 from crossover.sim import truth  # noqa: E402

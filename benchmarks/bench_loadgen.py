@@ -32,10 +32,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 
-from crossover.loadgen.client import ClientOptions, StreamTrace, _consume_event  # noqa: E402
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
-from crossover.loadgen.sse import SSEParser  # noqa: E402
 from crossover.loadgen.sweep import run_sweep  # noqa: E402
+from crossover.loadgen.traffic.client import ClientOptions, StreamTrace, _consume_event  # noqa: E402
+from crossover.loadgen.traffic.sse import SSEParser  # noqa: E402
 from crossover.netutil import spec_on_free_ports  # noqa: E402
 from crossover.spec import FleetSpec, load_spec  # noqa: E402
 from tests.loadgen.loadgen_sim_process import emitted_by_id, sim_process, stamp_errors  # noqa: E402

@@ -249,7 +249,7 @@ def is_client_error(status: int) -> bool:
 
 def is_good(ok: bool, values_s: Mapping[str, float], thresholds_s: Mapping[str, float]) -> bool:
     """One request, client side: served, and every SLO given met (value <= threshold). The sweep
-    applies the same test to whole columns (crossover.loadgen.summary.mark_requests)."""
+    applies the same test to whole columns (crossover.loadgen.analysis.summary.mark_requests)."""
     return ok and all(values_s[kind] <= threshold for kind, threshold in thresholds_s.items())
 
 

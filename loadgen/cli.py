@@ -13,7 +13,7 @@ from crossover import slo
 from crossover.errors import UserError
 
 if TYPE_CHECKING:
-    from crossover.loadgen.report import CrossoverReport
+    from crossover.loadgen.analysis.report import CrossoverReport
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +86,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _bench_options(args: argparse.Namespace) -> Any:
     """--save-result and its companions; None when no result JSON is asked for."""
-    from crossover.loadgen.benchjson import BenchOptions
+    from crossover.loadgen.analysis.benchjson import BenchOptions
 
     options = BenchOptions.parse(args.percentile_metrics, args.metric_percentiles, args.save_detailed)
     return options if args.save_result or args.save_detailed else None
@@ -153,14 +153,14 @@ def _add_search_and_scale_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _adaptive(args: argparse.Namespace) -> Any:
     """The adaptive plan, or None; the adaptive-only flags without --adaptive are a mistake."""
-    from crossover.loadgen.adaptive import (
+    from crossover.loadgen.analysis.adaptive import (
         ANSWERS,
         DEFAULT_MAX_REPEATS,
         DEFAULT_METRIC,
         DEFAULT_TARGET_CI,
         AdaptivePlan,
     )
-    from crossover.loadgen.report import RENAMED
+    from crossover.loadgen.analysis.report import RENAMED
 
     if args.metric in RENAMED:
         print(f"crossover sweep: --metric {args.metric} is deprecated and goes in the next release; "
@@ -184,7 +184,7 @@ def _adaptive(args: argparse.Namespace) -> Any:
 
 def _traffic(args: argparse.Namespace) -> Any:
     from crossover.loadgen.sweep import Traffic
-    from crossover.loadgen.workers import parse_shard
+    from crossover.loadgen.traffic.workers import parse_shard
 
     return Traffic(workers=args.workers, shard=parse_shard(args.shard))
 
@@ -264,7 +264,7 @@ def print_summary(summary: Any, crossover: CrossoverReport, console: Any) -> Non
     for _, row in summary.iterrows():
         table.add_row(*(_cell(row.get(column), form) for column, _, form in _TABLE_COLUMNS))
     console.print(table)
-    from crossover.loadgen.summary import level_warnings
+    from crossover.loadgen.analysis.summary import level_warnings
 
     for sentence in crossover.sentences:
         console.print(f"- {sentence}")
@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from crossover.loadgen.summary import level_warnings
+    from crossover.loadgen.analysis.summary import level_warnings
     from crossover.loadgen.sweep import LevelDone, run_sweep
     from crossover.spec import load_spec
 
@@ -346,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
     if not result.summary.empty:
         print_summary(result.summary, result.crossover, out)
     if adaptive is not None:
-        from crossover.loadgen.adaptive import adaptive_line
+        from crossover.loadgen.analysis.adaptive import adaptive_line
 
         out.print(adaptive_line(result.crossover.adaptive, plan.axis))
     if not result.turns.empty:

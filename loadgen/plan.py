@@ -144,6 +144,15 @@ class LengthDist:
 
 
 @dataclass(frozen=True)
+class TopologyInfo:
+    """Where a topology's traffic went: what both the traffic and the result files record."""
+    name: str
+    gpus: int
+    targets: tuple[str, ...]  # URLs traffic went to (entrypoint, or the balanced instances)
+    balance: str  # "entrypoint", "round_robin" or "least_outstanding"
+
+
+@dataclass(frozen=True)
 class SweepPlan:
     """One sweep: every topology gets the same seeded requests at every level.
 

@@ -24,27 +24,33 @@ import pandas as pd
 
 from crossover.errors import UserError
 from crossover.eventloop import loop_factory
-from crossover.loadgen import results
-from crossover.loadgen.adaptive import AdaptivePlan, check_budget, coarse_levels, decide
-from crossover.loadgen.benchjson import BenchOptions, bench_result
-from crossover.loadgen.client import (
+from crossover.loadgen.analysis import results
+from crossover.loadgen.analysis.adaptive import AdaptivePlan, check_budget, coarse_levels, decide
+from crossover.loadgen.analysis.benchjson import BenchOptions, bench_result
+from crossover.loadgen.analysis.crossings import analyze
+from crossover.loadgen.analysis.report import AdaptiveState, CrossoverReport
+from crossover.loadgen.analysis.results import RunInfo
+from crossover.loadgen.analysis.serverside import ServerView
+from crossover.loadgen.analysis.summary import summarize, summarize_repeats, turn_summary
+from crossover.loadgen.plan import DatasetKind, Mode, SweepPlan, TopologyInfo, repeat_plan
+from crossover.loadgen.traffic.client import (
     Balancer,
     ClientOptions,
     RequestRecord,
     build_record,
     stream_completion,
 )
-from crossover.loadgen.crossings import analyze
-from crossover.loadgen.dataset import SyntheticRequest, Workload, arrival_offsets, prepare_workload, requests
-from crossover.loadgen.httpclient import HTTPClient
-from crossover.loadgen.payloads import PATHS, request_payload
-from crossover.loadgen.plan import DatasetKind, Mode, SweepPlan, repeat_plan
-from crossover.loadgen.report import AdaptiveState, CrossoverReport
-from crossover.loadgen.results import RunInfo, TopologyInfo
-from crossover.loadgen.serverside import ServerView
-from crossover.loadgen.summary import summarize, summarize_repeats, turn_summary
-from crossover.loadgen.tokens import open_tokenizer
-from crossover.loadgen.workers import Share, WorkerPool, check_workers, shares
+from crossover.loadgen.traffic.dataset import (
+    SyntheticRequest,
+    Workload,
+    arrival_offsets,
+    prepare_workload,
+    requests,
+)
+from crossover.loadgen.traffic.httpclient import HTTPClient
+from crossover.loadgen.traffic.payloads import PATHS, request_payload
+from crossover.loadgen.traffic.tokens import open_tokenizer
+from crossover.loadgen.traffic.workers import Share, WorkerPool, check_workers, shares
 from crossover.spec import Balance, FleetSpec, Topology
 
 T = TypeVar("T")

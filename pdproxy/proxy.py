@@ -27,7 +27,7 @@ from prometheus_client.metrics_core import Metric as PromFamily
 
 from crossover import catalog, slo
 from crossover.exposition import Hist, family, http_counter, http_key
-from crossover.loadgen.sse import DONE, SSEOverflow, SSEParser
+from crossover.loadgen.traffic.sse import DONE, SSEOverflow, SSEParser
 from crossover.spec import Role, Topology
 
 # A non-streamed answer is kept (up to this size) only to read its finish reason.

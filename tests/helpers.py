@@ -69,7 +69,7 @@ def word_tokenizer(folder: Path) -> str:
     loopback test servers, for sweeps against servers without /tokenize (--tokenizer DIR)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from crossover.loadgen.dataset import POOL_TEXT
+    from crossover.loadgen.traffic.dataset import POOL_TEXT
 
     words = ["<unk>", *dict.fromkeys(POOL_TEXT.split()), *(f"w{i}" for i in range(509))]
     tokenizer = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))

@@ -19,8 +19,8 @@ from packaging.version import Version
 from tests.helpers import PACKAGE_DIRS, REPO, require
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-LOAD_CLIENT = ("loadgen/httpclient.py", "loadgen/transport.py", "loadgen/client.py", "loadgen/sse.py",
-               "crossover/eventloop.py")
+LOAD_CLIENT = ("loadgen/traffic/httpclient.py", "loadgen/traffic/transport.py", "loadgen/traffic/client.py",
+               "loadgen/traffic/sse.py", "crossover/eventloop.py")
 
 
 def _normal(name: str) -> str:

@@ -68,3 +68,26 @@ from crossover import errors
         "line 3: crossover.rules.prom.die_with_parent",
         "line 4: crossover.sim", "line 5: crossover.rules", "line 7: crossover.sim",
         "line 7: crossover.sim.engine"]
+
+
+LOADGEN = REPO / "loadgen"
+
+
+def offenders_in(folder: str, forbidden: str) -> dict[str, list[str]]:
+    """Each module of loadgen/FOLDER that imports the package `crossover.loadgen.FORBIDDEN`."""
+    found = {}
+    for path in sorted((LOADGEN / folder).glob("*.py")):
+        module = f"crossover.loadgen.{folder}.{path.stem}"
+        hits = upward_imports(path.read_text(), module, {f"crossover.loadgen.{forbidden}"})
+        if hits:
+            found[path.name] = hits
+    return found
+
+
+def test_traffic_and_analysis_stay_apart() -> None:
+    """The load generator's two halves meet only in the sweep and the CLI above them: traffic sends
+    and times requests without reading the analysis, and the analysis reads records without sending."""
+    assert len(list((LOADGEN / "traffic").glob("*.py"))) > 5
+    assert len(list((LOADGEN / "analysis").glob("*.py"))) > 5
+    assert offenders_in("traffic", "analysis") == {}
+    assert offenders_in("analysis", "traffic") == {}

@@ -1,4 +1,4 @@
-"""Shared test data for the app's tests: a summary table shaped like crossover.loadgen.summary's,
+"""Shared test data for the app's tests: a summary table shaped like crossover.loadgen.analysis.summary's,
 written by hand, and a spec file on free loopback ports."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pandas as pd
 import yaml
 
 from crossover import slo
-from crossover.loadgen.summary import per_gpu
+from crossover.loadgen.analysis.summary import per_gpu
 from crossover.netutil import spec_on_free_ports
 from crossover.spec import FleetSpec, load_spec
 from tests.helpers import SPECS

@@ -6,7 +6,7 @@ import pandas as pd
 
 from crossover import slo
 from crossover.app import charts, view
-from crossover.loadgen.report import CrossoverReport
+from crossover.loadgen.analysis.report import CrossoverReport
 from tests.app.app_fixtures import seed_summary
 
 CROSSOVER: dict[str, Any] = {

@@ -276,7 +276,7 @@ def test_a_folder_of_vllm_bench_results_opens_as_a_past_run(monkeypatch, tmp_pat
     --save-result, as vllm bench writes them) in the results folder open like a sweep."""
     import shutil
 
-    from crossover.loadgen.benchjson import BenchOptions
+    from crossover.loadgen.analysis.benchjson import BenchOptions
 
     spec, path = spec_file_on_free_ports(tmp_path)
     plan = SweepPlan(levels=(1, 4), requests_per_level=6, input_len=LengthDist.fixed(32),

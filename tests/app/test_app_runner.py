@@ -11,7 +11,7 @@ import pytest
 
 from crossover.app.runner import RunState, SweepRunner, describe_failure, jobs_in
 from crossover.errors import UserError
-from crossover.loadgen.report import CrossoverReport
+from crossover.loadgen.analysis.report import CrossoverReport
 from crossover.loadgen.sweep import LevelDone
 from tests.app.app_fixtures import seed_summary
 from tests.helpers import wait_for

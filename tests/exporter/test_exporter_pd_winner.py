@@ -16,9 +16,9 @@ import pytest
 
 from crossover.exporter.service import Exporter
 from crossover.exporter.state import build_snapshot
-from crossover.loadgen import results
+from crossover.loadgen.analysis import results
+from crossover.loadgen.analysis.summary import mark_requests
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
-from crossover.loadgen.summary import mark_requests
 from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import spec_on_free_ports
 from crossover.spec import FleetSpec, load_spec

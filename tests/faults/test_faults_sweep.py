@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 
 from crossover import slo
+from crossover.loadgen.analysis.summary import mark_requests
 from crossover.loadgen.plan import LengthDist, SweepPlan
-from crossover.loadgen.summary import mark_requests
 from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import SimFleet, running_fleet
@@ -213,7 +213,7 @@ def test_sse_garbage_is_failed_never_good_and_never_hangs(tmp_path: Path) -> Non
 
 
 def test_a_stream_claiming_more_tokens_than_asked_is_not_good(tmp_path: Path) -> None:
-    # Found by this suite (the usage count was trusted) and fixed in loadgen/client.py build_record.
+    # Found by this suite (the usage count was trusted) and fixed in loadgen/traffic/client.py build_record.
     with serving({("POST", "/inflated/v1/completions"): _inflated} | tokenizer_routes("/inflated")) as server:
         spec = _garbage_spec(server.url, ["inflated"])
         result = run_sweep(spec, _plan(requests=2, timeout_s=5), tmp_path, n_boot=0)

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from crossover.loadgen.results import LEVELS_DIR, RUN_FILE, RunInfo, load_run
+from crossover.loadgen.analysis.results import LEVELS_DIR, RUN_FILE, RunInfo, load_run
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import SimFleet, running_fleet, with_overrides

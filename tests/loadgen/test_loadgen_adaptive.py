@@ -16,7 +16,7 @@ import pytest
 from crossover import slo
 from crossover.cli import main
 from crossover.errors import UserError
-from crossover.loadgen.adaptive import (
+from crossover.loadgen.analysis.adaptive import (
     AdaptivePlan,
     Interval,
     check_budget,
@@ -26,9 +26,9 @@ from crossover.loadgen.adaptive import (
     level_inside,
     level_sides,
 )
-from crossover.loadgen.crossings import bracket, split_levels
+from crossover.loadgen.analysis.crossings import bracket, split_levels
+from crossover.loadgen.analysis.report import AdaptiveState, CrossoverReport
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
-from crossover.loadgen.report import AdaptiveState, CrossoverReport
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec
 from tests.helpers import SPECS
@@ -245,7 +245,7 @@ def test_the_cli_summary_says_why_the_adaptive_sweep_stopped(crossing_fleet: Fle
 
 
 def test_the_status_line_says_the_next_level_or_why_it_stopped() -> None:
-    from crossover.loadgen.adaptive import adaptive_line
+    from crossover.loadgen.analysis.adaptive import adaptive_line
 
     running = {"levels": [1.0, 8.0], "next_level": 6.0, "stop_reason": "",
                "widest": {"what": f"{slo.GOODPUT_REQUESTS} crossing a/b", "x": 5.5, "width": None}}

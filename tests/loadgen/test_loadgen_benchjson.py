@@ -14,9 +14,9 @@ import yaml
 
 from crossover.cli import main
 from crossover.errors import UserError
-from crossover.loadgen.benchjson import BenchOptions, read_bench_results, requests_frame
-from crossover.loadgen.report import Crossover
-from crossover.loadgen.results import load_run
+from crossover.loadgen.analysis.benchjson import BenchOptions, read_bench_results, requests_frame
+from crossover.loadgen.analysis.report import Crossover
+from crossover.loadgen.analysis.results import load_run
 from crossover.realvllm import vllm_available, vllm_python
 from crossover.spec import FleetSpec, load_spec, parse_spec
 from tests.helpers import SPECS, require, word_tokenizer

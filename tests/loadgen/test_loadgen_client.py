@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from crossover.loadgen.client import (
+from crossover.loadgen.traffic.client import (
     Balancer,
     RequestRecord,
     StreamTrace,
@@ -18,9 +18,9 @@ from crossover.loadgen.client import (
     expand_itl,
     stream_completion,
 )
-from crossover.loadgen.dataset import SyntheticRequest
-from crossover.loadgen.httpclient import HTTPClient
-from crossover.loadgen.payloads import request_payload as completion_payload
+from crossover.loadgen.traffic.dataset import SyntheticRequest
+from crossover.loadgen.traffic.httpclient import HTTPClient
+from crossover.loadgen.traffic.payloads import request_payload as completion_payload
 from crossover.spec import Balance
 from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer
 
@@ -168,8 +168,8 @@ def test_a_kept_alive_connection_serves_the_next_stream_with_kernel_stamps(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two streams one after the other share one connection, and every read of both carries the
     kernel's receive time."""
-    from crossover.loadgen import httpclient
-    from crossover.loadgen.transport import KernelStampedTransport
+    from crossover.loadgen.traffic import httpclient
+    from crossover.loadgen.traffic.transport import KernelStampedTransport
 
     connections: set[int] = set()
     stamps: list[float | None] = []
@@ -199,7 +199,7 @@ def test_a_kept_alive_connection_serves_the_next_stream_with_kernel_stamps(
 
 
 def _hold_kernel_stamping() -> None:
-    from crossover.loadgen.transport import keep_kernel_stamping_on
+    from crossover.loadgen.traffic.transport import keep_kernel_stamping_on
 
     keep_kernel_stamping_on()  # Linux turns stamping on a moment after the first socket asks
     time.sleep(0.1)

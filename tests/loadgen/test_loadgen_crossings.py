@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from crossover.loadgen.crossings import bracket, find_crossovers, max_load_meeting_objective
+from crossover.loadgen.analysis.crossings import bracket, find_crossovers, max_load_meeting_objective
+from crossover.loadgen.analysis.summary import summarize
 from crossover.loadgen.plan import Mode
-from crossover.loadgen.summary import summarize
 
 LEVELS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
 
@@ -132,7 +132,7 @@ def test_capacity_interval_from_requests() -> None:
 
 
 def test_pooled_itl_bootstrap_matches_concatenating_each_resample() -> None:
-    from crossover.loadgen.crossings import METRICS, _metric_replicates
+    from crossover.loadgen.analysis.crossings import METRICS, _metric_replicates
 
     rng = np.random.default_rng(2)
     itls = [list(rng.gamma(2.0, 0.01, int(rng.integers(1, 80)))) for _ in range(60)]
@@ -161,7 +161,7 @@ def test_an_answer_names_the_measured_levels_either_side_of_it() -> None:
 def test_a_level_whose_repeats_read_both_sides_bounds_no_answer() -> None:
     # concurrency 8 measured twice: once a leads in throughput, once b does. It lies in the
     # crossing's band, so the bracket reaches the levels either side of it that do not split.
-    from crossover.loadgen.crossings import analyze, split_levels
+    from crossover.loadgen.analysis.crossings import analyze, split_levels
 
     rng = np.random.default_rng(3)
     lat_a = {c: 0.5 * (1 + c / 8) for c in LEVELS}

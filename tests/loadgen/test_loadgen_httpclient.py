@@ -1,4 +1,4 @@
-"""The load generator's HTTP/1.1 client (loadgen/httpclient.py): every framing a server may choose,
+"""The load generator's HTTP/1.1 client (loadgen/traffic/httpclient.py): every framing a server may choose,
 cut into socket reads anywhere, each body byte handed on with the time of the read that brought it;
 keep-alive, interim responses, broken servers and TLS against scripted loopback servers."""
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossover.loadgen.httpclient import (
+from crossover.loadgen.traffic.httpclient import (
     BufferSink,
     ClientError,
     ConnectError,
@@ -26,7 +26,7 @@ from crossover.loadgen.httpclient import (
     ServerDisconnected,
     _Connection,
 )
-from crossover.loadgen.sse import SSEParser
+from crossover.loadgen.traffic.sse import SSEParser
 from tests.helpers import require_binary
 
 EVENTS = [b'data: {"choices": [{"text": "%d"}]}\n\n' % i for i in range(8)]

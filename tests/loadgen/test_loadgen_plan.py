@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from crossover.errors import UserError
-from crossover.loadgen.dataset import arrival_offsets
 from crossover.loadgen.plan import (
     Arrival,
     LengthDist,
@@ -17,6 +16,7 @@ from crossover.loadgen.plan import (
     parse_levels,
     parse_slo_overrides,
 )
+from crossover.loadgen.traffic.dataset import arrival_offsets
 
 
 def test_length_forms() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from crossover.cli import main
+from crossover.loadgen.analysis.report import STOP_REASONS
+from crossover.loadgen.analysis.results import load_run
 from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist, SweepPlan
-from crossover.loadgen.report import STOP_REASONS
-from crossover.loadgen.results import load_run
 from crossover.loadgen.sweep import run_sweep
 
 
@@ -104,7 +104,7 @@ def test_a_local_tokenizer_folder_counts_as_the_server_does(real_vllm_fleet, tin
                                                             tmp_path: Path) -> None:
     """--tokenizer DIR (offline: tokenizer.json and the chat template rendered locally) plans what
     the real server counts, on chat too."""
-    from crossover.loadgen.tokens import LocalTokenizer, ServerTokenizer
+    from crossover.loadgen.traffic.tokens import LocalTokenizer, ServerTokenizer
 
     local = LocalTokenizer(tiny_model_dir)
     server = ServerTokenizer(real_vllm_fleet.single_url, real_vllm_fleet.spec.model.name)

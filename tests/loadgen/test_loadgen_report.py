@@ -20,11 +20,11 @@ import pytest
 
 from crossover import slo
 from crossover.errors import UserError
-from crossover.loadgen.adaptive import AdaptivePlan, adaptive_line, intervals
-from crossover.loadgen.crossings import bracket
-from crossover.loadgen.plan import Mode, SweepPlan
-from crossover.loadgen.report import CROSSOVER_FILE, RENAMED, CrossoverReport
-from crossover.loadgen.results import RunInfo, TopologyInfo, load_run, prepare
+from crossover.loadgen.analysis.adaptive import AdaptivePlan, adaptive_line, intervals
+from crossover.loadgen.analysis.crossings import bracket
+from crossover.loadgen.analysis.report import CROSSOVER_FILE, RENAMED, CrossoverReport
+from crossover.loadgen.analysis.results import RunInfo, load_run, prepare
+from crossover.loadgen.plan import Mode, SweepPlan, TopologyInfo
 from tests.helpers import FIXTURES
 
 CROSSOVER_JSON = FIXTURES / "crossover-json"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossover.loadgen.sse import SSEOverflow, SSEParser
+from crossover.loadgen.traffic.sse import SSEOverflow, SSEParser
 
 STREAM = (b'data: {"a": 1}\n\n: keep-alive comment\n\ndata: {"b": 2}\n\n'
           b"event: message\nid: 7\ndata: line one\ndata: line two\n\n"
@@ -62,7 +62,7 @@ def test_random_bytes_never_raise(noise: bytes) -> None:
 
 
 def test_endless_event_is_an_error_not_a_memory_leak(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("crossover.loadgen.sse.MAX_PENDING_BYTES", 1000)
+    monkeypatch.setattr("crossover.loadgen.traffic.sse.MAX_PENDING_BYTES", 1000)
     parser = SSEParser()
     with pytest.raises(SSEOverflow):
         for _ in range(20):

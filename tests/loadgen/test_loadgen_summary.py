@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from crossover import slo
+from crossover.loadgen.analysis.summary import level_warnings, mark_requests, per_gpu, summarize
 from crossover.loadgen.plan import Mode, SweepPlan
-from crossover.loadgen.summary import level_warnings, mark_requests, per_gpu, summarize
 
 OPEN = SweepPlan(mode=Mode.OPEN, levels=(1.0,), requests_per_level=1)
 
@@ -119,7 +119,7 @@ def test_empty_requests_give_an_empty_summary() -> None:
 
 
 def test_repeats_of_a_level_pool_their_requests_over_their_summed_windows() -> None:
-    from crossover.loadgen.summary import summarize_repeats
+    from crossover.loadgen.analysis.summary import summarize_repeats
 
     # two measurements of one level, far apart in time (the other topology ran in between): each
     # has its own window, the rate divides by their sum, the p99 is over the pooled ITLs
@@ -165,8 +165,8 @@ def test_records_without_shared_read_counts_have_no_share() -> None:
 
 
 def test_latency_columns_keep_the_names_users_read_in_results_files() -> None:
-    from crossover.loadgen.crossings import DEFAULT_METRICS, METRICS
-    from crossover.loadgen.serverside import server_frame
+    from crossover.loadgen.analysis.crossings import DEFAULT_METRICS, METRICS
+    from crossover.loadgen.analysis.serverside import server_frame
 
     rows = [_row("a", 1.0, i, float(i), 0.1, 0.5, 10) for i in range(10)]
     columns = set(summarize(pd.DataFrame(rows), {}, {"a": 1}, OPEN).columns)

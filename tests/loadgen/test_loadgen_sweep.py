@@ -17,10 +17,10 @@ from crossover import slo
 from crossover.cli import main
 from crossover.errors import UserError
 from crossover.loadgen import sweep as sweep_module
+from crossover.loadgen.analysis.report import CrossoverReport
+from crossover.loadgen.analysis.results import load_run
+from crossover.loadgen.analysis.summary import per_gpu
 from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
-from crossover.loadgen.report import CrossoverReport
-from crossover.loadgen.results import load_run
-from crossover.loadgen.summary import per_gpu
 from crossover.loadgen.sweep import LevelDone, run_sweep
 from crossover.spec import FleetSpec, load_spec, parse_spec
 from tests.helpers import SPECS

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from crossover.loadgen.transport import KernelStampedTransport, kernel_stamps_available
+from crossover.loadgen.traffic.transport import KernelStampedTransport, kernel_stamps_available
 
 T = TypeVar("T")
 pytestmark = pytest.mark.skipif(not kernel_stamps_available(), reason="no SO_TIMESTAMPNS here")

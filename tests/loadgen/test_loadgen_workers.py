@@ -13,10 +13,10 @@ import pytest
 
 from crossover.cli import main
 from crossover.errors import UserError
+from crossover.loadgen.analysis.results import SERVER_SUFFIX, level_path, load_run, merge_runs
 from crossover.loadgen.plan import Endpoint, LengthDist, Mode, SweepPlan
-from crossover.loadgen.results import SERVER_SUFFIX, level_path, load_run, merge_runs
 from crossover.loadgen.sweep import Traffic, run_sweep
-from crossover.loadgen.workers import Share, parse_shard, shares
+from crossover.loadgen.traffic.workers import Share, parse_shard, shares
 from crossover.spec import FleetSpec, load_spec
 from tests.helpers import SPECS
 from tests.loadgen.loadgen_fake_server import Behaviour, FakeServer, fake_fleet

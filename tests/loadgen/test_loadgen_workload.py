@@ -13,10 +13,10 @@ import pytest
 
 from crossover.cli import main
 from crossover.errors import UserError
-from crossover.loadgen.dataset import prepare_workload, requests
+from crossover.loadgen.analysis.summary import input_len_off, level_warnings, summarize
 from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist, Mode, SweepPlan
-from crossover.loadgen.summary import input_len_off, level_warnings, summarize
-from crossover.loadgen.tokens import LocalTokenizer, ServerTokenizer, open_tokenizer
+from crossover.loadgen.traffic.dataset import prepare_workload, requests
+from crossover.loadgen.traffic.tokens import LocalTokenizer, ServerTokenizer, open_tokenizer
 from crossover.realvllm import make_tiny_model
 from tests.faults.faults_servers import serving
 from tests.helpers import SPECS, word_tokenizer
@@ -280,7 +280,7 @@ def test_multi_turn_conversations_on_the_simulator(tmp_path: Path,
     exactly the planned input of every turn, later turns are longer, and TTFT per turn is reported."""
     import yaml
 
-    from crossover.loadgen.results import load_run
+    from crossover.loadgen.analysis.results import load_run
     from crossover.netutil import spec_on_free_ports
     from crossover.sim.fleet import running_fleet
     from crossover.spec import load_spec
@@ -322,7 +322,7 @@ def test_multi_turn_conversations_on_the_simulator(tmp_path: Path,
 
 def test_each_level_keeps_the_servers_view_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from crossover.app.view import past_view, server_table
-    from crossover.loadgen.results import load_run
+    from crossover.loadgen.analysis.results import load_run
     from crossover.loadgen.sweep import run_sweep
     from crossover.netutil import spec_on_free_ports
     from crossover.sim.fleet import running_fleet
@@ -379,7 +379,7 @@ def test_server_views_are_found_from_the_requests_in_hand(tmp_path: Path) -> Non
     """Each finished (topology, level, repeat) of the requests read its LEVEL.server.json, in file-name
     order as the folder lists them; no level file is read again (here there is none), and a view
     whose level the requests lack (not finished) is left out."""
-    from crossover.loadgen.results import SERVER_SUFFIX, level_path, read_server_views, write_json
+    from crossover.loadgen.analysis.results import SERVER_SUFFIX, level_path, read_server_views, write_json
 
     plan = SweepPlan(levels=(2, 16), requests_per_level=1)
     for topology, level, repeat, tps in (("a", 16.0, 1, 3.0), ("a", 2.0, 1, 1.0), ("a", 2.0, 2, 2.0),

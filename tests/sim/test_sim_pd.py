@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from crossover import catalog
 from crossover.contract import check_metrics_contract
 from crossover.exporter.service import Exporter
-from crossover.loadgen.sse import MAX_PENDING_BYTES
+from crossover.loadgen.traffic.sse import MAX_PENDING_BYTES
 from crossover.netutil import spec_on_free_ports
 from crossover.pdproxy.proxy import _Stream
 from crossover.sim.fleet import SimFleet, running_fleet

@@ -103,7 +103,7 @@ def test_a_five_turn_sweep_shows_prefix_cache_hits_and_a_falling_ttft(tmp_path: 
     import yaml
 
     from crossover.cli import main
-    from crossover.loadgen.results import load_run
+    from crossover.loadgen.analysis.results import load_run
     from tests.test_real_vllm import prefix_counters
 
     def document(n: int) -> str:  # each conversation its own, far longer than the machine's noise

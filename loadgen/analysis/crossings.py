@@ -22,15 +22,15 @@ from scipy.interpolate import PchipInterpolator
 from scipy.optimize import brentq
 
 from crossover import slo
-from crossover.loadgen.plan import Mode, SweepPlan
-from crossover.loadgen.report import Capacity, Crossover, CrossoverReport, metric_named
-from crossover.loadgen.summary import (
+from crossover.loadgen.analysis.report import Capacity, Crossover, CrossoverReport, metric_named
+from crossover.loadgen.analysis.summary import (
     mark_requests,
     per_gpu,
     request_itls,
     request_latencies,
     summarize_repeats,
 )
+from crossover.loadgen.plan import Mode, SweepPlan
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from crossover.errors import UserError
-from crossover.loadgen.plan import SweepPlan, level_key
+from crossover.loadgen.plan import SweepPlan, TopologyInfo, level_key
 
 if TYPE_CHECKING:  # the report writes itself through this module's write_json
-    from crossover.loadgen.report import CrossoverReport
+    from crossover.loadgen.analysis.report import CrossoverReport
 
 RUN_FILE = "run.json"
 LEVELS_DIR = "levels"
@@ -41,14 +41,6 @@ TURNS_CSV = "turns.csv"
 SERVER_SUFFIX = ".server.json"
 LIST_COLUMNS = ("itl", "chunk_times", "chunk_tokens")
 REPEAT_COLUMN = "repeat"  # which measurement of its level a request belongs to (1 for the first)
-
-
-@dataclass(frozen=True)
-class TopologyInfo:
-    name: str
-    gpus: int
-    targets: tuple[str, ...]  # URLs traffic went to (entrypoint, or the balanced instances)
-    balance: str  # "entrypoint", "round_robin" or "least_outstanding"
 
 
 @dataclass(frozen=True)
@@ -199,7 +191,7 @@ def read_requests(out_dir: Path) -> pd.DataFrame:
 def read_server_views(out_dir: Path, plan: SweepPlan, requests: pd.DataFrame) -> pd.DataFrame:
     """The servers' figures of every finished level (LEVEL.server.json beside the level's requests;
     `requests` as read_requests gives them, so no level file is read again), one row per level."""
-    from crossover.loadgen.serverside import server_frame
+    from crossover.loadgen.analysis.serverside import server_frame
 
     if requests.empty:
         return server_frame([])
@@ -229,8 +221,8 @@ def load_run(out_dir: str | os.PathLike[str]) -> Run:
     """Open a past run: its plan, every finished level's requests, the summary and crossover."""
     folder = Path(out_dir)
     info = read_info(folder)
-    from crossover.loadgen.report import CrossoverReport
-    from crossover.loadgen.summary import summarize, turn_summary  # recomputed, never trusted stale
+    from crossover.loadgen.analysis.report import CrossoverReport
+    from crossover.loadgen.analysis.summary import summarize, turn_summary  # recomputed, never trusted stale
 
     requests = read_requests(folder)
     summary = summarize(requests, info.slos_ms, info.gpus, info.plan)
@@ -244,8 +236,8 @@ def merge_runs(folders: list[Path], out_dir: Path, n_boot: int = 200) -> Run:
     """One run folder from the folders of one plan's shards (`crossover sweep --shard M/K` on K
     machines): each (topology, level)'s requests concatenated in index order, the summary and the
     crossover computed from all of them. Every shard must be there exactly once."""
-    from crossover.loadgen.crossings import analyze
-    from crossover.loadgen.summary import summarize
+    from crossover.loadgen.analysis.crossings import analyze
+    from crossover.loadgen.analysis.summary import summarize
 
     runs: list[tuple[Path, dict[str, Any]]] = []
     for folder in folders:

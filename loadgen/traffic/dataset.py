@@ -1,7 +1,7 @@
 """Seeded requests of exact token lengths: the same prompts, lengths and arrival times for every
 topology at a level.
 
-Lengths are counted by the model's own tokenizer (loadgen/tokens.py), so a planned input of N
+Lengths are counted by the model's own tokenizer (loadgen/traffic/tokens.py), so a planned input of N
 tokens is N tokens on any model, not N words. Random prompts on `/v1/completions` are token-id
 lists drawn from the ids of an ordinary English text (exact by construction); random chat prompts
 are such ids decoded to text and re-encoded until the text is exactly N tokens; the chat template's
@@ -23,7 +23,7 @@ import numpy as np
 
 from crossover.errors import UserError
 from crossover.loadgen.plan import Arrival, DatasetKind, Endpoint, LengthDist, LengthKind, SweepPlan
-from crossover.loadgen.tokens import Messages, Tokenizer
+from crossover.loadgen.traffic.tokens import Messages, Tokenizer
 
 _BLOCK = 256  # requests drawn per block; the sequence does not depend on how many are consumed
 _FIT_ROUNDS = 8

@@ -23,8 +23,8 @@ import pandas as pd
 
 from crossover import slo
 from crossover.errors import UserError
+from crossover.loadgen.analysis.summary import latency_samples, mark_requests
 from crossover.loadgen.plan import Mode
-from crossover.loadgen.summary import latency_samples, mark_requests
 
 PERCENTILE_METRICS = slo.SLO_KINDS
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # as vllm bench serve, for generative models

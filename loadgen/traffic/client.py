@@ -16,9 +16,9 @@ from itertools import count
 
 import orjson
 
-from crossover.loadgen.dataset import SyntheticRequest
-from crossover.loadgen.httpclient import ClientError, HTTPClient
-from crossover.loadgen.sse import DONE, SSEOverflow, SSEParser
+from crossover.loadgen.traffic.dataset import SyntheticRequest
+from crossover.loadgen.traffic.httpclient import ClientError, HTTPClient
+from crossover.loadgen.traffic.sse import DONE, SSEOverflow, SSEParser
 from crossover.spec import Balance
 
 _ERROR_BODY_CHARS = 200
@@ -216,7 +216,7 @@ class ClientOptions:
 
 
 class _CompletionSink:
-    """One stream's response, fed by its connection as the bytes arrive (loadgen/httpclient.py): the
+    """One stream's response, fed by its connection as the bytes arrive (loadgen/traffic/httpclient.py): the
     events are parsed and stamped with the time of the read that completed them.
 
     Why in the protocol: a coroutine reading the stream runs after every other ready coroutine,

@@ -22,7 +22,7 @@ import time
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from crossover.loadgen.transport import (
+from crossover.loadgen.traffic.transport import (
     KernelStampedTransport,
     keep_kernel_stamping_on,
     kernel_stamps_available,

@@ -25,9 +25,8 @@ from typing import Any
 
 from crossover.errors import UserError
 from crossover.eventloop import loop_factory
-from crossover.loadgen.client import ClientOptions, RequestRecord
-from crossover.loadgen.plan import Mode, SweepPlan
-from crossover.loadgen.results import TopologyInfo
+from crossover.loadgen.plan import Mode, SweepPlan, TopologyInfo
+from crossover.loadgen.traffic.client import ClientOptions, RequestRecord
 
 BARRIER_TIMEOUT_S = 120.0  # a share whose process did not start by then fails the level
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from crossover import slo
 from crossover.errors import UserError
+from crossover.loadgen.analysis.results import write_json
 from crossover.loadgen.plan import Mode
-from crossover.loadgen.results import write_json
 
 CROSSOVER_FILE = "crossover.json"
 

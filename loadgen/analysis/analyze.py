@@ -14,12 +14,12 @@ from typing import Any
 import pandas as pd
 
 from crossover.errors import UserError
-from crossover.loadgen import results
-from crossover.loadgen.benchjson import read_bench_results, requests_frame
-from crossover.loadgen.crossings import analyze
-from crossover.loadgen.plan import SweepPlan
-from crossover.loadgen.results import Run, RunInfo, TopologyInfo
-from crossover.loadgen.summary import summarize
+from crossover.loadgen.analysis import results
+from crossover.loadgen.analysis.benchjson import read_bench_results, requests_frame
+from crossover.loadgen.analysis.crossings import analyze
+from crossover.loadgen.analysis.results import Run, RunInfo
+from crossover.loadgen.analysis.summary import summarize
+from crossover.loadgen.plan import SweepPlan, TopologyInfo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +56,8 @@ def _merge_shards(folders: list[Path], args: argparse.Namespace) -> int:
     """Sweep folders of one plan's shards: one run folder of them all, its table and sentences."""
     from rich.console import Console
 
+    from crossover.loadgen.analysis.results import merge_runs
     from crossover.loadgen.cli import print_summary
-    from crossover.loadgen.results import merge_runs
 
     if not args.out:
         raise UserError("--out: merging sweep folders writes one run folder; give --out DIR")

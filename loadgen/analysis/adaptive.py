@@ -40,9 +40,8 @@ import pandas as pd
 
 from crossover import slo
 from crossover.errors import UserError
-from crossover.loadgen.crossings import METRICS, ComparedMetric, bracket, repeat_sides
-from crossover.loadgen.plan import Mode, SweepPlan
-from crossover.loadgen.report import (
+from crossover.loadgen.analysis.crossings import METRICS, ComparedMetric, bracket, repeat_sides
+from crossover.loadgen.analysis.report import (
     STOP_REASONS,
     AdaptiveState,
     Capacity,
@@ -51,6 +50,7 @@ from crossover.loadgen.report import (
     ReportedInterval,
     metric_named,
 )
+from crossover.loadgen.plan import Mode, SweepPlan
 
 DEFAULT_METRIC = slo.GOODPUT_REQUESTS
 DEFAULT_TARGET_CI = 0.1

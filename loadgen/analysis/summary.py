@@ -33,7 +33,7 @@ from crossover.loadgen.plan import Mode, SweepPlan
 INPUT_LEN_TOLERANCE = 0.01
 INPUT_LEN_TOLERANCE_TOKENS = 2.0
 # Above this share of token events stamped with a socket read they shared, a level's TTFT and ITL
-# are the reads' rather than the tokens' (loadgen/client.py, _CompletionSink.feed).
+# are the reads' rather than the tokens' (loadgen/traffic/client.py, _CompletionSink.feed).
 SHARED_READS_LIMIT = 0.05
 # The requests column each SLO kind judges a request by (ITL: its worst gap).
 SOURCE_COLUMN = {"ttft": "ttft", "tpot": "tpot", "itl": "itl_max", "e2el": "e2e"}

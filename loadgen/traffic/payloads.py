@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from crossover.loadgen.dataset import SyntheticRequest
 from crossover.loadgen.plan import Endpoint
+from crossover.loadgen.traffic.dataset import SyntheticRequest
 
 PATHS = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions"}
 
