@@ -271,6 +271,8 @@ def test_alertmanager_config_passes_amtool_and_reaches_the_webhook() -> None:
     config_arg = next(a.split("=", 1)[1] for a in services["alertmanager"]["command"]
                       if a.startswith("--config.file="))
     path = container_to_repo(services["alertmanager"], config_arg)
+    # The file tests/faults/test_faults_alerts.py runs a real Alertmanager with.
+    assert path.resolve() == (COMPOSE / "alertmanager" / "alertmanager.yml").resolve()
     result = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     config = yaml.safe_load(path.read_text())
