@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
+sys.path.append(str(REPO))  # for tests.loadgen and devkit; the package itself as installed
 
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import run_sweep  # noqa: E402
@@ -169,7 +169,7 @@ def bench_vllm(python: Path, spec: FleetSpec, topology: str, streams: int, reque
                output_len: int, folder: Path) -> dict:
     """Its CPU per event is the CPU it spent between the simulator's first arrival and last token
     of its requests (its samples interpolated there): start-up, tokenizer and report left out."""
-    from crossover.realvllm import make_tiny_model
+    from devkit.realvllm import make_tiny_model
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tiny_model(folder / "tokenizer")

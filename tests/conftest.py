@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from crossover.netutil import spec_on_free_ports
-from crossover.realvllm import RealServer, make_tiny_model, running_servers, vllm_available
 from crossover.spec import FleetSpec, load_spec
+from devkit.realvllm import RealServer, make_tiny_model, running_servers, vllm_available
 from tests.ci_guard import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 from tests.helpers import SPECS, require
 

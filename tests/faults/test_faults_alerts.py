@@ -1,6 +1,7 @@
 """Alerts end to end: the simulated fleet, a real Prometheus with the rules `crossover rules`
 generates (a test SLO profile: --window-scale shrinks the 30-day period and every burn window), a
-real Alertmanager, and a webhook receiver in this test, all on loopback.
+real Alertmanager with the compose stack's configuration (compose/alertmanager/alertmanager.yml, its
+webhook URL pointed at a receiver in this test, nothing else changed), all on loopback.
 
 Steady traffic runs on both topologies; one instance of tp2x2 gets a simulator fault: slow decode
 (the goodput burn-rate alert for tp2x2's TPOT SLO fires), or engine errors on half its requests with
@@ -8,6 +9,9 @@ latency within every SLO (failed requests count as not good, crossover.slo: the 
 errors alone). The alert reaches the receiver; the fault is switched off through the simulator's
 admin API: the alert resolves and the receiver gets status "resolved". The healthy topology (tp4x1)
 never burns: an alert that fires for everything would fail this test.
+
+The shipped timings are the ones users get, so the waits include them: a notification may wait the
+longest group_wait of its route, a resolution the next group_interval of its group.
 """
 
 from __future__ import annotations
@@ -33,11 +37,21 @@ from crossover.rules.names import BURN_ALERT
 from crossover.sim.fleet import running_fleet
 from crossover.spec import Fault, FleetSpec, load_spec
 from tests.faults.faults_servers import serving
-from tests.faults.faults_stack import alertmanager_config, running_alertmanager, running_prometheus
+from tests.faults.faults_stack import (
+    SHIPPED_ALERTMANAGER,
+    longest,
+    running_alertmanager,
+    running_prometheus,
+    shipped_alertmanager_config,
+)
 from tests.helpers import SPECS
 from tests.sim.sim_client import post_json
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(240)]
+ROUTE = yaml.safe_load(SHIPPED_ALERTMANAGER.read_text())["route"]
+GROUP_WAIT_S, GROUP_INTERVAL_S = longest(ROUTE, "group_wait"), longest(ROUTE, "group_interval")
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow,
+              pytest.mark.timeout(240 + GROUP_WAIT_S + GROUP_INTERVAL_S)]
 
 # 30 days x 0.001 = 43 minutes; the 1h/5m page tier becomes 4 s/4 s (four 1 s scrapes at least).
 WINDOW_SCALE = 0.001
@@ -123,8 +137,7 @@ def test_burn_rate_alert_fires_and_resolves(tmp_path: Path, fault: str) -> None:
                            str(WINDOW_SCALE), "--alertmanager", f"127.0.0.1:{am_port}"]) == 0
     with serving({("POST", "/alerts"): receive}) as webhook:
         am_config = tmp_path / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(alertmanager_config(
-            webhook.url + "/alerts", ["alertname", "topology", "slo", "long_window"])))
+        am_config.write_text(shipped_alertmanager_config(webhook.url + "/alerts"))
         with running_fleet(spec), running_alertmanager(am_config, am_port), \
                 running_prometheus(rules_dir / "prometheus.yml") as prometheus, steady_traffic(spec) as done:
 
@@ -144,8 +157,8 @@ def test_burn_rate_alert_fires_and_resolves(tmp_path: Path, fault: str) -> None:
 
             degraded_at = time.monotonic()
             set_fault(spec, "tp2-0", FAULTS[fault])
-            prometheus.wait_until(lambda: bool(_burn_alerts(notifications, "firing", "tp2x2")), 60,
-                                  f"{ALERT} for tp2x2 at the webhook")
+            prometheus.wait_until(lambda: bool(_burn_alerts(notifications, "firing", "tp2x2")),
+                                  60 + GROUP_WAIT_S, f"{ALERT} for tp2x2 at the webhook")
             fired_after = time.monotonic() - degraded_at
             alert = _burn_alerts(notifications, "firing", "tp2x2")[0]
             # a slow decode misses the TPOT SLO alone; a failed request misses every SLO the spec sets
@@ -160,7 +173,8 @@ def test_burn_rate_alert_fires_and_resolves(tmp_path: Path, fault: str) -> None:
             def resolved() -> bool:
                 return fired_windows <= _windows(notifications, "resolved")
 
-            prometheus.wait_until(resolved, 90, f"resolved {ALERT} for tp2x2 windows {sorted(fired_windows)}")
+            prometheus.wait_until(resolved, 90 + GROUP_INTERVAL_S,
+                                  f"resolved {ALERT} for tp2x2 windows {sorted(fired_windows)}")
             resolved_after = time.monotonic() - restored_at
             traffic = dict(done)
     assert not _burn_alerts(notifications, "firing", "tp4x1"), "the healthy topology burned"

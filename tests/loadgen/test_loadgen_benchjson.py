@@ -17,8 +17,8 @@ from crossover.errors import UserError
 from crossover.loadgen.analysis.benchjson import BenchOptions, read_bench_results, requests_frame
 from crossover.loadgen.analysis.report import Crossover
 from crossover.loadgen.analysis.results import load_run
-from crossover.realvllm import vllm_available, vllm_python
 from crossover.spec import FleetSpec, load_spec, parse_spec
+from devkit.realvllm import vllm_available, vllm_python
 from tests.helpers import SPECS, require, word_tokenizer
 from tests.loadgen.loadgen_fake_server import Behaviour, fake_fleet
 

@@ -17,7 +17,7 @@ from crossover.loadgen.analysis.summary import input_len_off, level_warnings, su
 from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist, Mode, SweepPlan
 from crossover.loadgen.traffic.dataset import prepare_workload, requests
 from crossover.loadgen.traffic.tokens import LocalTokenizer, ServerTokenizer, open_tokenizer
-from crossover.realvllm import make_tiny_model
+from devkit.realvllm import make_tiny_model
 from tests.faults.faults_servers import serving
 from tests.helpers import SPECS, word_tokenizer
 from tests.loadgen.loadgen_fake_server import FakeServer

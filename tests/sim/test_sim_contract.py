@@ -8,10 +8,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover import catalog
-from crossover.contract import check_metrics_contract
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import running_fleet, with_overrides
 from crossover.spec import load_spec
+from devkit.contract import check_metrics_contract
 from tests.helpers import FIXTURES, SPECS
 from tests.outcomes import MEASURED, cut_stream, increase
 from tests.sim.sim_client import get_text, post_json, stream

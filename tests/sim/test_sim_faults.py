@@ -14,10 +14,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover import catalog
-from crossover.contract import check_metrics_contract
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import SimFleet, running_fleet
 from crossover.spec import Fault, FleetSpec, load_spec
+from devkit.contract import check_metrics_contract
 from tests.helpers import SPECS
 from tests.sim.sim_client import get_json, get_text, post_json, stream, stream_timed
 

@@ -13,7 +13,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover import catalog
-from crossover.contract import check_metrics_contract
 from crossover.exporter.service import Exporter
 from crossover.loadgen.traffic.sse import MAX_PENDING_BYTES
 from crossover.netutil import spec_on_free_ports
@@ -21,6 +20,7 @@ from crossover.pdproxy.proxy import _Stream
 from crossover.sim.fleet import SimFleet, running_fleet
 from crossover.sim.model import PerfModel
 from crossover.spec import Fault, FleetSpec, load_spec
+from devkit.contract import check_metrics_contract
 from tests.helpers import SPECS
 from tests.sim.sim_client import get_text, post_json, stream, stream_timed
 

@@ -10,7 +10,7 @@ from tests.helpers import REPO
 # A vLLM metric name in source: `vllm:` followed by a snake_case identifier.
 VLLM_NAME = re.compile(r"vllm:[a-z][a-z0-9_]+")
 SOURCE_DIRS = ("crossover", "exporter", "rules", "dashboards", "app", "sim", "loadgen", "benchmarks",
-               "scripts", "tests")
+               "scripts", "tests", "devkit")
 
 
 def test_no_module_but_the_catalog_spells_a_vllm_metric_name() -> None:
