@@ -10,9 +10,8 @@ classic Prometheus histogram does. Order does not matter (they are sorted here).
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from crossover.slo import boundary_index
@@ -56,23 +55,6 @@ def prepare(buckets: Iterable[Bucket]) -> Prepared | None:
         elif count < highest:
             counts[i] = highest
     return Prepared(tuple(bounds), tuple(counts))
-
-
-def prepare_sorted(bounds: Sequence[float], counts: Sequence[float]) -> Prepared | None:
-    """`prepare` for buckets already sorted by distinct bounds (the exporter's own sums)."""
-    if len(bounds) < 2 or bounds[-1] != INF:
-        return None
-    total = sum(counts)
-    if total == total:  # no NaN: the running maximum, in C (equal values keep the earlier one)
-        return Prepared(tuple(bounds), tuple(itertools.accumulate(counts, max)))
-    monotonic = list(counts)
-    highest = -INF
-    for i, count in enumerate(monotonic):
-        if count > highest:
-            highest = count
-        elif count < highest:
-            monotonic[i] = highest
-    return Prepared(tuple(bounds), tuple(monotonic))
 
 
 def _bound(bucket: Bucket) -> float:

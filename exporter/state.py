@@ -16,14 +16,13 @@ from typing import Any
 
 from crossover.exporter.derive import (
     Derived,
-    WindowBatch,
     WindowSums,
+    derive_many,
     derive_sums,
     exposes_requests,
-    layout_of,
-    merge,
+    merge_rows,
     user_facing,
-    window_sums,
+    window_rows,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
 from crossover.exporter.window import History, SeriesWindow
@@ -118,55 +117,48 @@ def slos_seconds(spec: FleetSpec) -> dict[str, float]:
     return {name: ms / 1000.0 for name, ms in spec.slos.thresholds_ms.items()}
 
 
+_Ticket = tuple[int, int]  # (what was asked for, its row)
+# A view to build: topology, role, instance, GPUs, and its ticket per window.
+_Wanted = tuple[str, str | None, str | None, int, dict[str, _Ticket]]
+
+
 class _WindowDerivation:
-    """Every group's figures over one window. Targets whose windows share one layout (a
-    homogeneous fleet) are reduced and derived together, as a WindowBatch; a group whose targets
-    with a window all sit in one batch is summed from the batch's rows. Other targets take the
-    per-target path (window_sums, merge). Both give the same numbers."""
+    """Every group's figures over one window. Targets whose windows share one keys tuple (a
+    homogeneous fleet) are reduced together, one row each (window_rows); groups are merged from
+    those rows, once however many views read them; and every figure asked for (`want`) is derived
+    at once (`derive`), one call per shape of WindowSums (derive_many)."""
 
     def __init__(self, health: Sequence[TargetHealth], now: float, seconds: float,
                  slos: Mapping[str, float]) -> None:
         self.seconds = seconds
         self.slos = slos
-        self.windows: dict[tuple[str, str], SeriesWindow | None] = {
-            record.target.key: record.history.window(now, seconds) for record in health}
-        self._sums: dict[tuple[str, str], WindowSums] = {}
+        self._wanted: list[tuple[WindowSums, list[int]]] = []
+        self._derived: list[list[Derived]] = []
         self._group_sums: dict[tuple[tuple[str, str], ...], WindowSums] = {}
-        self.rows: dict[tuple[str, str], tuple[WindowBatch, int]] = {}
-        self.instances: dict[tuple[str, str], Derived] = {}
-        layouts: dict[int, list[TargetHealth]] = {}
+        self._rows: dict[tuple[str, str], tuple[WindowSums, int]] = {}
+        self._instances: dict[tuple[str, str], _Ticket] = {}
+        together: dict[int, list[tuple[Target, SeriesWindow]]] = {}
         for record in health:
-            window = self.windows[record.target.key]
-            if window is not None and window.complete:
-                layouts.setdefault(id(window.keys), []).append(record)
-        for records in layouts.values():
-            if len(records) < 2:
-                continue
-            windows = [self.windows[r.target.key] for r in records]
-            complete = [w for w in windows if w is not None]
-            layout = layout_of(complete[0].keys)
-            if not WindowBatch.usable(complete, layout):
-                continue
-            batch = WindowBatch(complete, layout)
-            derived = batch.derive_rows([r.target.gpus for r in records], slos_seconds=slos,
-                                        window_seconds=seconds)
-            for row, (record, figures) in enumerate(zip(records, derived, strict=True)):
-                self.rows[record.target.key] = (batch, row)
-                self.instances[record.target.key] = figures
+            window = record.history.window(now, seconds)
+            if window is not None:  # a window whose series came or went reduces alone
+                key = id(window.keys) if window.complete else id(window)
+                together.setdefault(key, []).append((record.target, window))
+        for members in together.values():
+            sums = window_rows([window for _, window in members])
+            wanted = len(self._wanted)
+            self._wanted.append((sums, [target.gpus for target, _ in members]))
+            for row, (target, _) in enumerate(members):
+                self._rows[target.key] = (sums, row)
+                self._instances[target.key] = (wanted, row)
 
-    def _target_sums(self, key: tuple[str, str]) -> WindowSums:
-        sums = self._sums.get(key)
-        if sums is None:
-            window = self.windows[key]
-            sums = self._sums[key] = window_sums(window) if window is not None else WindowSums()
-        return sums
+    def want(self, sums: WindowSums, gpus: int) -> _Ticket:
+        """Ask for one group's figures (read them with `figures` after `derive`)."""
+        self._wanted.append((sums, [gpus]))
+        return len(self._wanted) - 1, 0
 
-    def instance(self, target: Target) -> Derived:
-        found = self.instances.get(target.key)
-        if found is not None:
-            return found
-        return derive_sums(self._target_sums(target.key), gpus=target.gpus, slos_seconds=self.slos,
-                           window_seconds=self.seconds)
+    def instance(self, target: Target) -> _Ticket:
+        found = self._instances.get(target.key)
+        return found if found is not None else self.want(WindowSums(), target.gpus)
 
     def sums(self, members: Sequence[Target]) -> WindowSums:
         """The members' window, merged once however many groups read it (a P/D topology's figures
@@ -174,40 +166,39 @@ class _WindowDerivation:
         key = tuple(t.key for t in members)
         sums = self._group_sums.get(key)
         if sums is None:
-            sums = self._group_sums[key] = self._merged(members)
+            # The members' rows in member order, a run of rows of one WindowSums picked at once.
+            picks: list[tuple[WindowSums, list[int]]] = []
+            for target in members:
+                placed = self._rows.get(target.key)
+                if placed is None:
+                    continue
+                if picks and picks[-1][0] is placed[0]:
+                    picks[-1][1].append(placed[1])
+                else:
+                    picks.append((placed[0], [placed[1]]))
+            sums = self._group_sums[key] = merge_rows(picks)
         return sums
 
-    def _merged(self, members: Sequence[Target]) -> WindowSums:
-        if not members:
-            return WindowSums()
-        present = [t for t in members if self.windows[t.key] is not None]
-        placed = [self.rows.get(t.key) for t in present]
-        batch = placed[0][0] if placed and placed[0] is not None else None
-        if batch is not None and all(p is not None and p[0] is batch for p in placed):
-            return batch.sums([p[1] for p in placed if p is not None])
-        return merge(self._target_sums(t.key) for t in members)
+    def derive(self) -> None:
+        self._derived = derive_many(self._wanted, slos_seconds=self.slos, window_seconds=self.seconds)
 
-    def group(self, members: Sequence[Target], gpus: int) -> Derived:
-        return derive_sums(self.sums(members), gpus=gpus, slos_seconds=self.slos, window_seconds=self.seconds)
-
-    def topology(self, members: Sequence[Target], gpus: int) -> tuple[Derived, bool]:
-        return topology_figures(members, self.sums, gpus=gpus, slos_seconds=self.slos,
-                                window_seconds=self.seconds)
+    def figures(self, ticket: _Ticket) -> Derived:
+        return self._derived[ticket[0]][ticket[1]]
 
 
-def topology_figures(members: Sequence[Target], sums_of: Callable[[Sequence[Target]], WindowSums], *,
-                     gpus: int, slos_seconds: Mapping[str, float],
-                     window_seconds: float) -> tuple[Derived, bool]:
-    """A topology as its users see it (derive.user_facing) from `sums_of` its members' groups; True
-    when an entrypoint target has a window but none of the request families (the decode side is
-    used instead)."""
+def topology_sums(members: Sequence[Target], sums_of: Callable[[Sequence[Target]], WindowSums]
+                  ) -> tuple[WindowSums, str, bool]:
+    """A topology as its users see it (derive.user_facing) from `sums_of` its members' groups: its
+    sums, where its request figures come from (crossover.spec.REQUEST_SOURCES), and True when an
+    entrypoint target has a window but none of the request families (the decode side is used
+    instead)."""
     by_role: dict[str, list[Target]] = {}
     for target in members:
         by_role.setdefault(target.role, []).append(target)
     entry = sums_of(by_role.get(ENTRYPOINT_ROLE, []))
     instances = sums_of([t for t in members if t.role != ENTRYPOINT_ROLE])
     counted = exposes_requests(entry)
-    silent = entry.targets > 0 and not counted
+    silent = bool(entry.targets.any()) and not counted
     source = requests_source(entrypoint_counts=counted, has_decode=Role.DECODE.value in by_role)
     sums = instances
     if source != "instances" or ENTRYPOINT_ROLE in by_role:
@@ -215,54 +206,76 @@ def topology_figures(members: Sequence[Target], sums_of: Callable[[Sequence[Targ
         prefill = sums_of(by_role[Role.PREFILL.value]) if Role.PREFILL.value in by_role else instances
         sources = {"entrypoint": [entry, decode], "decode": [decode], "instances": [instances]}[source]
         sums = user_facing(instances, sources, decode, prefill)
+    return sums, source, silent
+
+
+def topology_figures(members: Sequence[Target], sums_of: Callable[[Sequence[Target]], WindowSums], *,
+                     gpus: int, slos_seconds: Mapping[str, float],
+                     window_seconds: float) -> tuple[Derived, bool]:
+    """The figures of topology_sums, and whether the entrypoint fell back (see there)."""
+    sums, source, silent = topology_sums(members, sums_of)
     derived = derive_sums(sums, gpus=gpus, slos_seconds=slos_seconds, window_seconds=window_seconds)
     return dataclasses.replace(derived, requests_source=source), silent
 
 
 def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, *,
                    cycle_seconds: float = 0.0, spec_reloads: Mapping[str, int] | None = None) -> Snapshot:
-    """Derive every group over every window from the targets' histories, as of `now`."""
+    """Derive every group over every window from the targets' histories, as of `now`: every view's
+    figures are asked for first, then derived at once per window."""
     windows = window_names(spec)
     slos = slos_seconds(spec)
     derivations = {name: _WindowDerivation(health, now, seconds, slos) for name, seconds in windows.items()}
 
-    def group(members: Sequence[Target], topology: str, role: str | None, instance: str | None) -> GroupView:
+    def group(members: Sequence[Target], topology: str, role: str | None) -> _Wanted:
         gpus = sum(t.gpus for t in members)
-        if instance is not None:
-            derived = {name: d.instance(members[0]) for name, d in derivations.items()}
-        else:
-            derived = {name: d.group(members, gpus) for name, d in derivations.items()}
-        return GroupView(topology, role, instance, gpus, derived)
+        return topology, role, None, gpus, {name: d.want(d.sums(members), gpus)
+                                            for name, d in derivations.items()}
 
     targets = [record.target for record in health]
-    topologies: list[GroupView] = []
-    roles: list[GroupView] = []
-    instances: list[GroupView] = []
+    topologies: list[tuple[_Wanted, dict[str, str]]] = []
+    roles: list[_Wanted] = []
+    instances: list[_Wanted] = []
     silent: list[str] = []
     for topology in spec.topologies:
         members = [t for t in targets if t.topology == topology.name]
         if not members:
             continue
         gpus = sum(t.gpus for t in members)
-        figures: dict[str, Derived] = {}
+        tickets: dict[str, _Ticket] = {}
+        sources: dict[str, str] = {}
         for name, derivation in derivations.items():
-            figures[name], fell_back = derivation.topology(members, gpus)
+            sums, sources[name], fell_back = topology_sums(members, derivation.sums)
+            tickets[name] = derivation.want(sums, gpus)
             if fell_back and topology.name not in silent:
                 silent.append(topology.name)
-        topologies.append(GroupView(topology.name, None, None, gpus, figures))
+        topologies.append(((topology.name, None, None, gpus, tickets), sources))
         present_roles = sorted({t.role for t in members})
         if present_roles != ["colocated"]:
             for role in present_roles:
-                roles.append(group([t for t in members if t.role == role], topology.name, role, None))
+                roles.append(group([t for t in members if t.role == role], topology.name, role))
         for target in members:
-            instances.append(group([target], topology.name, target.role, target.instance))
+            instances.append((topology.name, target.role, target.instance, target.gpus,
+                              {name: d.instance(target) for name, d in derivations.items()}))
+    for derivation in derivations.values():
+        derivation.derive()
+
+    def view(wanted: _Wanted, sources: Mapping[str, str] | None = None) -> GroupView:
+        topology, role, instance, gpus, tickets = wanted
+        figures = {name: derivations[name].figures(ticket) for name, ticket in tickets.items()}
+        if sources is not None:
+            figures = {name: dataclasses.replace(figures[name], requests_source=source)
+                       for name, source in sources.items()}
+        return GroupView(topology, role, instance, gpus, figures)
+
     views = tuple(
         TargetView(r.target.topology, r.target.instance, r.target.role, r.target.metrics_url, r.target.gpus,
                    r.up, r.scrapes, r.last_duration, r.last_success, r.body_bytes,
                    {reason: r.errors.get(reason, 0) for reason in ERROR_REASONS}, r.last_error)
         for r in health)
-    return Snapshot(now, spec.scrape.interval_seconds, windows, slos, views, tuple(topologies), tuple(roles),
-                    tuple(instances), cycle_seconds, dict(spec_reloads or {}), tuple(silent))
+    return Snapshot(now, spec.scrape.interval_seconds, windows, slos, views,
+                    tuple(view(wanted, sources) for wanted, sources in topologies),
+                    tuple(view(wanted) for wanted in roles), tuple(view(wanted) for wanted in instances),
+                    cycle_seconds, dict(spec_reloads or {}), tuple(silent))
 
 
 # --- JSON --------------------------------------------------------------------------------------------

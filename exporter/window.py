@@ -66,7 +66,7 @@ _KEYS: dict[tuple[SeriesKey, ...], tuple[SeriesKey, ...]] = {}
 def intern_keys(keys: tuple[SeriesKey, ...]) -> tuple[SeriesKey, ...]:
     """One shared tuple per series layout, across targets: targets of a homogeneous fleet then
     share their per-layout caches (derivation layouts, counter masks) and the tuple's memory.
-    Called only when a target's layout changes."""
+    Called only when a target's layout changes, and for a window whose series came or went."""
     found = _KEYS.get(keys)
     if found is None:
         if len(_KEYS) > 4096:
@@ -192,7 +192,7 @@ def _mixed_window(chosen: Sequence[Scrape]) -> SeriesWindow:
     for scrape in chosen:
         for key, value in zip(scrape.keys, scrape.values.tolist(), strict=True):
             history.setdefault(key, []).append(value)
-    keys = tuple(history)
+    keys = intern_keys(tuple(history))
     size = len(keys)
     increases, last, highest, mean = (np.zeros(size) for _ in range(4))
     counted = np.zeros(size, dtype=bool)

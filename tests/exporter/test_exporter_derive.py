@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 
@@ -12,9 +13,9 @@ from hypothesis import strategies as st
 
 from crossover import catalog
 from crossover.exporter import state
-from crossover.exporter.derive import WindowBatch, derive, merge, window_sums
+from crossover.exporter.derive import derive, derive_rows, merge, window_rows, window_sums
 from crossover.exporter.parse import ParsedSeries, Parser, SeriesKey
-from crossover.exporter.quantile import histogram_quantile
+from crossover.exporter.quantile import bucket_fraction, histogram_quantile
 from crossover.exporter.state import (
     TargetHealth,
     build_snapshot,
@@ -23,6 +24,7 @@ from crossover.exporter.state import (
     window_names,
 )
 from crossover.exporter.window import History, SeriesWindow, counter_increase, is_cumulative, window_of
+from crossover.slo import quantile_label
 from crossover.spec import FleetSpec, load_spec, spec_targets
 from tests.helpers import FIXTURES, SPECS
 
@@ -162,7 +164,8 @@ def test_group_sums_buckets_before_taking_quantiles_and_ratios():
     assert derived.goodput_tokens_per_second_lower == pytest.approx(150 * 0.25)
     assert derived.goodput_tokens_per_second_upper == pytest.approx(150 * 0.5)
     assert derived.preemptions_per_second == 0.0
-    assert derived.targets == 2
+    assert derived.targets == 2 and type(derived.targets) is int
+    assert type(derived.generation_tokens_per_second) is float  # plain floats, not numpy's, in every Derived
 
 
 def _failing(ttft: dict[float, float], tpot: dict[float, float], errors: float, cut: float, rejected: float,
@@ -283,6 +286,86 @@ def test_kv_transfer_from_the_nixl_families():
     assert kv.failures_per_second == pytest.approx(0.1)
 
 
+def test_buckets_of_different_layouts_are_summed_by_le():
+    """A target started with other buckets: the group's buckets are the union of the bounds, each
+    summing the targets that have it, as PromQL's sum by (le) does."""
+    a = _window(_histogram(catalog.TTFT.name, {0.1: 2.0, 0.5: 6.0, INF: 8.0}, total=2.0))
+    b = _window(_histogram(catalog.TTFT.name, {0.1: 1.0, 1.0: 3.0, INF: 4.0}, total=1.0))
+    derived = derive([a, b], gpus=2, slos_seconds={"ttft": 1.0}, window_seconds=10)
+    summed = [(0.1, 3.0), (0.5, 6.0), (1.0, 3.0), (INF, 12.0)]
+    for q, label in ((0.5, "0.5"), (0.9, "0.9"), (0.99, "0.99")):
+        assert derived.latency["ttft"].quantiles[label] == histogram_quantile(q, summed), q
+    assert derived.latency["ttft"].observations == 12.0 and derived.latency["ttft"].mean == 3.0 / 12.0
+    fraction = bucket_fraction(1.0, summed, 12.0)
+    assert derived.attainment["ttft"].ratio == fraction.value and derived.attainment["ttft"].exact
+
+
+_BOUNDS = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 10.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 50), min_size=len(_BOUNDS) + 1, max_size=len(_BOUNDS) + 1),
+                          st.booleans()), min_size=1, max_size=6),
+       st.lists(st.sampled_from(_BOUNDS), min_size=2, max_size=len(_BOUNDS), unique=True),
+       st.one_of(st.sampled_from(_BOUNDS), st.floats(0.0005, 20.0)))
+def test_rows_give_prometheus_histogram_quantile_and_bucket_fraction(rows, bounds, threshold):
+    """Several targets reduced and derived at once: each row's quantiles, mean and SLO share are
+    what quantile.py (Prometheus's histogram_quantile, checked against a real Prometheus in
+    test_exporter_prometheus.py) computes from that row's buckets alone; buckets out of order (a
+    lower bound counting more) and rows without observations included."""
+    kept = sorted(bounds)
+    windows, expected = [], []
+    for per_bucket, out_of_order in rows:
+        cumulative = dict(zip((*kept, INF), itertools.accumulate(per_bucket), strict=False))
+        cumulative[INF] = sum(per_bucket)
+        if out_of_order and len(kept) > 1:
+            cumulative[kept[0]] = cumulative[kept[1]] + 3.0
+        windows.append(_window(_histogram(catalog.TTFT.name, cumulative, total=0.3 * cumulative[INF])))
+        expected.append(sorted(cumulative.items()))
+    assert all(w.keys is windows[0].keys for w in windows)  # one layout: reduced as one batch
+    derived = derive_rows(window_rows(windows), [1] * len(windows), slos_seconds={"ttft": threshold},
+                          window_seconds=10)
+    for figures, buckets in zip(derived, expected, strict=True):
+        latency = figures.latency["ttft"]
+        for q in (0.5, 0.9, 0.99):
+            assert _plain(latency.quantiles[quantile_label(q)]) == _plain(histogram_quantile(q, buckets))
+        count = buckets[-1][1]
+        assert _plain(latency.mean) == _plain(0.3 * count / count if count else math.nan)
+        fraction = bucket_fraction(threshold, buckets, count)
+        attainment = figures.attainment["ttft"]  # no finished_reason: the histogram's share alone
+        assert (_plain(attainment.ratio), attainment.exact) == (_plain(fraction.value), fraction.exact)
+
+
+def test_a_row_is_derived_as_it_would_be_alone():
+    """A target's figures do not depend on the targets derived beside it, NaN and infinite values
+    included (each is a row: nothing is reduced across rows)."""
+    payloads = _real_payloads()
+    windows = []
+    for index in range(4):
+        history = History(keep_seconds=60)
+        for step, base in enumerate(payloads):
+            values = [v * (step + 1) * (index + 1) if is_cumulative(k[0]) else v
+                      for k, v in zip(base.keys, base.values, strict=True)]
+            if index == 1 and step == 2:  # NaN buckets and a NaN gauge
+                nan = (catalog.TTFT.name + "_bucket", catalog.KV_CACHE_USAGE.name)
+                values = [math.nan if k[0] in nan else v for k, v in zip(base.keys, values, strict=True)]
+            if index == 2 and step == 2:  # an infinite counter
+                values = [INF if k[0] == catalog.GENERATION_TOKENS.name + "_total" else v
+                          for k, v in zip(base.keys, values, strict=True)]
+            history.add(step * 5.0, ParsedSeries(base.keys, values))
+        window = history.window(10.0, 60.0)
+        assert window is not None and window.complete
+        windows.append(window)
+    slos = {"ttft": 0.5, "tpot": 0.05, "itl": 0.05}
+    together = derive_rows(window_rows(windows), [1, 2, 3, 4], slos_seconds=slos, window_seconds=60)
+    alone = [derive([w], gpus=i + 1, slos_seconds=slos, window_seconds=60) for i, w in enumerate(windows)]
+    assert _plain(together) == _plain(alone)
+    assert math.isnan(together[1].latency["ttft"].quantiles["0.5"])
+    assert together[1].kv_cache_usage_max is not None and math.isnan(together[1].kv_cache_usage_max)
+    assert together[2].generation_tokens_per_second == INF
+    assert all(math.isfinite(v) for v in together[0].latency["ttft"].quantiles.values())
+
+
 def _real_window() -> SeriesWindow:
     parser = Parser()
     history = History(keep_seconds=60)
@@ -332,7 +415,7 @@ def test_window_increase_equals_prometheus_reset_semantics(values, span):
         assert window is not None and window.increase[key] == counter_increase([float(v) for v in chosen])
 
 
-# --- many targets at once (WindowBatch) against the per-target path ---------------------------------------
+# --- many rows at once against one target or group at a time, and against quantile.py ------------------
 def _plain(value: object) -> object:
     """Derived as nested plain data, NaN comparable."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -353,10 +436,16 @@ def _real_payloads() -> list[ParsedSeries]:
             for n in ("idle", "under-load", "after-requests")]
 
 
+_NIXL = {**_histogram(catalog.NIXL_XFER_TIME.name, {0.01: 2.0, 0.1: 9.0, INF: 10.0}, total=0.4),
+         **_histogram(catalog.NIXL_BYTES.name, {2.0**21: 4.0, 2.0**23: 10.0, INF: 10.0}, total=4e7),
+         (catalog.NIXL_FAILED_TRANSFERS.name + "_total", ENGINE): 1.0}
+
+
 def _fleet_histories(seed: int) -> tuple[FleetSpec, list[TargetHealth], float]:
     """Two topologies of real vLLM payloads with per-target and per-series scaling (buckets out of
-    order, ranks in the +Inf bucket), a reset, a target with a short history and one with its own
-    layout (a missing finished_reason); twelve targets a topology so that the order of sums shows."""
+    order, ranks in the +Inf bucket), a reset, a target with a short history, one with its own
+    layout (a missing finished_reason) and four with NIXL families (a layout of their own, with the
+    KV-transfer figures); twelve targets a topology so that the order of sums shows."""
     rng = random.Random(seed)
     spec = load_spec(SPECS / "seed-70b-h100.yaml").model_dump(mode="json")
     spec["topologies"] = [
@@ -380,12 +469,18 @@ def _fleet_histories(seed: int) -> tuple[FleetSpec, list[TargetHealth], float]:
             if index == 6:  # its own layout: one finished_reason series fewer
                 keep = [i for i, k in enumerate(keys) if dict(k[1]).get("finished_reason") != "abort"]
                 keys, values = tuple(keys[i] for i in keep), [values[i] for i in keep]
+            if index >= 20:
+                keys, values = (*keys, *_NIXL), [*values, *(v * grow for v in _NIXL.values())]
             record.history.add(step * 5.0, ParsedSeries(keys, values))
     return fleet, health, 55.0
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_batched_derivation_gives_the_per_target_numbers_exactly(seed):
+    """The snapshot reduces targets of one layout together, sums groups from their rows and derives
+    groups of one shape together; each figure must be what deriving the group's windows on their
+    own gives. The arithmetic is one (derive_rows), so this checks the grouping: which rows go
+    into which figure, in which order."""
     spec, health, now = _fleet_histories(seed)
     snapshot = build_snapshot(spec, health, now)
     slos = slos_seconds(spec)
@@ -402,6 +497,8 @@ def test_batched_derivation_gives_the_per_target_numbers_exactly(seed):
             if view.instance is None:  # a colocated topology's requests come from its instances
                 expected = dataclasses.replace(expected, requests_source="instances")
             assert _plain(derived) == _plain(expected), (view.topology, view.instance, name)
+            assert (derived.kv_transfer is not None) == (view.topology == "t1" and view.instance in (
+                None, "i1-8", "i1-9", "i1-10", "i1-11"))
             batched += 1
     assert batched == 2 * (2 + 24)
 
@@ -432,19 +529,14 @@ def test_a_pd_topology_merges_each_role_once_per_window(monkeypatch):
     decode and all instances are merged once per window, and the figures are those of merging
     each group afresh."""
     spec, health, now = _pd_histories()
-    merges: list[str] = []
-    batch_sums, plain_merge = WindowBatch.sums, state.merge
+    merges: list[int] = []
+    merge_rows = state.merge_rows
 
-    def counted_batch(batch, rows):
-        merges.append("batch")
-        return batch_sums(batch, rows)
+    def counted(picks):
+        merges.append(len(picks))
+        return merge_rows(picks)
 
-    def counted_plain(parts):
-        merges.append("plain")
-        return plain_merge(parts)
-
-    monkeypatch.setattr(WindowBatch, "sums", counted_batch)
-    monkeypatch.setattr(state, "merge", counted_plain)
+    monkeypatch.setattr(state, "merge_rows", counted)
     snapshot = build_snapshot(spec, health, now)
     windows = window_names(spec)
     assert len(merges) == 4 * len(windows)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 from typing import Any
 
@@ -16,10 +15,12 @@ import pytest
 from aiohttp import web
 
 from crossover import catalog
-from crossover.exporter.derive import WindowSums, _Histogram, merge, user_facing
+from crossover.exporter.derive import WindowSums, merge, user_facing, window_sums
+from crossover.exporter.parse import SeriesKey
 from crossover.exporter.service import Exporter
 from crossover.exporter.state import GroupView
 from crossover.exporter.targets import parse_file_sd
+from crossover.exporter.window import History
 from crossover.netutil import free_port, spec_on_free_ports
 from crossover.sim import fleet as sim_fleet
 from crossover.spec import FleetSpec, load_spec, spec_targets
@@ -133,20 +134,34 @@ def test_file_sd_names_an_entrypoint_target() -> None:
     assert (entry.topology, entry.gpus, entry.metrics_url) == ("pd1p1d", 0, "http://127.0.0.1:8319/metrics")
 
 
-def test_each_request_family_from_the_first_source_that_has_it() -> None:
-    def histogram(count: float) -> _Histogram:
-        return _Histogram((1.0, math.inf), [count, count], total=count, count=count, has_count=True)
+def _sums(series: dict[SeriesKey, float]) -> WindowSums:
+    """One target whose counters rose by `series` over one second."""
+    history = History(keep_seconds=1.0)
+    history.add(0.0, dict.fromkeys(series, 0.0))
+    history.add(1.0, series)
+    window = history.window(1.0, 1.0)
+    assert window is not None
+    return window_sums(window)
 
-    entry = WindowSums(targets=1, histograms={catalog.TTFT.name: histogram(3.0)})
-    decode = WindowSums(targets=1,
-                        histograms={catalog.TTFT.name: histogram(5.0), catalog.ITL.name: histogram(7.0)},
-                        rates={catalog.REQUEST_SUCCESS.name: 2.0, catalog.GENERATION_TOKENS.name: 9.0},
-                        reason_rates={"length": 2.0})
-    prefill = WindowSums(targets=1, histograms={catalog.TTFT.name: histogram(4.0)},
-                         rates={catalog.REQUEST_SUCCESS.name: 2.0, catalog.PROMPT_TOKENS.name: 8.0,
-                                catalog.GENERATION_TOKENS.name: 1.0}, reason_rates={"length": 2.0})
+
+def _histogram(family: str, count: float) -> dict[SeriesKey, float]:
+    return {(family + "_bucket", (("le", "1.0"),)): count, (family + "_bucket", (("le", "+Inf"),)): count,
+            (family + "_sum", ()): count, (family + "_count", ()): count}
+
+
+def test_each_request_family_from_the_first_source_that_has_it() -> None:
+    success = (catalog.REQUEST_SUCCESS.name + "_total", (("finished_reason", "length"),))
+    generation, prompt = catalog.GENERATION_TOKENS.name + "_total", catalog.PROMPT_TOKENS.name + "_total"
+    entry = _sums(_histogram(catalog.TTFT.name, 3.0))
+    decode = _sums({**_histogram(catalog.TTFT.name, 5.0), **_histogram(catalog.ITL.name, 7.0), success: 2.0,
+                    (generation, ()): 9.0})
+    prefill = _sums({**_histogram(catalog.TTFT.name, 4.0), success: 2.0, (prompt, ()): 8.0,
+                     (generation, ()): 1.0})
     out = user_facing(merge([prefill, decode]), [entry, decode], decode, prefill)
-    assert out.histograms[catalog.TTFT.name].count == 3.0  # the entrypoint's
-    assert out.histograms[catalog.ITL.name].count == 7.0  # the entrypoint lacks it: the decode role's
-    assert out.rates[catalog.REQUEST_SUCCESS.name] == 2.0 and out.reason_rates == {"length": 2.0}
-    assert out.rates[catalog.GENERATION_TOKENS.name] == 9.0 and out.rates[catalog.PROMPT_TOKENS.name] == 8.0
+    assert out.histograms[catalog.TTFT.name].count.tolist() == [3.0]  # the entrypoint's
+    assert out.histograms[catalog.ITL.name].count.tolist() == [7.0]  # none at the entrypoint: decode
+    assert out.rates[catalog.REQUEST_SUCCESS.name].tolist() == [2.0]
+    assert {r: v.tolist() for r, v in out.reason_rates.items()} == {"length": [2.0]}
+    assert out.rates[catalog.GENERATION_TOKENS.name].tolist() == [9.0]
+    assert out.rates[catalog.PROMPT_TOKENS.name].tolist() == [8.0]
+    assert out.targets.tolist() == [2.0]  # the instances'
