@@ -1,7 +1,7 @@
 """Adaptive sweep vs the full fixed grid, side by side in one run against the simulator.
 
     python benchmarks/bench_adaptive.py [--preset seed|pd|both] [--time-scale-seed 0.25] [--time-scale-pd 5]
-                                        [--seed 1] [--pd-seconds 400] [--model-seeds N]
+                                        [--seed 1] [--pd-seconds 400] [--model-seeds N] [--smoke]
 
 For each preset the fixed grid runs first; the width of its crossing interval (relative to the
 estimate; the interval spans the bootstrap's and the measured levels either side of the estimate,
@@ -45,6 +45,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -54,6 +55,7 @@ sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from figures import add_smoke_flag, print_figures, skipped  # noqa: E402
 
 from crossover import slo  # noqa: E402
 from crossover.loadgen import sweep as sweep_module  # noqa: E402
@@ -358,6 +360,24 @@ def model_report(rows: list[dict[str, Any]]) -> None:
     print(f"met on {sum(met(r) for r in rows)} of {len(rows)} seeds")
 
 
+def row_figures(row: dict[str, Any]) -> dict[str, Any]:
+    """One preset's figures, for the `figures:` line: each sweep's cost and answer, and the ratios."""
+    x = row["truth"]
+    out: dict[str, Any] = {"truth": x, "target_width": row["target"], "met": int(met(row))}
+    for label in ("grid", "adaptive"):
+        o: Outcome = row[label]
+        i = o.interval
+        found = i.ends(o.levels) if i is not None else None
+        out[label] = {"levels": len(o.levels), "requests": o.requests, "traffic_s": o.traffic_s,
+                      "wall_s": o.wall_s, "crossing": i.x if i else None, "low": i.low if i else None,
+                      "high": i.high if i else None, "width": i.width if i else None,
+                      "truth_inside": int(_inside(i, x) == "yes"),
+                      "bracket_truth_inside": int(found is not None and found[0] <= x <= found[1])}
+    for what in ("requests", "traffic_s", "wall_s"):
+        out[f"{what}_ratio"] = getattr(row["adaptive"], what) / getattr(row["grid"], what)
+    return out
+
+
 def _levels(o: Outcome) -> str:
     return ", ".join(f"{v:g}" + (f" (x{o.repeats[v]})" if o.repeats.get(v, 1) > 1 else "") for v in o.order)
 
@@ -377,21 +397,41 @@ def main() -> int:
                         help="instead of the live runs: the pd preset's two sweeps for N seeds (from "
                              "--seed on) with every level read from the simulator's model at the sweep's "
                              "own send times, and how many seeds meet the goal")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    live = ["seed", "pd"] if args.preset == "both" else [args.preset]
+    if args.smoke:
+        # The seed preset live in real time (4x its default), levels 1, 4, 16 and 64 of 2 rounds, a
+        # 50-resample bootstrap; the P/D preset on the model (--model-seeds 1) with 100-s levels and its
+        # truth from one 300-request arrival sequence. The P/D preset's live crossing is a step of a tail
+        # quantile that a loaded machine's timing noise hides at sizes that run in seconds.
+        global N_BOOT
+        N_BOOT = 50
+        PRESETS["seed"] = replace(PRESETS["seed"], plan=lambda scale: replace(
+            _seed_plan(scale), levels=(1, 4, 16, 64), rounds=2))
+        PRESETS["pd"] = replace(PRESETS["pd"], truth=partial(_pd_truth, requests=300, seeds=1))
+        args.time_scale_seed, args.pd_seconds, args.model_seeds, live = 1.0, 100.0, 1, ["seed"]
+        skipped("the P/D preset live (a 40-minute run): its sweeps run on the model (--model-seeds 1)")
+    elif args.model_seeds:
+        live = []
     if not args.pd_seconds > 0:
         parser.error(f"--pd-seconds: must be a positive number of seconds, got {args.pd_seconds:g}")
     if args.model_seeds < 0:
         parser.error(f"--model-seeds: must be a whole number of at least 0, got {args.model_seeds}")
-    if args.model_seeds:
-        with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
-            model_report([bench("pd", args.time_scale_pd, Path(tmp) / str(seed), seed, args.pd_seconds,
-                                model=True) for seed in range(args.seed, args.seed + args.model_seeds)])
-        return 0
-    names = ["seed", "pd"] if args.preset == "both" else [args.preset]
+    found: dict[str, Any] = {}
     scales = {"seed": args.time_scale_seed, "pd": args.time_scale_pd}
     with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
-        for name in names:
-            report(bench(name, scales[name], Path(tmp) / name, args.seed, args.pd_seconds))
+        for name in live:
+            row = bench(name, scales[name], Path(tmp) / name, args.seed, args.pd_seconds)
+            report(row)
+            found[name] = row_figures(row)
+        if args.model_seeds:
+            rows = [bench("pd", args.time_scale_pd, Path(tmp) / str(seed), seed, args.pd_seconds, model=True)
+                    for seed in range(args.seed, args.seed + args.model_seeds)]
+            model_report(rows)
+            found["pd_model"] = {"seeds": len(rows), "met": sum(met(r) for r in rows),
+                                 "by_seed": {str(r["seed"]): row_figures(r) for r in rows}}
+    print_figures(found)
     return 0
 
 

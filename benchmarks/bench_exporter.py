@@ -7,8 +7,10 @@
    under 1 s) and its peak memory (RSS). Histories are first filled to the longest window (5m, a
    scrape every 5 s), as in a long-running exporter, unless --no-fill.
 
+The fleet is seed-70b-h100.yaml's model at its TP=4, loaded through the spec's own validation.
+
 Run: .venv/bin/python benchmarks/bench_exporter.py [--targets 1000] [--cycles 5] [--gzip] [--no-fill]
-     [--loop auto|uvloop|asyncio]
+     [--loop auto|uvloop|asyncio] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ import sys
 import time
 from pathlib import Path
 
+from figures import add_smoke_flag, print_figures
+
 from crossover.eventloop import loop_factory
 from crossover.exporter.parse import ParsedSeries, Parser
 from crossover.exporter.service import Exporter, client_session, tune_gc
 from crossover.exporter.state import build_snapshot
 from crossover.exporter.window import is_cumulative
 from crossover.netutil import free_port
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import FleetSpec, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -48,7 +52,7 @@ def cpu_best(function, repeat: int, rounds: int = 5) -> float:  # type: ignore[n
     return best
 
 
-def bench_parse() -> list[tuple[str, int, float, float]]:
+def bench_parse(ours_repeat: int = 200, theirs_repeat: int = 10) -> list[tuple[str, int, float, float]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     rows = []
@@ -56,9 +60,10 @@ def bench_parse() -> list[tuple[str, int, float, float]]:
         text = (FIXTURES / f"vllm-0.32.0-{name}.prom").read_text()
         parser = Parser()
         parser.parse(text)  # warm the label and head caches, as in steady state
-        ours = cpu_best(lambda text=text, parser=parser: parser.parse(text), 200)  # the scrape path
+        ours = cpu_best(lambda text=text, parser=parser: parser.parse(text), ours_repeat)  # the scrape path
         theirs = cpu_best(
-            lambda text=text: [s for f in text_string_to_metric_families(text) for s in f.samples], 10)
+            lambda text=text: [s for f in text_string_to_metric_families(text) for s in f.samples],
+            theirs_repeat)
         rows.append((name, len(text), ours, theirs))
     return rows
 
@@ -88,19 +93,23 @@ def _serve(port: int, payload: bytes, compress: bool, ready: multiprocessing.syn
 
 
 def fleet_spec(port: int, targets: int, per_topology: int = 100) -> FleetSpec:
-    data = load_spec(REPO / "compose" / "specs" / "seed-70b-h100.yaml").model_dump(mode="json")
+    """The seed spec's model (70B) at its first topology's TP (4, which fits an H100), `targets`
+    instances in topologies of `per_topology`, validated as `crossover validate` would."""
+    seed = REPO / "compose" / "specs" / "seed-70b-h100.yaml"
+    data = load_spec(seed).model_dump(mode="json")
+    tp = data["topologies"][0]["tensor_parallel_size"]
     topologies = []
     for start in range(0, targets, per_topology):
         count = min(per_topology, targets - start)
         topologies.append({
-            "name": f"t{start // per_topology}", "gpus": count, "tensor_parallel_size": 1,
+            "name": f"t{start // per_topology}", "gpus": tp * count, "tensor_parallel_size": tp,
             "instances": [{"name": f"i{i}", "url": f"http://127.0.0.1:{port}/t{i}"}
                           for i in range(start, start + count)]})
     data["topologies"] = topologies
     # A generous timeout: this measures the exporter's CPU, not how fast one shared machine serves
     # 50 MB a cycle (cycles are driven back to back with a simulated 5 s clock).
     data["scrape"].update({"interval": "60s", "timeout": "60s", "windows": ["1m", "5m"]})
-    return FleetSpec.model_validate(data)
+    return parse_spec(data, f"bench_exporter's fleet ({seed.name}, {targets} targets)")
 
 
 def fill_histories(exporter: Exporter, payload: bytes, first_cycle: float, step: float = 5.0) -> int:
@@ -142,8 +151,8 @@ async def _cycles(spec: FleetSpec, cycles: int,
     return cpu, wall, up, time.process_time() - started_cpu
 
 
-def bench_cycle(targets: int, cycles: int, compress: bool, loop: str = "auto",
-                fill: bool = True) -> tuple[list[float], list[float], int, float, float]:
+def bench_cycle(targets: int, cycles: int, compress: bool, loop: str = "auto", fill: bool = True,
+                per_topology: int = 100) -> tuple[list[float], list[float], int, float, float]:
     payload = (FIXTURES / "vllm-0.32.0-after-requests.prom").read_bytes()
     port = free_port()
     ready = multiprocessing.Event()
@@ -153,7 +162,7 @@ def bench_cycle(targets: int, cycles: int, compress: bool, loop: str = "auto",
         if not ready.wait(30):
             raise SystemExit("benchmark server did not start")
         with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
-            cpu, wall, up, derive_cpu = runner.run(_cycles(fleet_spec(port, targets), cycles,
+            cpu, wall, up, derive_cpu = runner.run(_cycles(fleet_spec(port, targets, per_topology), cycles,
                                                            payload if fill else None))
     finally:
         server.terminate()
@@ -171,20 +180,24 @@ def main() -> int:
                         help="start with empty histories (windows then hold only the few measured cycles)")
     parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                         help="the exporter's event loop (auto: uvloop when installed, like the exporter)")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:  # 20 targets in 2 topologies, one measured cycle, parse rounds of a few calls
+        args.targets, args.cycles = 20, 1
+    repeats = (20, 2) if args.smoke else (200, 10)
     logging.getLogger("crossover.exporter").setLevel(logging.ERROR)
 
     print("Parse, CPU per payload (best of 5 rounds):")
     print(f"  {'payload':<16} {'bytes':>7} {'exporter ms':>12} {'prometheus_client ms':>21} {'ratio':>7}")
     ratios = []
-    for name, size, ours, theirs in bench_parse():
+    for name, size, ours, theirs in bench_parse(*repeats):
         ratios.append(theirs / ours)
         print(f"  {name:<16} {size:>7} {ours * 1e3:>12.3f} {theirs * 1e3:>21.2f} {theirs / ours:>6.1f}x")
     print(f"  slowest ratio {min(ratios):.1f}x (target >= 10x)")
 
     size = (FIXTURES / "vllm-0.32.0-after-requests.prom").stat().st_size
     cpu, wall, up, derive_cpu, peak = bench_cycle(args.targets, args.cycles, args.gzip, args.loop,
-                                                  not args.no_fill)
+                                                  not args.no_fill, per_topology=10 if args.smoke else 100)
     history = "empty histories" if args.no_fill else "histories filled to the 5m window"
     print(f"Cycle over {args.targets} targets of {size / 1024:.0f} KB ({'gzip' if args.gzip else 'plain'}, "
           f"{args.loop} event loop, {history}), "
@@ -194,6 +207,10 @@ def main() -> int:
     print(f"  wall per cycle: median {statistics.median(wall):.3f} s")
     print(f"  targets up: {up}/{args.targets}")
     print(f"  peak RSS of the exporter process: {peak:.0f} MiB")
+    print_figures({"parse_ratio_min": min(ratios), "targets": args.targets, "targets_up": up,
+                   "cycle_cpu_s": statistics.median(cpu), "cycle_cpu_max_s": max(cpu),
+                   "derive_cpu_s": derive_cpu, "cycle_wall_s": statistics.median(wall),
+                   "peak_rss_mib": peak})
     return 0 if min(ratios) >= 10 and statistics.median(cpu) < 1.0 and up == args.targets else 1
 
 

@@ -1,7 +1,7 @@
 """Load generator: client timing accuracy against the simulator's emission record, and SSE events
 per CPU-second, side by side with `vllm bench serve` as a client of the same simulated target.
 
-    python benchmarks/bench_loadgen.py [--streams 512] [--output-len 64] [--vllm-python PATH]
+    python benchmarks/bench_loadgen.py [--streams 512] [--output-len 64] [--vllm-python PATH] [--smoke]
 
 1. Parser: SSE parsing + event decoding alone, events/s on one core.
 2. Our client, closed loop at --streams concurrent streams against `crossover sim` (its own
@@ -31,6 +31,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen and devkit; the package itself as installed
+
+from figures import add_smoke_flag, print_figures, skipped  # noqa: E402
 
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import run_sweep  # noqa: E402
@@ -227,14 +229,18 @@ def main() -> int:
                         help="pin the simulator to this core (and the client, with --client-cpu)")
     parser.add_argument("--client-cpu", type=int, default=None,
                         help="pin this process, the client and `vllm bench serve` to this core")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    parser_events = 100_000
+    if args.smoke:  # 16 streams, two rounds of 16-token requests each way; 10,000 events through the parser
+        args.streams, args.rounds, args.output_len, parser_events = 16, 2.0, 16, 10_000
     if args.client_cpu is not None:
         os.sched_setaffinity(0, {args.client_cpu})
     requests = max(1, int(args.rounds * args.streams))
     figures: dict = {"cores": os.cpu_count(), "streams": args.streams, "requests": requests,
                      "output_len": args.output_len,
                      "loadavg_start": Path("/proc/loadavg").read_text().strip()}
-    figures["parser_events_per_s"] = bench_parser()
+    figures["parser_events_per_s"] = bench_parser(parser_events)
     print(f"parser: {figures['parser_events_per_s']:,.0f} SSE events/s on one core")
     spec = spec_on_free_ports(load_spec(args.spec))
     with tempfile.TemporaryDirectory() as tmp:
@@ -268,12 +274,14 @@ def main() -> int:
                 figures["events_per_cpu_ratio"] = ratio
                 print(f"ratio: crossover client handles {ratio:.2f}x the events per CPU-second of "
                       "vllm bench serve")
-            elif not args.no_vllm:
-                print(f"vllm bench serve: not found at {vllm_python}, side-by-side skipped")
+            else:
+                why = "--no-vllm" if args.no_vllm else f"not found at {vllm_python}"
+                skipped(f"vllm bench serve side by side ({why})")
     figures["loadavg_end"] = Path("/proc/loadavg").read_text().strip()
     print(f"load average: start {figures['loadavg_start']}, end {figures['loadavg_end']}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    print_figures(figures)
     return 0
 
 

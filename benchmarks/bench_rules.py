@@ -1,7 +1,7 @@
 """Rules and dashboards generation, side by side: libyaml's emitter vs PyYAML's pure-Python one
 (the reason render.py prefers CSafeDumper), plus promtool's time on each generated unit test.
 
-    python benchmarks/bench_rules.py [--repeat 3]
+    python benchmarks/bench_rules.py [--repeat 3] [--smoke]
 
 Prints one table; the ratio column is what docs/performance.md records.
 """
@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+
+from figures import add_smoke_flag, print_figures, skipped
 
 from crossover.dashboards.generate import example_outputs as dashboard_outputs
 from crossover.rules import render
@@ -33,7 +35,10 @@ def _best(function: object, repeat: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3)
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:  # one round of each; promtool on the smallest unit test only
+        args.repeat = 1
     files = rule_outputs(REPO)
     size = sum(len(t) for t in files.values())
     fast = _best(lambda: rule_outputs(REPO), args.repeat)
@@ -49,14 +54,28 @@ def main() -> int:
     print(f"  libyaml emitter      {fast:7.2f} s")
     print(f"  pure-Python emitter  {slow:7.2f} s   ratio {slow / fast:.1f}x")
     print(f"dashboards for the same specs: {dashboards:.2f} s")
+    figures: dict[str, object] = {"specs": len(list((REPO / "compose" / "specs").glob("*.yaml"))),
+                                  "files": len(files), "megabytes": size / 1e6, "rules_libyaml_s": fast,
+                                  "rules_pure_python_s": slow, "emitter_ratio": slow / fast,
+                                  "dashboards_s": dashboards}
     promtool = shutil.which("promtool")
+    folders = sorted((REPO / "rules" / "generated").iterdir())
+    if args.smoke:
+        folders = [min(folders, key=lambda folder: (folder / "rules.test.yml").stat().st_size)]
     if promtool:
-        for folder in sorted((REPO / "rules" / "generated").iterdir()):
+        took, failed = {}, 0
+        for folder in folders:
             start = time.perf_counter()
             result = subprocess.run([promtool, "test", "rules", "rules.test.yml"], cwd=folder,
                                     capture_output=True, text=True, check=False)
-            print(f"  promtool test rules {folder.name:16} {time.perf_counter() - start:6.2f} s "
+            took[folder.name] = time.perf_counter() - start
+            failed += result.returncode != 0
+            print(f"  promtool test rules {folder.name:16} {took[folder.name]:6.2f} s "
                   f"{'ok' if result.returncode == 0 else 'FAILED'}")
+        figures.update(promtool_s=took, promtool_failed=failed)
+    else:
+        skipped("promtool test rules (promtool is not installed)")
+    print_figures(figures)
     return 0
 
 

@@ -3,7 +3,7 @@ run: two Prometheus servers scrape the same fake fleet (N loopback targets, each
 vLLM 0.32 payload captured in tests/fixtures, about 52 KB) every 5 s, one with the rules `crossover
 rules` generates for that fleet and one without. Both run at once, so the machine's noise hits both.
 
-    python benchmarks/bench_rules_cost.py [--targets 1000] [--topologies 10] [--seconds 120]
+    python benchmarks/bench_rules_cost.py [--targets 1000] [--topologies 10] [--seconds 120] [--smoke]
 
 Prints each server's process CPU seconds per 5-s scrape cycle over the measured span, their ratio,
 and `prometheus_rule_group_last_duration_seconds` of each rule group with its interval.
@@ -23,12 +23,13 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import yaml
+from figures import add_smoke_flag, print_figures
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import build_rules
 from crossover.rules.prom import PrometheusServer, running_prometheus
-from crossover.spec import FleetSpec, load_spec
+from crossover.spec import FleetSpec, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = REPO / "tests" / "fixtures" / "vllm-0.32.0-after-requests.prom"
@@ -36,8 +37,10 @@ SCRAPE = "5s"
 
 
 def fleet_spec(targets: int, topologies: int, ports: list[int]) -> FleetSpec:
-    """The seed spec's model and SLOs with `targets` instances in `topologies` topologies."""
-    data = load_spec(REPO / "compose" / "specs" / "seed-70b-h100.yaml").model_dump(mode="json")
+    """The seed spec's model and SLOs with `targets` instances in `topologies` topologies, validated as
+    `crossover validate` would."""
+    seed = REPO / "compose" / "specs" / "seed-70b-h100.yaml"
+    data = load_spec(seed).model_dump(mode="json")
     per = targets // topologies
     data["topologies"] = [
         {"name": f"t{t}", "gpus": 4 * per, "tensor_parallel_size": 4,
@@ -46,7 +49,7 @@ def fleet_spec(targets: int, topologies: int, ports: list[int]) -> FleetSpec:
         for t in range(topologies)]
     data["scrape"].update({"interval": SCRAPE, "timeout": SCRAPE})
     data["simulator"]["faults"] = {}
-    return FleetSpec.model_validate(data)
+    return parse_spec(data, f"bench_rules_cost's fleet ({seed.name}, {targets} targets)")
 
 
 async def _serve(count: int, body: bytes) -> None:
@@ -103,7 +106,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0, help="measured span")
     parser.add_argument("--warmup", type=float, default=60.0, help="before measuring")
     parser.add_argument("--servers", type=int, default=4, help="processes serving the fake fleet")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:  # 20 targets in 2 topologies from one process; 10 s of warm-up (all up), 10 s measured
+        args.targets, args.topologies, args.servers, args.warmup, args.seconds = 20, 2, 1, 10.0, 10.0
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp:
         ports: list[int] = []
         for part in range(args.servers):  # the fake fleet's processes, each serving a share of the targets
@@ -147,6 +153,12 @@ def main() -> int:
     for group in rules.groups:
         took = durations.get(group.name, float("nan"))
         print(f"  {group.name:26} {group.interval or 'global':>8}  {took:8.3f} s")
+    print_figures({"targets": args.targets, "records": records, "alerts": alerts,
+                   "targets_up_scrape_only": up[bare.url], "targets_up_with_rules": up[ruled.url],
+                   "cpu_per_cycle_scrape_only_s": scrape, "cpu_per_cycle_with_rules_s": both,
+                   "ratio": both / scrape if scrape else float("nan"),
+                   "group_last_duration_s": {group.name: durations.get(group.name, float("nan"))
+                                             for group in rules.groups}})
     return 0
 
 

@@ -4,6 +4,7 @@ between each token's scheduled emission (its step's modelled end) and the moment
     python benchmarks/bench_sim.py [--streams 2000] [--instances 8,16] [--step-ms 40] [--duration 20]
                                    [--emitters thread,thread-normal,loop] [--loops uvloop,asyncio]
                                    [--gc auto,freeze,20000] [--client-loop auto] [--report-every 10]
+                                   [--smoke]
 
 One `crossover sim` server process (N colocated instances of a synthetic spec whose steps take a fixed
 time) and one client process (this one: asyncio protocols, closed loop, keep-alive, counting SSE
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import cast
 
 import yaml
+from figures import add_smoke_flag, print_figures
 
 from crossover.eventloop import LOOPS, loop_factory
 
@@ -369,7 +371,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run each stream count's columns N times, interleaved (A B A B ...), so that "
                         "what the machine's other work does falls on every column alike")
-    return parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args()
+    if args.smoke:  # one column: 200 streams on 2 instances, 1 s warm-up, 2 s measured
+        args.streams, args.instances, args.warmup, args.duration = "200", "2", 1.0, 2.0
+    return args
 
 
 Column = tuple[int, str, str, int, str]  # streams, server loop, collector policy, instances, emitter
@@ -486,6 +492,9 @@ def main() -> int:
     print_machine(args)
     complete_figures(args, columns, results)
     print_table(args, columns, rounds, results)
+    print_figures({"columns": [{"column": f"{n}/{k} {emitter} {loop} gc {policy} #{r}", **result}
+                               for (n, loop, policy, k, emitter), r, result in zip(columns, rounds, results,
+                                                                                   strict=True)]})
     return 0
 
 

@@ -2,7 +2,7 @@
 one run against time-scaled simulators, and the client's stamp error with each.
 
     python benchmarks/bench_workers.py [--workers 1,2] [--replicas 1] [--pin] [--streams 256]
-                                       [--requests 1024] [--time-scale 8] [--rounds 2]
+                                       [--requests 1024] [--time-scale 8] [--rounds 2] [--smoke]
 
 The simulator serves seed-70b-h100's model as `--replicas` TP=4 replicas, each from its own
 `crossover sim` process, faster than real time, so that one client process cannot read the events
@@ -37,12 +37,13 @@ sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 sys.path.append(str(REPO / "benchmarks"))
 
 from bench_loadgen import _quantiles, cpu_seconds  # noqa: E402
+from figures import add_smoke_flag, print_figures  # noqa: E402
 
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import Traffic, run_sweep  # noqa: E402
 from crossover.netutil import free_port  # noqa: E402
 from crossover.sim import fleet as sim_fleet  # noqa: E402
-from crossover.spec import FleetSpec, load_spec  # noqa: E402
+from crossover.spec import FleetSpec, load_spec, parse_spec  # noqa: E402
 from tests.loadgen.loadgen_sim_process import emitted_by_id, sim_process, stamp_errors  # noqa: E402
 
 TOPOLOGY = "tp4xN"
@@ -62,7 +63,7 @@ def replicated(spec: FleetSpec, replicas: int) -> FleetSpec:
     data["topologies"] = [{**one, "name": TOPOLOGY, "gpus": one["gpus"] * replicas,
                            "instances": [{**instance, "name": f"tp4-{i}", "url": f"http://127.0.0.1:{free_port()}"}
                                          for i in range(replicas)]}]
-    return FleetSpec.model_validate(data)
+    return parse_spec(data, f"bench_workers' fleet ({replicas} replicas)")
 
 
 def one_replica(spec: FleetSpec, index: int) -> FleetSpec:
@@ -71,7 +72,7 @@ def one_replica(spec: FleetSpec, index: int) -> FleetSpec:
     topology = data["topologies"][0]
     data["topologies"] = [{**topology, "gpus": topology["gpus"] // len(topology["instances"]),
                            "instances": [topology["instances"][index]]}]
-    return FleetSpec.model_validate(data)
+    return parse_spec(data, f"bench_workers' replica {index}")
 
 
 def _start_cpu_seconds(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path) -> float:
@@ -131,7 +132,11 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--time-scale", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=2)
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:  # 1 and 2 workers, one round of 512 requests of 32 tokens over 32 streams, one simulator
+        args.workers, args.replicas, args.streams, args.requests, args.output_len, args.rounds = \
+            "1,2", 1, 32, 512, 32, 1
     counts = sorted({int(w) for w in args.workers.split(",")})
     client_cpus, sim_cpus = cores(args.pin, max(counts), args.replicas)
     if client_cpus:
@@ -164,10 +169,14 @@ def main() -> int:
                       f"{row['sim_cpu']:>7.0%} {row['shared']:>12.1%} "
                       f"{row['first_p50']:>8.3f}/{row['first_p99']:<8.3f} {row['first_signed_p50']:>12.3f} "
                       f"{row['itl_p50']:>7.3f}/{row['itl_p99']:<8.3f}")
+    scaling = {}
     for workers in counts[1:]:
         ratios = [b["events_per_s"] / a["events_per_s"] for a, b in zip(rows[1], rows[workers], strict=True)]
+        scaling[str(workers)] = ratios
         print(f"events/s with {workers} workers / with 1, per round: {', '.join(f'{r:.2f}' for r in ratios)}")
     print(f"load {os.getloadavg()[0]:.1f} at the end")
+    print_figures({"levels": [row for workers in counts for row in rows[workers]],
+                   "events_per_s_to_one_worker": scaling})
     return 0
 
 

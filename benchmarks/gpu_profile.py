@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_profile.py --out gpu_profile.csv                 # on a CUDA GPU
     python benchmarks/gpu_profile.py --device cpu --models tiny --out x.csv  # a quick check anywhere
+    python benchmarks/gpu_profile.py --smoke  # a few cells of every part, on a GPU if there is one
 
 A rank's shard of a Llama layer (RMSNorm, QKV projection, rotary, KV-cache write, attention, output
 projection, RMSNorm, gate/up projection, SiLU-and-multiply, down projection) with random BF16 weights,
@@ -29,12 +30,14 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from figures import add_smoke_flag, print_figures, skipped
 
 SHAPES: dict[str, dict[str, int]] = {
     "llama-3.1-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
@@ -605,9 +608,37 @@ def versions(device: torch.device) -> dict[str, str]:
     return info
 
 
+def use_smoke_sizes() -> None:
+    """Every part with a cell or two of each kind: the same functions over shorter shape tables."""
+    globals().update(
+        DECODE_BATCHES=(1, 8), DECODE_CONTEXTS=(512, 2048), PREFILL_CHUNKS=(256, 1024), MIXED=MIXED[:1],
+        GEMM_TOKENS=(1, 256), SHAPE_TOKENS=(1, 2), SHAPE_DECODE=((1, 512), (2, 512)),
+        ELEMENTWISE_TOKENS=(1, 512), ATTN_DECODE=((1, 512), (8, 2048)))
+
+
+def csv_figures(path: str) -> dict[str, object]:
+    """The profile's summary figures, read back from the CSV it wrote."""
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(line for line in handle if not line.startswith("#")))
+    kinds: dict[str, int] = {}
+    for row in rows:
+        kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+    figures: dict[str, object] = {"cells": len(rows), "kinds": kinds}
+    for row in rows:
+        seconds = float(row["step_ms"]) / 1000
+        note = dict(part.split("=", 1) for part in row["note"].split() if "=" in part)
+        if row["kind"] == "copy":
+            figures["copy_gb_per_s"] = int(note["bytes_moved"]) / seconds / 1e9
+        elif row["kind"] == "gemm_peak":
+            figures["gemm_peak_tflops"] = int(note["flops"]) / seconds / 1e12
+        elif row["kind"] == "kernel_floor":
+            figures["kernel_floor_us"] = seconds * 1e6
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="the CSV to write (required but with --smoke)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--models", default="llama-3.1-8b,llama-3.1-70b")
     parser.add_argument("--tp", default=",".join(map(str, TP_SIZES)))
@@ -617,9 +648,20 @@ def main() -> int:
                              "small-batch decode attention), elementwise (the short kernels)")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting cells after this")
     parser.add_argument("--target-s", type=float, default=0.2, help="timed replays per cell, in seconds")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:  # the tiny model at TP 2, every part, a few shapes each
+        use_smoke_sizes()
+        args.models, args.tp, args.parts = "tiny", "2", "ceilings,steps,ops,late,shapes,elementwise"
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.out = args.out or os.path.join(tempfile.mkdtemp(prefix="gpu-profile-"), "smoke.csv")
+    elif not args.out:
+        parser.error("--out is required")
     device = torch.device(args.device)
     small = device.type != "cuda"
+    if small:
+        skipped(f"CUDA (device {args.device}): cells are timed with plain calls at 1/16 of the shapes, "
+                "not CUDA graphs with events; the figures are no GPU's")
     parts = set(args.parts.split(","))
     deadline = time.monotonic() + args.budget_s
     with open(args.out, "w", newline="") as handle, fast_attention(device):
@@ -667,6 +709,7 @@ def main() -> int:
                     torch.cuda.empty_cache()
         if profile.out_of_time():
             print("budget reached: later cells left out", flush=True)
+    print_figures(csv_figures(args.out))
     return 0
 
 

@@ -12,7 +12,9 @@ Printed: one row per phase (side by side: clean and faulted phases of the same r
 trend after the first phase (the windows fill during it). Not a test: figures go to
 docs/performance.md, section "Soak".
 
-Run: .venv/bin/python benchmarks/soak.py [--duration 180] [--targets 500] [--interval 5] [--trace]
+The fleet is seed-70b-h100.yaml's model at its TP=4, loaded through the spec's own validation.
+
+Run: .venv/bin/python benchmarks/soak.py [--duration 180] [--targets 500] [--interval 5] [--trace] [--smoke]
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from figures import add_smoke_flag, print_figures
 
 from crossover.netutil import free_port
-from crossover.spec import load_spec
+from crossover.spec import load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -86,8 +89,11 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], what: str, timeout: f
 
 def soak_spec(farm_url: str, targets: int, topologies: int, interval: float,
               timeout: float) -> dict[str, object]:
-    """seed-70b-h100.yaml's model and hardware with `targets` instances in `topologies` topologies."""
-    data = load_spec(REPO / "compose" / "specs" / "seed-70b-h100.yaml").model_dump(mode="json")
+    """seed-70b-h100.yaml's model and hardware with `targets` instances in `topologies` topologies, at
+    the seed's first topology's TP (4, which fits an H100), validated as `crossover validate` would."""
+    seed = REPO / "compose" / "specs" / "seed-70b-h100.yaml"
+    data = load_spec(seed).model_dump(mode="json")
+    tp = data["topologies"][0]["tensor_parallel_size"]
     per = [targets // topologies + (1 if t < targets % topologies else 0) for t in range(topologies)]
     data["topologies"] = []
     index = 0
@@ -96,10 +102,11 @@ def soak_spec(farm_url: str, targets: int, topologies: int, interval: float,
         for _ in range(count):
             instances.append({"name": f"t{index}", "url": f"{farm_url}/t{index}"})
             index += 1
-        data["topologies"].append({"name": f"topo{t}", "gpus": count, "tensor_parallel_size": 1,
+        data["topologies"].append({"name": f"topo{t}", "gpus": tp * count, "tensor_parallel_size": tp,
                                    "instances": instances, "entrypoint": {"balance": "round_robin"}})
     data["scrape"] = {"interval": f"{interval:g}s", "timeout": f"{timeout:g}s", "windows": [f"{WINDOW_S:g}s"]}
     data["simulator"]["faults"] = {}
+    parse_spec(data, f"soak's fleet ({seed.name}, {targets} targets)")  # here, not in the exporter's log
     return data
 
 
@@ -192,7 +199,12 @@ def parse_args() -> argparse.Namespace:
                              "Python heap vs RSS over time, and the lines that grew (costs exporter CPU)")
     parser.add_argument("--bucket", type=float, default=60.0,
                         help="seconds per row of the over-time table (default 60)")
-    return parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args()
+    if args.smoke:  # 20 targets, three 6-s phases (off, on, off), traced: the farm and the probe run too
+        args.duration, args.targets, args.topologies, args.interval, args.timeout = 18.0, 20, 2, 1.0, 0.5
+        args.fault_period, args.bucket, args.trace = 6.0, 6.0, True
+    return args
 
 
 @dataclass
@@ -284,7 +296,9 @@ def print_phases(rows: list[dict[str, Any]]) -> None:
               f"  {r['targets_up_min']:>6}  {r['errors']}")
 
 
-def print_trends(args: argparse.Namespace, samples: list[Sample], rows: list[dict[str, Any]]) -> None:
+def print_trends(args: argparse.Namespace, samples: list[Sample],
+                 rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Print the over-time table and the trends; return their figures."""
     print(f"\nover time ({args.bucket:g} s rows)\n  from s  cycles  CPU/cycle s  RSS mean/max MB  up(min)")
     for t in time_rows(samples, args.targets, args.bucket):
         print(f"  {t['from_s']:>6} {t['cycles']:>7.1f}  {t['cpu_per_cycle_s']:>11.3f}"
@@ -292,8 +306,10 @@ def print_trends(args: argparse.Namespace, samples: list[Sample], rows: list[dic
     # Histories fill during the first window (1m) plus a couple of cycles: the trend starts after.
     warmup = WINDOW_S + 2 * args.interval
     settled = [s for s in samples if s.at >= warmup] or samples
-    clean = [r["cpu_per_cycle_s"] for r in rows if r["faults"] == "off" and r["phase"] >= 1]
-    faulted = [r["cpu_per_cycle_s"] for r in rows if r["faults"] == "on"]
+    clean_rows = [r for r in rows if r["faults"] == "off" and r["phase"] >= 1]
+    faulted_rows = [r for r in rows if r["faults"] == "on"]
+    clean = [r["cpu_per_cycle_s"] for r in clean_rows]
+    faulted = [r["cpu_per_cycle_s"] for r in faulted_rows]
     print(f"\nRSS trend after the first {warmup:g} s: {slope_mb_per_min(settled):+.2f} MB/min "
           f"(min {min(s.rss_mb for s in settled):.0f}, max {max(s.rss_mb for s in settled):.0f} MB)")
     late = [s for s in samples if s.at >= samples[-1].at / 2]
@@ -302,6 +318,13 @@ def print_trends(args: argparse.Namespace, samples: list[Sample], rows: list[dic
     if clean and faulted:
         print(f"CPU per cycle: clean phases {statistics.fmean(clean):.3f} s, faulted phases "
               f"{statistics.fmean(faulted):.3f} s")
+    return {"rss_trend_mb_per_min": slope_mb_per_min(settled),
+            "rss_trend_second_half_mb_per_min": slope_mb_per_min(late),
+            "rss_max_mb": max(s.rss_mb for s in settled),
+            "cpu_per_cycle_clean_s": statistics.fmean(clean) if clean else float("nan"),
+            "cpu_per_cycle_faulted_s": statistics.fmean(faulted) if faulted else float("nan"),
+            "targets_up_clean_min": min((r["targets_up_min"] for r in clean_rows), default=float("nan")),
+            "targets_up_faulted_min": min((r["targets_up_min"] for r in faulted_rows), default=float("nan"))}
 
 
 def print_probes(probes: list[dict[str, Any]]) -> None:
@@ -320,13 +343,19 @@ def main() -> int:
     run = run_soak(args)
     rows = phase_rows(run.samples, args.targets, args.fault_period, args.interval + args.timeout + 1)
     print_phases(rows)
-    print_trends(args, run.samples, rows)
+    figures = print_trends(args, run.samples, rows)
     if run.probes:
         print_probes(run.probes)
     print(f"/metrics body {run.samples[-1].metrics_bytes / 1024:.0f} KB; "
           f"target farm CPU {run.farm_cpu_s:.1f} s; tracebacks in the exporter log: {run.tracebacks}; "
           f"machine load average {run.load_start} at the start, {run.load_end} at the end "
           f"({os.cpu_count()} CPUs)")
+    first, last = run.samples[0], run.samples[-1]
+    figures.update({"cycles": (last.scrapes - first.scrapes) / args.targets, "targets": args.targets,
+                    "metrics_kb": last.metrics_bytes / 1024, "tracebacks": run.tracebacks})
+    if run.probes:
+        figures["traced_mb_max"] = max(row["traced_mb"] for row in run.probes)
+    print_figures(figures)
     return 0
 
 

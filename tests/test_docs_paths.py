@@ -7,6 +7,15 @@ import re
 import subprocess
 from pathlib import Path
 
+from tests.benchmark_docs import (
+    BENCHMARKS,
+    HELPERS,
+    PERFORMANCE,
+    benchmark_scripts,
+    command_options,
+    defined_options,
+    sections,
+)
 from tests.helpers import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -109,21 +118,45 @@ def test_the_readme_lists_every_command() -> None:
                                         f"not commands: {listed - set(SUBCOMMANDS)}")
 
 
-def test_performance_has_one_section_per_benchmark_with_its_command() -> None:
-    """docs/performance.md: a section per benchmark (`## ...: `benchmarks/NAME``), each with the command
-    that made its figures."""
-    text = (REPO / "docs" / "performance.md").read_text()
-    sections = {}
-    for section in re.split(r"^## ", text, flags=re.M)[1:]:
-        named = re.search(r"`benchmarks/([\w.]+\.py)`", section.splitlines()[0])
-        assert named, f"a section of docs/performance.md names no benchmark: {section.splitlines()[0]!r}"
-        sections[named.group(1)] = section
-    mains = {path.name for path in (REPO / "benchmarks").glob("*.py") if "__main__" in path.read_text()
-             and (path.name.startswith("bench_") or path.name in {"soak.py", "gpu_profile.py"})}
-    assert mains <= set(sections), f"benchmarks without a section: {mains - set(sections)}"
-    for name, section in sections.items():
-        assert re.search(rf"`(\.venv/bin/)?python3? benchmarks/{re.escape(name)}\b[^`]*`", section), \
-            f"docs/performance.md, {name}: no command that made the figures"
+def test_performance_has_one_section_per_benchmark_with_its_commands() -> None:
+    """docs/performance.md is the benchmarks' manual: a section per benchmark script (`## ...:
+    `benchmarks/NAME.py``), each with the command that made its figures, its `--smoke` command (which
+    tests/test_benchmarks.py runs) and the keys of its `figures:` line; the summary table above them
+    names every one; and every command there runs a script that exists with options it defines."""
+    found = sections()
+    scripts = benchmark_scripts()
+    assert not set(scripts) - set(found), f"benchmarks without a section: {sorted(set(scripts) - set(found))}"
+    assert not set(found) - set(scripts), f"sections of no benchmark: {sorted(set(found) - set(scripts))}"
+    for helper, launcher in HELPERS.items():
+        assert helper in (BENCHMARKS / launcher).read_text(), f"{launcher} no longer launches {helper}"
+    summary = re.split(r"^## ", PERFORMANCE.read_text(), flags=re.M)[0]
+    for name, section in found.items():
+        assert name in summary, f"docs/performance.md: the summary table has no row for {name}"
+        assert section.full, f"docs/performance.md, {name}: no command that made the figures"
+        assert section.smoke == f"python benchmarks/{name} --smoke", \
+            f"docs/performance.md, {name}: no smoke command `python benchmarks/{name} --smoke`"
+        assert section.keys.get("positive"), f"docs/performance.md, {name}: no `figures:` keys"
+        for command, script in section.commands:
+            assert (BENCHMARKS / script).is_file(), f"docs/performance.md, {name}: `{command}`: no script"
+            unknown = set(command_options(command)) - defined_options(script)
+            assert not unknown, f"docs/performance.md, {name}: `{command}`: {script} has no {sorted(unknown)}"
+
+
+def test_the_performance_checks_read_the_forms_the_manual_uses() -> None:
+    text = ("# Performance\n\n| benchmark |\n|---|\n| `bench_x.py` |\n\n"
+            "## X: `benchmarks/bench_x.py`\n\n"
+            "- **Command:** `python benchmarks/bench_x.py --streams 8 --duration=3`, then "
+            "`.venv/bin/python benchmarks/bench_y.py --fast`\n"
+            "- **Smoke:** `python benchmarks/bench_x.py --smoke`\n"
+            "- **`figures:` keys:** `a`, `b.*.c`; may be zero:\n  `d`; any sign: `e`,\n  `f`\n\n"
+            "A table `g`.\n")
+    section = sections(text)["bench_x.py"]
+    assert section.full == ["python benchmarks/bench_x.py --streams 8 --duration=3"]
+    assert section.smoke == "python benchmarks/bench_x.py --smoke"
+    assert [script for _, script in section.commands] == ["bench_x.py", "bench_y.py", "bench_x.py"]
+    assert section.keys == {"positive": ["a", "b.*.c"], "zero": ["d"], "signed": ["e", "f"]}
+    assert command_options(section.full[0]) == ["--streams", "--duration"]
+    assert {"--smoke", "--cycles"} <= defined_options("bench_exporter.py")
 
 
 def test_code_cites_only_docs_that_exist() -> None:

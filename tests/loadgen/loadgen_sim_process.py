@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from crossover.processes import stop_group
+from crossover.processes import die_with_parent, stop_group
 from crossover.spec import FleetSpec
 
 
@@ -47,7 +47,7 @@ def sim_process(spec: FleetSpec, folder: Path, time_scale: float = 1.0, start_ti
     # cwd: `python -c` puts the working folder first on sys.path; the repo's crossover/ there is
     # not the installed package (which maps sim/ and loadgen/ into it)
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                               cwd=folder)
+                               preexec_fn=die_with_parent, cwd=folder)
     if cpus:
         os.sched_setaffinity(process.pid, cpus)
     try:
