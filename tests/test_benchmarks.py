@@ -26,7 +26,7 @@ _MISSING = object()
 
 
 def _vllm() -> tuple[bool, Path]:
-    from crossover.realvllm import vllm_available, vllm_python
+    from devkit.realvllm import vllm_available, vllm_python
 
     return vllm_available(), vllm_python()
 
