@@ -1,12 +1,15 @@
-"""What the generated recording rules and alerts cost Prometheus on a big fleet, side by side in one
-run: two Prometheus servers scrape the same fake fleet (N loopback targets, each serving the real
-vLLM 0.32 payload captured in tests/fixtures, about 52 KB) every 5 s, one with the rules `crossover
-rules` generates for that fleet and one without. Both run at once, so the machine's noise hits both.
+"""What the generated recording rules and alerts cost Prometheus, and what the exporter costs, on a big
+fleet, side by side in one run: two Prometheus servers and `crossover exporter` scrape the same fake
+fleet (N loopback targets, each serving the real vLLM 0.32 payload captured in tests/fixtures, about
+52 KB) every 5 s, one Prometheus with the rules `crossover rules` generates for that fleet and one
+without. All three run at once, so the machine's noise hits each.
 
     python benchmarks/bench_rules_cost.py [--targets 1000] [--topologies 10] [--seconds 120] [--smoke]
 
-Prints each server's process CPU seconds per 5-s scrape cycle over the measured span, their ratio,
-and `prometheus_rule_group_last_duration_seconds` of each rule group with its interval.
+Prints each process's CPU seconds per 5-s scrape cycle over the measured span; the rules' share (the
+ruled server's minus the bare one's) and the exporter's, each against Prometheus scraping the same
+fleet (the goal: at most 1x each); and `prometheus_rule_group_last_duration_seconds` of each rule
+group with its interval.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import yaml
 from figures import add_smoke_flag, print_figures
 from prometheus_client.parser import text_string_to_metric_families
 
+from crossover.netutil import free_port
+from crossover.processes import stop_group
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import build_rules
 from crossover.rules.prom import PrometheusServer, running_prometheus
@@ -99,6 +104,28 @@ def group_durations(server: PrometheusServer) -> dict[str, float]:
     return out
 
 
+def start_exporter(spec: FleetSpec, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`crossover exporter` on the fleet's spec, as a user runs it: (its process, its /metrics URL)."""
+    path = folder / "fleet.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "crossover", "exporter", str(path), "--port", str(port),
+                                "--log-level", "warning"], start_new_session=True)
+    return process, f"http://127.0.0.1:{port}/metrics"
+
+
+def exporter_targets_up(url: str) -> float:
+    """How many targets the exporter's last scrape reached (crossover_target_up), NaN when it does not
+    answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return float("nan")
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               if family.name == "crossover_target_up" for sample in family.samples)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--targets", type=int, default=1000)
@@ -131,24 +158,32 @@ def main() -> int:
         (folder / "scrape-only.yml").write_text(yaml.safe_dump(config))
         bare = stack.enter_context(running_prometheus(folder / "scrape-only.yml", start_timeout=120))
         ruled = stack.enter_context(running_prometheus(folder / "prometheus.yml", start_timeout=120))
+        exporter, exporter_url = start_exporter(spec, folder)
+        stack.callback(stop_group, exporter, 10.0)
         time.sleep(args.warmup)
         up = {s.url: s.query("count(up == 1)")[0].value for s in (bare, ruled)}
-        before = {s.url: cpu_seconds(s.process.pid) for s in (bare, ruled)}
+        up[exporter_url] = exporter_targets_up(exporter_url)
+        pids = {bare.url: bare.process.pid, ruled.url: ruled.process.pid, exporter_url: exporter.pid}
+        before = {url: cpu_seconds(pid) for url, pid in pids.items()}
         started = time.monotonic()
         time.sleep(args.seconds)
         span = time.monotonic() - started
-        used = {s.url: cpu_seconds(s.process.pid) - before[s.url] for s in (bare, ruled)}
+        used = {url: cpu_seconds(pid) - before[url] for url, pid in pids.items()}
         durations = group_durations(ruled)
     cycles = span / 5.0
-    scrape, both = used[bare.url] / cycles, used[ruled.url] / cycles
+    scrape, both, exporting = (used[url] / cycles for url in (bare.url, ruled.url, exporter_url))
     records, alerts = len(rules.records), len(rules.alerts)
     print(f"{args.targets} targets x {PAYLOAD.stat().st_size / 1024:.0f} KB every {SCRAPE}, "
           f"{args.topologies} topologies; {records} recording rules, {alerts} alerts; measured {span:.0f} s "
           f"(load average {os.getloadavg()[0]:.1f})")
-    print(f"  targets up: scrape only {up[bare.url]:.0f}, scrape + rules {up[ruled.url]:.0f}")
+    print(f"  targets up: scrape only {up[bare.url]:.0f}, scrape + rules {up[ruled.url]:.0f}, "
+          f"exporter {up[exporter_url]:.0f}")
     print(f"  Prometheus CPU-s per 5-s cycle, scrape only     {scrape:6.2f}")
     print(f"  Prometheus CPU-s per 5-s cycle, scrape + rules  {both:6.2f}   ratio {both / scrape:.2f}x")
-    print(f"  rules alone (difference)                        {both - scrape:6.2f}")
+    print(f"  rules alone (difference)                        {both - scrape:6.2f}   "
+          f"{(both - scrape) / scrape:.2f}x of scraping (goal <= 1x)")
+    print(f"  crossover exporter CPU-s per 5-s cycle          {exporting:6.2f}   "
+          f"{exporting / scrape:.2f}x of scraping (goal <= 1x)")
     print("  rule group                 interval  last evaluation")
     for group in rules.groups:
         took = durations.get(group.name, float("nan"))
@@ -157,6 +192,9 @@ def main() -> int:
                    "targets_up_scrape_only": up[bare.url], "targets_up_with_rules": up[ruled.url],
                    "cpu_per_cycle_scrape_only_s": scrape, "cpu_per_cycle_with_rules_s": both,
                    "ratio": both / scrape if scrape else float("nan"),
+                   "rules_vs_scrape": (both - scrape) / scrape if scrape else float("nan"),
+                   "targets_up_exporter": up[exporter_url], "exporter_cpu_per_cycle_s": exporting,
+                   "exporter_vs_scrape": exporting / scrape if scrape else float("nan"),
                    "group_last_duration_s": {group.name: durations.get(group.name, float("nan"))
                                              for group in rules.groups}})
     return 0
