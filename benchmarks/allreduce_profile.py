@@ -157,9 +157,10 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=20, help="timed replays per cell, on every rank")
     add_smoke_flag(parser)
     args = parser.parse_args()
-    if args.smoke:
-        args.models, args.tp, args.reps = "tiny", "1,2", 3
+    if args.smoke:  # TP 2 where two ranks have a device each: the CPU, or two GPUs
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        two = args.device == "cpu" or torch.cuda.device_count() >= 2
+        args.models, args.tp, args.reps = "tiny", "1,2" if two else "1", 3
         args.out = args.out or os.path.join(tempfile.mkdtemp(prefix="allreduce-profile-"), "smoke.csv")
     elif not args.out:
         parser.error("--out is required")
