@@ -9,7 +9,8 @@ projection, RMSNorm, gate/up projection, SiLU-and-multiply, down projection) wit
 stacked to the model's depth, with the embedding and the LM head computing the logits of each
 sequence's last token, as one vLLM engine step does. Every step is captured in a CUDA graph and its
 replays timed with CUDA events (the median), so host launch time is out of the figure: vLLM's
-host-side time per step is modelled apart. The all-reduces between ranks are not run (one GPU).
+host-side time per step is modelled apart. The all-reduces between ranks are not run (one GPU):
+`ShardModel.reduce` is where benchmarks/allreduce_profile.py puts them, on several GPUs.
 
 Rows (`kind`): `decode` (batch x context, one token per sequence), `prefill` (one chunk of a
 sequence, starting at `prefill_start`), `mixed` (decode batch plus one prefill chunk: a chunked-prefill
@@ -181,6 +182,9 @@ class ShardModel:
         self.decode_backend: object = None
         self.decode_choice: dict[tuple[int, int], object] = {}
         self.late_kernel = "LOWER_RIGHT_MASK"
+        # The TP all-reduce after the attention and the MLP projections: none on one GPU (no kernel, so
+        # the step is the single-rank shard's); allreduce_profile.py sets it to torch.distributed's.
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = lambda h: h
 
     def decode_kernel(self) -> contextlib.AbstractContextManager[None]:
         if self.decode_backend is None:
@@ -366,11 +370,12 @@ class ShardModel:
             q, k = qk[:, :s.heads], qk[:, s.heads:]
             v = qkv[:, k_end:].view(-1, s.kv_heads, s.head_dim)
             attn = self.attention(index, q, k, v, batch, context, chunk, start)
-            h = F.linear(attn, layer["o"])
+            h = self.reduce(F.linear(attn, layer["o"]))
             residual = residual + h
             h = F.rms_norm(residual, (s.hidden,), layer["norm2"], eps)
             gate_up = F.linear(h, layer["gate_up"])
-            h = F.linear(F.silu(gate_up[:, :s.intermediate]) * gate_up[:, s.intermediate:], layer["down"])
+            h = self.reduce(F.linear(F.silu(gate_up[:, :s.intermediate]) * gate_up[:, s.intermediate:],
+                                     layer["down"]))
         residual = residual + h
         # Logits for each sequence's last token: every decode row and the chunk's last row.
         last = torch.cat([residual[:batch], residual[-1:]]) if chunk else residual

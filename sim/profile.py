@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crossover.errors import UserError
-from crossover.sim.model import PerfModel, StepLoad, prefill_attention_pairs
+from crossover.sim.model import PerfModel, StepLoad, allreduce_bytes_s, prefill_attention_pairs
 from crossover.spec import FleetSpec, load_spec
 
 STEP_KINDS = ("decode", "prefill", "mixed")
@@ -92,6 +92,53 @@ def merge_profile(base: Path, new: Path) -> tuple[int, int]:
         writer.writeheader()
         writer.writerows(merged)
     return replaced, len(incoming)
+
+
+@dataclass(frozen=True)
+class AllreduceFit:
+    """The spec's all-reduce terms at one TP size, fitted to measured all-reduce times."""
+
+    tp: int
+    latency_us: float  # hardware.allreduce_latency_us
+    gbps: float  # hardware.allreduce_gbps
+    worst_error: float  # the largest |fitted / measured - 1| over the points
+
+
+def fit_allreduce(tp: int, points: Sequence[tuple[int, float]]) -> AllreduceFit:
+    """Fit `seconds = latency + allreduce_bytes_s(gbps, tp, bytes)` (the model's own size term, so the
+    fitted bandwidth is the one it divides by) to (message bytes, seconds) points of one TP size.
+
+    Least squares on the relative error: the times span three orders of magnitude from 1 KB to 256 MB,
+    and on absolute error the large messages would leave the latency (the decode-sized term) unfitted.
+    """
+    if tp < 2:
+        raise UserError(f"all-reduce fit at TP {tp}: one rank has no all-reduce")
+    if len({size for size, _ in points}) < 2 or any(size <= 0 or t <= 0 for size, t in points):
+        raise UserError(f"all-reduce fit at TP {tp}: want positive times at two message sizes or more")
+    # t = a + b u, with u the size term at 1 GB/s: b = 1 / gbps. Weights 1/t^2 make the residuals relative.
+    us = [allreduce_bytes_s(1.0, tp, size) for size, _ in points]
+    ts = [t for _, t in points]
+    triples = [(1 / t**2, u, t) for u, t in zip(us, ts, strict=True)]
+    sw, su = sum(w for w, _, _ in triples), sum(w * u for w, u, _ in triples)
+    suu, st = sum(w * u * u for w, u, _ in triples), sum(w * t for w, _, t in triples)
+    sut = sum(w * u * t for w, u, t in triples)
+    det = sw * suu - su * su
+    a, b = (st * suu - su * sut) / det, (sw * sut - su * st) / det
+    if a <= 0 or b <= 0:
+        raise UserError(f"all-reduce fit at TP {tp}: latency {a * 1e6:.3g} us and 1/bandwidth {b:.3g} s/GB: "
+                        "the times do not grow with the message size from a positive latency")
+    worst = max(abs((a + b * u) / t - 1) for _, u, t in triples)
+    return AllreduceFit(tp, a * 1e6, 1 / b, worst)
+
+
+def allreduce_fits(rows: Iterable[dict[str, str]]) -> list[AllreduceFit]:
+    """One fit per TP size from the `allreduce` rows benchmarks/allreduce_profile.py writes."""
+    points: dict[int, list[tuple[int, float]]] = {}
+    for row in rows:
+        if row["kind"] == "allreduce":
+            size = int(row["note"].removeprefix("bytes="))
+            points.setdefault(int(row["tp"]), []).append((size, float(row["step_ms"]) / 1000))
+    return [fit_allreduce(tp, found) for tp, found in sorted(points.items())]
 
 
 def load_of(batch: int, context: int, chunk: int, start: int) -> StepLoad:
@@ -190,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("spec")
     parser.add_argument("--worst", type=int, default=0, help="print only the N worst cells")
     parser.add_argument("--docs", action="store_true", help="print the tables of docs/simulator.md instead")
+    parser.add_argument("--allreduce", action="store_true",
+                        help="CSV is benchmarks/allreduce_profile.py's: print the spec's "
+                             "allreduce_latency_us and allreduce_gbps fitted per TP size instead")
     parser.add_argument("--merge", type=Path, metavar="NEW_CSV",
                         help="first write a later run's rows into CSV (same cells replaced, others added)")
     args = parser.parse_args(argv)
@@ -202,6 +252,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.csv}: {replaced} rows replaced and {added} added from {args.merge}",
                   file=sys.stderr)
         rows = read_rows(args.csv)
+        if args.allreduce:
+            fits = allreduce_fits(rows)
+            if not fits:
+                raise UserError(f"{args.csv}: no allreduce rows")
+            hw = spec.hardware
+            print(f"spec now: allreduce_latency_us {hw.allreduce_latency_us}, "
+                  f"allreduce_gbps {hw.allreduce_gbps}")
+            for fit in fits:
+                print(f"TP {fit.tp}: allreduce_latency_us {fit.latency_us:.1f}, "
+                      f"allreduce_gbps {fit.gbps:.0f} (worst point {fit.worst_error:.1%} off)")
+            return 0
     except UserError as exc:
         print(f"profile: {exc}", file=sys.stderr)
         return 2

