@@ -262,6 +262,32 @@ FAILED_REQUESTS = "failed_requests_per_second"  # by reason: abort, error, rejec
 FAILURES_COUNTED = "failures_counted"  # 1: the failure families were read; 0: histogram-only fallback
 
 
+# --- throughput against interactivity (the Pareto view) ---------------------------------------
+INTERACTIVITY = "interactivity_tokens_per_second"  # one user's decode rate: output tokens/s per user
+THROUGHPUT_PER_GPU = "output_tokens_per_second_per_gpu"  # the fleet side of the same trade
+
+
+def interactivity(tpot_s: float) -> float:
+    """Output tokens per second one user sees while decoding: 1 / TPOT (inf for a zero TPOT, so a
+    one-token answer never looks slow; NaN stays NaN)."""
+    return float("inf") if tpot_s == 0 else 1.0 / tpot_s
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indexes of the points (throughput per GPU, interactivity) that no other point beats on both
+    axes, in rising throughput: the front a layout or a load level trades along. NaN points are
+    never on it; of equal points the first is."""
+    ranked = sorted((i for i, (x, y) in enumerate(points) if x == x and y == y),
+                    key=lambda i: (-points[i][0], -points[i][1], i))
+    front: list[int] = []
+    best_y = float("-inf")
+    for i in ranked:
+        if points[i][1] > best_y:
+            front.append(i)
+            best_y = points[i][1]
+    return front[::-1]
+
+
 def attainment_column(slo: str | None = None) -> str:
     """`attainment` (every SLO met) or `attainment_<slo>`."""
     return ATTAINMENT if slo is None else f"{ATTAINMENT}_{slo}"

@@ -68,3 +68,15 @@ def test_names_keep_one_word_per_idea():
     assert slo.GOODPUT_TOKENS == "goodput_tokens_per_second"
     assert [slo.percentile_label(q) for q in slo.QUANTILES] == ["p50", "p90", "p99"]
     assert set(slo.SLO_HISTOGRAMS) == set(slo.SLO_KINDS) and set(slo.PER_REQUEST_SLOS) < set(slo.SLO_KINDS)
+
+
+def test_interactivity_is_one_users_decode_rate() -> None:
+    assert slo.interactivity(0.02) == 50.0
+    assert slo.interactivity(0.0) == float("inf")
+
+
+def test_pareto_front_keeps_the_points_no_other_beats_on_both_axes() -> None:
+    nan = float("nan")
+    points = [(1, 10), (2, 5), (3, 1), (2, 4), (1, 10), (nan, 1), (0.5, 11)]
+    assert slo.pareto_front(points) == [6, 0, 1, 2]
+    assert slo.pareto_front([]) == []
