@@ -1,6 +1,8 @@
 """`crossover analyze DIR|FILES`: the crossover, capacities, table and sentences from result files
-of `vllm bench serve --save-result --save-detailed` (one per topology and level; the topology from
-`--metadata topology=NAME` or the file's folder), or from a sweep's own `--save-result` files.
+of `vllm bench serve --save-result --save-detailed` (one per topology and level), a sweep's own
+`--save-result` files, GuideLLM benchmarks files, AIPerf artifact folders or inference-perf reports
+(loadgen.analysis.imports; the topology from `--metadata topology=NAME`, --topology, or the files'
+folders; docs/import.md).
 With --out it also writes a run folder, which the app opens like any past sweep. Given sweep run
 folders instead (`crossover sweep --shard M/K` on K machines), it merges them into the --out folder."""
 
@@ -15,8 +17,8 @@ import pandas as pd
 
 from crossover.errors import UserError
 from crossover.loadgen.analysis import results
-from crossover.loadgen.analysis.benchjson import read_bench_results, requests_frame
 from crossover.loadgen.analysis.crossings import analyze
+from crossover.loadgen.analysis.imports import Results, describe, read_results
 from crossover.loadgen.analysis.results import Run, RunInfo
 from crossover.loadgen.analysis.summary import summarize
 from crossover.loadgen.plan import SweepPlan, TopologyInfo
@@ -24,7 +26,10 @@ from crossover.loadgen.plan import SweepPlan, TopologyInfo
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="DIR|FILE",
-                        help="vllm bench serve result files or folders")
+                        help="result files or folders: vllm bench serve, GuideLLM, AIPerf, inference-perf")
+    parser.add_argument("--topology", action="append", default=[], metavar="NAME",
+                        help="the topology of the given paths' results (once for all, or once per path; "
+                             "else their folders name them)")
     parser.add_argument("--spec", default=None,
                         help="fleet spec: the topologies' GPUs, the SLOs and objective")
     parser.add_argument("--goodput", "--slo", nargs="+", action="extend", default=[], metavar="NAME:MS",
@@ -36,20 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="also write a run folder here (the app opens it)")
 
 
-def _gpus(files: list[Any], spec: Any, overrides: dict[str, int]) -> dict[str, int]:
+def _gpus(results: Results, spec: Any, overrides: dict[str, int]) -> dict[str, int]:
     """GPUs per topology: --gpus, else the files' --metadata gpus=N, else the spec, else 1."""
     gpus: dict[str, int] = {}
     for topology in spec.topologies if spec is not None else []:
         gpus[topology.name] = topology.gpus
-    for f in files:
-        value = f.data.get("gpus")
-        if value is not None:
+    for level in results.levels:
+        if level.gpus is not None:
             try:
-                gpus[f.topology] = int(value)
+                gpus[level.topology] = int(level.gpus)
             except ValueError:
-                raise UserError(f"{f.path}: metadata gpus={value!r} is not a whole number") from None
+                raise UserError(f"{level.path}: metadata gpus={level.gpus!r} is not a whole number") from None
     gpus.update(overrides)
-    return {f.topology: gpus.get(f.topology, 1) for f in files}
+    return {level.topology: gpus.get(level.topology, 1) for level in results.levels}
 
 
 def _merge_shards(folders: list[Path], args: argparse.Namespace) -> int:
@@ -79,20 +83,21 @@ def parse_gpus(items: list[str]) -> dict[str, int]:
 
 
 def import_bench_run(paths: list[str], slos_ms: dict[str, float], objective: float, *, spec: Any = None,
-                     gpus: dict[str, int] | None = None, n_boot: int = 200) -> Run:
-    """A run from vllm bench serve result files: requests, summary and crossover as a sweep's."""
-    files = read_bench_results(paths)
-    requests = pd.concat([requests_frame(f) for f in files], ignore_index=True)
-    per_topology = _gpus(files, spec, gpus or {})
-    order = list(dict.fromkeys(sorted(f.topology for f in files)))
-    plan = SweepPlan(mode=files[0].mode, levels=tuple(sorted({f.level for f in files})),
-                     requests_per_level=max(len(f.data["ttfts"]) for f in files) or 1, slos_ms=slos_ms,
-                     objective=objective)
+                     gpus: dict[str, int] | None = None, n_boot: int = 200,
+                     topologies: list[str] | None = None, results: Results | None = None) -> Run:
+    """A run from the tools' result files: requests, summary and crossover as a sweep's."""
+    results = results or read_results(paths, topologies or [])
+    requests: pd.DataFrame = results.requests
+    per_topology = _gpus(results, spec, gpus or {})
+    order = list(dict.fromkeys(sorted(level.topology for level in results.levels)))
+    plan = SweepPlan(mode=results.mode, levels=tuple(sorted({level.level for level in results.levels})),
+                     requests_per_level=max(len(level.requests) for level in results.levels) or 1,
+                     slos_ms=slos_ms, objective=objective)
     summary = summarize(requests, slos_ms, per_topology, plan)
     crossover = analyze(summary, requests, mode=plan.mode, objective=objective, slos_ms=slos_ms, plan=plan,
                         n_boot=n_boot, seed=0, order=order)
     info = RunInfo(plan=plan, slos_ms=dict(slos_ms), objective=objective,
-                   model=str(files[0].data.get("model_id", "")),
+                   model=results.levels[0].model,
                    topologies={name: TopologyInfo(name, per_topology[name], (), "imported")
                                for name in order})
     return Run(Path(paths[0]), info, requests, summary, crossover)
@@ -127,9 +132,14 @@ def run(args: argparse.Namespace) -> int:
     objective = args.objective if args.objective is not None else (spec.slos.objective if spec else 0.99)
     if not 0 < objective < 1:
         raise UserError(f"--objective: must be between 0 and 1, got {objective}")
+    found = read_results(args.paths, args.topology)
+    for warning in found.warnings:  # the tools' aggregates against their own requests, cut files
+        print(f"warning: {warning}", file=sys.stderr)
     imported = import_bench_run(args.paths, slos_ms, objective, spec=spec, gpus=parse_gpus(args.gpus),
-                                n_boot=args.bootstrap)
+                                n_boot=args.bootstrap, results=found)
     out = Console() if sys.stdout.isatty() else Console(width=160)
+    for line in describe(found):
+        out.print(line, highlight=False)
     print_summary(imported.summary, imported.crossover, out)
     if args.out:
         write_run(Path(args.out), imported)

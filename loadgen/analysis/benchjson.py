@@ -134,27 +134,14 @@ class BenchFile:
     data: dict[str, Any]
 
 
-def _files(paths: Iterable[str]) -> list[Path]:
-    found: list[Path] = []
-    for text in paths:
-        path = Path(text)
-        if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*.json") if p.is_file()))
-        elif path.is_file():
-            found.append(path)
-        else:
-            raise UserError(f"{path}: no such file or folder")
-    return found
+def is_bench_result(data: Any) -> bool:
+    """A vllm bench serve result (or a sweep's --save-result file): its aggregate fields are there."""
+    return isinstance(data, dict) and "completed" in data and "duration" in data
 
 
-def _bench_file(path: Path) -> BenchFile | None:
-    """A vllm bench result file, or None for other JSON files (a run folder's run.json...)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{path}: cannot read it as JSON ({exc})") from None
-    if not isinstance(data, dict) or "completed" not in data or "duration" not in data:
-        return None
+def bench_file(path: Path, data: dict[str, Any]) -> BenchFile:
+    """A vllm bench result file, checked; its topology from `--metadata topology=NAME` ("" without:
+    crossover.loadgen.analysis.imports names it from the file's place)."""
     missing = [f for f in DETAILED_FIELDS if f != "generated_texts" and f not in data]
     if missing:
         raise UserError(f"{path}: no per-request fields ({', '.join(missing)}); write it with "
@@ -167,34 +154,31 @@ def _bench_file(path: Path) -> BenchFile | None:
         mode, level = Mode.CLOSED, float(concurrency)
     else:
         mode, level = Mode.OPEN, float(rate)
-    topology = str(data.get("topology") or path.parent.name)
-    return BenchFile(path, topology, level, mode, data)
+    return BenchFile(path, str(data.get("topology") or ""), level, mode, data)
 
 
 def read_bench_results(paths: Iterable[str]) -> list[BenchFile]:
-    """Every vllm bench result file under the given files and folders, checked; the topology from
-    `--metadata topology=NAME` or else the file's folder."""
-    files = [f for f in (_bench_file(p) for p in _files(paths)) if f is not None]
+    """Every vllm bench result file under the given files and folders, checked, each with its
+    topology (`--metadata topology=NAME`, else named by its place as every tool's results are)."""
+    from crossover.loadgen.analysis.imports import BENCH_TOOL, read_results
+
+    names = list(paths)
+    results = read_results(names)
+    files = []
+    for level in results.levels:
+        if level.tool == BENCH_TOOL:
+            data = json.loads(level.path.read_text())
+            files.append(BenchFile(level.path, level.topology, level.level, level.mode, data))
     if not files:
-        raise UserError(f"{', '.join(paths)}: no vllm bench serve result files there")
-    axes = {f.mode for f in files}
-    if len(axes) > 1:
-        raise UserError("the files mix concurrency levels (request rate inf) and request rates; "
-                        "analyze one kind at a time")
-    seen: dict[tuple[str, float], Path] = {}
-    for f in files:
-        key = (f.topology, f.level)
-        if key in seen:
-            raise UserError(f"{f.path}: a second file for topology {f.topology} at {f.mode.axis} {f.level:g} "
-                            f"(also {seen[key]})")
-        seen[key] = f.path
+        raise UserError(f"{', '.join(names)}: no vllm bench serve result files there")
     return files
 
 
-def requests_frame(file: BenchFile) -> pd.DataFrame:
+def requests_frame(file: BenchFile, topology: str | None = None) -> pd.DataFrame:
     """The sweep's requests table from one detailed result file (e2e = TTFT + the ITLs, as vllm
     bench's timeline does; a request failed when its error is not empty)."""
     data = file.data
+    topology = topology or file.topology
     n = len(data["ttfts"])
     lists = [data[f] for f in ("input_lens", "output_lens", "itls", "start_times", "errors")]
     if any(not isinstance(v, list) or len(v) != n for v in lists):
@@ -210,7 +194,7 @@ def requests_frame(file: BenchFile) -> pd.DataFrame:
         e2e = ttft + sum(itl)
         start = float(data["start_times"][i])
         rows.append({
-            "topology": file.topology, "level": file.level, "index": i, "instance": "", "send_time": start,
+            "topology": topology, "level": file.level, "index": i, "instance": "", "send_time": start,
             "end_time": start + (e2e if ok else 0.0), "ok": ok, "status": 200 if ok else 0, "error": error,
             "ttft": ttft if ok else nan, "e2e": e2e if ok else nan,
             "tpot": ((e2e - ttft) / (output - 1) if output > 1 else 0.0) if ok else nan,
