@@ -77,7 +77,7 @@ def test_analyze_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureF
     aggregate.write_text(json.dumps({"completed": 3, "duration": 1.0, "max_concurrency": 2}))
     (tmp_path / "b").mkdir()
     cases = [([str(tmp_path / "nope")], "no such file or folder"),
-             ([str(tmp_path / "b")], "no vllm bench serve result files there"),
+             ([str(tmp_path / "b")], "no result files there"),
              ([str(aggregate)], "--save-detailed"),
              ([str(aggregate), "--objective", "2"], "--objective")]
     for argv, message in cases:
