@@ -20,7 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("crossover.sim.cli", "serve a simulated vLLM fleet from a spec"),
     "exporter": ("crossover.exporter.cli", "scrape the fleet and serve per-topology goodput"),
     "sweep": ("crossover.loadgen.cli", "drive synthetic traffic and find the crossover"),
-    "analyze": ("crossover.loadgen.analysis.analyze", "find the crossover in vllm bench serve result files"),
+    "analyze": ("crossover.loadgen.analysis.analyze", "find the crossover in vllm bench serve, GuideLLM, AIPerf or inference-perf results"),
     "rules": ("crossover.rules.cli", "generate Prometheus scrape config, recording rules and alerts"),
     "dashboards": ("crossover.dashboards.cli", "generate Grafana dashboards"),
     "app": ("crossover.app.cli", "start the Streamlit app"),

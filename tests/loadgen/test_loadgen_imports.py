@@ -174,6 +174,10 @@ def test_unknown_tools_and_unsupported_versions_are_one_line_errors(
     (tmp_path / "guidellm.json").write_text(json.dumps(old))
     err = _one_line_error([str(tmp_path / "guidellm.json")], capsys)
     assert "looks like a GuideLLM 0.4.0 benchmarks file" in err and "supported: " in err
+    del old["metadata"]  # before 0.7: benchmarks alone
+    (tmp_path / "guidellm.json").write_text(json.dumps(old))
+    err = _one_line_error([str(tmp_path / "guidellm.json")], capsys)
+    assert "a GuideLLM benchmarks file from before 0.7" in err
     runs = _copy("aiperf-0.13.0/tp4x1/c2", tmp_path / "aiperf")
     data = json.loads((runs / "profile_export_aiperf.json").read_text())
     data["aiperf_version"] = "0.9.0"

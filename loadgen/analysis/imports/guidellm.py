@@ -56,8 +56,12 @@ def version_of(data: dict[str, Any]) -> str:
 
 
 def check_version(path: Path, data: dict[str, Any]) -> None:
+    metadata = data.get("metadata")
+    if not isinstance(metadata, dict):  # GuideLLM wrote report metadata from 0.7 on
+        raise UserError(f"{path}: looks like a GuideLLM benchmarks file from before 0.7 (no report "
+                        f"metadata); supported: {SUPPORTED}")
     version = version_of(data)
-    schema = (data.get("metadata") or {}).get("version")
+    schema = metadata.get("version")
     if schema not in SCHEMA_VERSIONS or version_prefix(version) not in VERSIONS:
         raise UserError(f"{path}: looks like a GuideLLM {version} benchmarks file (report schema "
                         f"{schema}); supported: {SUPPORTED}")
