@@ -126,6 +126,8 @@ def test_analyze_an_aiperf_folder_gives_the_table_crossover_and_a_run_folder_the
                  "--bootstrap", "0", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "aiperf 0.13.0: 4 level(s) of tp2x2, tp4x1 on the concurrency axis" in out
+    # AIPerf's BPE counted other tokens than the simulator's usage (whitespace words): both shown
+    assert "(per request the tool counted 63 input and 19 output tokens, the figures 16.1 and 16)" in out
     run = load_run(tmp_path / "run")
     assert sorted(run.summary["topology"].unique()) == TOPOLOGIES
     assert sorted(run.summary["level"].unique()) == [2.0, 4.0]

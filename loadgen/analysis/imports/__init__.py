@@ -11,6 +11,7 @@ name (a folder's, or a file's folder's).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,13 @@ import pandas as pd
 from crossover.errors import UserError
 from crossover.loadgen.analysis import benchjson
 from crossover.loadgen.analysis.imports import aiperf, guidellm, inferenceperf
-from crossover.loadgen.analysis.imports.common import Measured, read_json, read_yaml
+from crossover.loadgen.analysis.imports.common import (
+    CLIENT_INPUT_TOKENS,
+    CLIENT_OUTPUT_TOKENS,
+    Measured,
+    read_json,
+    read_yaml,
+)
 from crossover.loadgen.plan import Mode
 
 BENCH_TOOL = "vllm bench serve"
@@ -210,13 +217,23 @@ def _check(levels: list[Level]) -> None:
 
 
 def describe(results: Results) -> list[str]:
-    """One line per tool: how many levels of which topologies, and which token counts the figures use."""
+    """One line per tool: how many levels of which topologies, which token counts the figures use,
+    and where the tool's own counts differ from them, both means per request."""
     lines = []
     for tool in dict.fromkeys(level.tool for level in results.levels):
         mine = [level for level in results.levels if level.tool == tool]
         topologies = ", ".join(sorted({level.topology for level in mine}))
-        lines.append(f"{tool}: {len(mine)} level(s) of {topologies} on the {mine[0].mode.axis} axis; "
-                     f"tokens: {mine[0].tokens}")
+        line = (f"{tool}: {len(mine)} level(s) of {topologies} on the {mine[0].mode.axis} axis; "
+                f"tokens: {mine[0].tokens}")
+        requests = pd.concat([level.requests for level in mine], ignore_index=True)
+        if CLIENT_OUTPUT_TOKENS in requests and requests["ok"].any():
+            ok = requests[requests["ok"].astype(bool)]
+            figures = (ok["input_tokens"].mean(), ok["output_tokens"].mean())
+            own = (ok[CLIENT_INPUT_TOKENS].mean(), ok[CLIENT_OUTPUT_TOKENS].mean())
+            if any(not math.isclose(a, b, rel_tol=0.01) for a, b in zip(figures, own, strict=True)):
+                line += (f" (per request the tool counted {own[0]:.3g} input and {own[1]:.3g} output tokens, "
+                         f"the figures {figures[0]:.3g} and {figures[1]:.3g})")
+        lines.append(line)
     return lines
 
 
