@@ -217,6 +217,26 @@ def test_an_aggregate_off_its_requests_is_a_warning_naming_both_numbers(
            f"requests {recomputed:.6g}" in err
 
 
+def test_failures_as_the_tools_recorded_them_count_and_are_never_good() -> None:
+    """GuideLLM's `errored` requests and AIPerf's error records, from runs against a topology whose
+    simulator answered half the requests with 500 (scripts/capture-peer-fixtures)."""
+    from crossover.loadgen.analysis.summary import mark_requests
+
+    guide = read_results([str(PEERS / "failures" / "guidellm-0.8.1")], ["tp4x1"])
+    totals = json.loads((PEERS / "failures/guidellm-0.8.1/tp4x1/benchmarks.json").read_text())[
+        "benchmarks"][0]["metrics"]["request_totals"]
+    aiperf = read_results([str(PEERS / "failures" / "aiperf-0.13.0")], ["tp4x1"])
+    run = json.loads((PEERS / "failures/aiperf-0.13.0/tp4x1/c2/profile_export_aiperf.json").read_text())
+    assert guide.warnings == [] and aiperf.warnings == []
+    for results, failed, served in ((guide, totals["errored"], totals["successful"]),
+                                    (aiperf, run["error_request_count"]["avg"], run["request_count"]["avg"])):
+        requests = results.levels[0].requests
+        assert failed > 0 and (~requests["ok"]).sum() == failed and requests["ok"].sum() == served
+        marked = mark_requests(requests, {"ttft": 60_000.0})  # an SLO every served request meets
+        assert marked["counted"].sum() == failed + served and marked["good"].sum() == served
+    assert set(aiperf.levels[0].requests.loc[~aiperf.levels[0].requests["ok"], "status"]) == {500}
+
+
 def test_failed_requests_count_as_not_good(tmp_path: Path) -> None:
     """An AIPerf record with an error (its ErrorDetails) fails the request: counted, never good."""
     folder = _copy("aiperf-0.13.0/tp4x1/c2", tmp_path / "c2")

@@ -4,8 +4,8 @@ run's `profile_export_aiperf.json` and its per-request `profile_export.jsonl` be
 
 Field names from AIPerf 0.13.0 as installed (aiperf/common/models/record_models.py,
 MetricRecordInfo {metadata {request_start_ns, benchmark_phase, was_cancelled}, metrics {name: {value,
-unit}}, error}; the run's JSON: {schema_version, aiperf_version, input_config.phases [{kind, type,
-concurrency, rate}], <metric> {avg, sum, ...}}; phase types from
+unit}}, error {code, type, message}}; the run's JSON: {schema_version, aiperf_version,
+input_config.phases [{kind, type, concurrency, rate}], <metric> {avg, sum, ...}}; phase types from
 aiperf/config/schema/aiperf-config.schema.json: concurrency, constant, poisson, gamma).
 
 The load level: the profiling phase's concurrency (type concurrency) or rate (constant, poisson,
@@ -99,11 +99,13 @@ def read(path: Path, data: dict[str, Any]) -> list[Measured]:
         metadata = record.get("metadata") or {}
         if metadata.get("benchmark_phase", PROFILING) != PROFILING:
             continue  # warmup requests are not the run's
-        error = ""
+        error, status = "", 0
         if record.get("error"):
             details = record["error"]
             error = (str(details.get("message") or details.get("type") or "error")
                      if isinstance(details, dict) else str(details))
+            code = details.get("code") if isinstance(details, dict) else None
+            status = code if isinstance(code, int) else 0
         elif metadata.get("was_cancelled"):
             error = "cancelled"
         client_in = _value(record, "input_sequence_length")
@@ -117,7 +119,7 @@ def read(path: Path, data: dict[str, Any]) -> list[Measured]:
             ttft=float(_value(record, "time_to_first_token") or 0.0) / 1000,
             e2e=float(_value(record, "request_latency") or 0.0) / 1000, itl=itl,
             input_tokens=int(server_in if server_in is not None else client_in or 0), output_tokens=output,
-            error=error, client_input_tokens=None if client_in is None else int(client_in),
+            error=error, status=status, client_input_tokens=None if client_in is None else int(client_in),
             client_output_tokens=None if client_out is None else int(client_out),
             completion_id=str(metadata.get("x_request_id") or "")))
     rows.sort(key=lambda r: r["send_time"])
@@ -127,6 +129,7 @@ def read(path: Path, data: dict[str, Any]) -> list[Measured]:
     ok = [r for r in rows if r["ok"]]
     checks = [
         ("request count", _avg(data, "request_count"), float(len(ok))),
+        ("error request count", _avg(data, "error_request_count"), float(len(rows) - len(ok))),
         ("mean TTFT (ms)", _avg(data, "time_to_first_token"), mean([r["ttft"] * 1000 for r in ok])),
         ("mean request latency (ms)", _avg(data, "request_latency"), mean([r["e2e"] * 1000 for r in ok])),
         ("output sequence length total", _sum(data, "output_sequence_length"),
