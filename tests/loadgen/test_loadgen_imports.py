@@ -154,6 +154,18 @@ def test_topologies_one_rule_for_every_tool(tmp_path: Path) -> None:
     assert {lv.topology for lv in alone.levels} == {"tp4x1"} and len(alone.levels) == 2
     one_file = read_results([str(PEERS / "guidellm-0.8.1" / "concurrent" / "tp2x2" / "benchmarks.json")])
     assert {lv.topology for lv in one_file.levels} == {"tp2x2"}
+    # a vllm bench serve file's --metadata topology= wins over its place and the flag
+    bench = {"completed": 1, "failed": 0, "duration": 1.0, "request_rate": "inf", "max_concurrency": 8,
+             "topology": "tp8x1", "input_lens": [10], "output_lens": [3], "ttfts": [0.1],
+             "itls": [[0.01, 0.01]], "start_times": [0.0], "errors": [""]}
+    (tmp_path / "bench" / "tp4x1").mkdir(parents=True)
+    (tmp_path / "bench" / "tp4x1" / "c8.json").write_text(json.dumps(bench))
+    for flag in ([], ["ignored"]):
+        named = read_results([str(tmp_path / "bench")], flag)
+        assert [(lv.tool, lv.topology) for lv in named.levels] == [("vllm bench serve", "tp8x1")]
+    del bench["topology"]  # without it, the rule names it like any tool's
+    (tmp_path / "bench" / "tp4x1" / "c8.json").write_text(json.dumps(bench))
+    assert [lv.topology for lv in read_results([str(tmp_path / "bench")]).levels] == ["tp4x1"]
     with pytest.raises(UserError, match="--topology: give one name, or one per path"):
         read_results([str(runs / "tp4x1"), str(runs / "tp2x2")], ["a", "b", "c"])
 
