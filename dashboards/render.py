@@ -89,9 +89,16 @@ def _panel(panel: Panel, panel_id: int, grid: GridPos) -> TimeSeries | Stat:
     return TimeSeries(title=panel.title, description=panel.description, dataSource=DATASOURCE,
                       targets=targets, unit=panel.unit, gridPos=grid, id=panel_id,
                       thresholds=_thresholds(panel),
-                      thresholdsStyleMode="line" if panel.lines else "off", valueMin=panel.min,
-                      valueMax=panel.max, legendDisplayMode="table", legendPlacement="bottom",
-                      legendCalcs=["lastNotNull", "max"], tooltipMode="multi")
+                      thresholdsStyleMode="line" if panel.lines else "off",
+                      legendDisplayMode="table", legendPlacement="bottom",
+                      legendCalcs=["lastNotNull", "max"], tooltipMode="multi",
+                      # Through extraJson: grafanalib's valueMin/valueMax take ints only, an axis a float.
+                      extraJson=_axis_range(panel))
+
+
+def _axis_range(panel: Panel) -> dict[str, Any] | None:
+    bounds = {k: v for k, v in (("min", panel.min), ("max", panel.max)) if v is not None}
+    return {"fieldConfig": {"defaults": bounds}} if bounds else None
 
 
 def build(model: DashboardModel) -> Dashboard:

@@ -298,7 +298,7 @@ def _panel_modules(root: Path) -> dict[str, PanelTypes]:
 # matchAny, tags, type); a Prometheus annotation is checked as Grafana's Prometheus datasource
 # writes it (PROMETHEUS_ANNOTATION_REF_ID above), every other field as the schema has it.
 _PRELUDE = """\
-import type { AnnotationQuery, Dashboard } from '@grafana/schema';
+import type { AnnotationQuery, Dashboard, Panel, RowPanel } from '@grafana/schema';
 type JsonOf<T> = T extends string ? `${T}`
   : T extends Array<infer U> ? Array<JsonOf<U>>
   : T extends object ? { [K in keyof T]: JsonOf<T[K]> }
@@ -329,27 +329,40 @@ def typescript_source(dashboard: dict[str, Any],
         parts.append((len(lines) + 1, what))
         lines.extend(text.splitlines())
 
-    add("dashboard", f"export const dashboard: CheckedDashboard = {_literal(dashboard)};")
-    panels = [p for top in dashboard.get("panels", []) for p in [top, *top.get("panels", [])]]
-    for i, panel in enumerate(panels):
+    def with_refs(value: dict[str, Any], key: str, refs: list[str]) -> str:
+        """The object's literal with `key` set to the named constants (checked on their own lines)."""
+        body = _literal({k: v for k, v in value.items() if k != key}).rstrip()
+        listed = f'"{key}": [{", ".join(refs)}]'
+        return f"{{\n  {listed}\n}}" if body == "{}" else f"{body[:-1].rstrip()},\n  {listed}\n}}"
+
+    counter = iter(range(1 << 30))
+
+    def panel_const(panel: dict[str, Any]) -> str:
+        i = next(counter)
         kind = panel.get("type")
-        if kind == "row":
-            continue
         where = f"panel {panel.get('title')!r} (id {panel.get('id')})"
+        if kind == "row":
+            refs = [panel_const(p) for p in panel.get("panels", [])]
+            add(where, f"const panel{i}: JsonOf<RowPanel> = {with_refs(panel, 'panels', refs)};")
+            return f"panel{i}"
+        add(where, f"const panel{i}: JsonOf<Panel> = {_literal(panel)};")
         if kind not in modules:
             add(where, f"// no plugin schema for panel type {kind!r}\n"
                        f"const unknown{i}: never = {_literal(kind)};")
-            continue
+            return f"panel{i}"
         alias = f"P{i}"
         imports.append(f"import type * as {alias} from '{modules[kind].module}';")
         add(f"{where} options",
-            f"export const options{i}: JsonOf<{alias}.Options> = {_literal(panel.get('options', {}))};")
+            f"const options{i}: JsonOf<{alias}.Options> = {_literal(panel.get('options', {}))};")
         custom = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {})
         # A plugin without a FieldConfig of its own takes no custom field options at all.
         custom_type = (f"JsonOf<{alias}.FieldConfig>" if modules[kind].has_field_config
                        else "Record<string, never>")
-        add(f"{where} fieldConfig.defaults.custom",
-            f"export const custom{i}: {custom_type} = {_literal(custom)};")
+        add(f"{where} fieldConfig.defaults.custom", f"const custom{i}: {custom_type} = {_literal(custom)};")
+        return f"panel{i}"
+
+    refs = [panel_const(p) for p in dashboard.get("panels", [])]
+    add("dashboard", f"export const dashboard: CheckedDashboard = {with_refs(dashboard, 'panels', refs)};")
     # The imports go first; shift every recorded line by their count.
     shift = len(imports)
     return "\n".join(imports + lines) + "\n", [(start + shift, what) for start, what in parts]
