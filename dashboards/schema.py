@@ -46,6 +46,11 @@ TYPESCRIPT_VERSION = "5.9.3"
 # against the installed package.
 SCHEMA_VERSION = 42
 GRID_COLUMNS = 24
+# Grafana 12.2+/13 serve dashboards as Kubernetes-style resources; V1 wraps the classic model as its
+# `spec` (dist/types/schema/dashboard/v1beta1/dashboard_object_gen.d.ts of @grafana/schema 12.4.11 and
+# 13.2.3: apiVersion, kind, metadata, spec, status). V2 (v2beta1/v2) is a different model, not generated.
+V1_API_VERSION = "dashboard.grafana.app/v1beta1"
+V1_KIND = "Dashboard"
 
 # grafanalib 0.7.1 writes these and no version of the schema has them (Grafana's migrations drop or
 # rewrite them on load): dashboard-level ones from the pre-5.0 row layout, panel-level ones from
@@ -152,6 +157,13 @@ def clean(dashboard: dict[str, Any]) -> dict[str, Any]:
                               if k not in LEGACY_TIMEPICKER_FIELDS}
     data["schemaVersion"] = SCHEMA_VERSION
     return data
+
+
+def resource_v1(dashboard: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard as a V1 resource: `metadata.name` is its uid, `spec` the classic model as is.
+    The namespace is left to the client (`default` is Grafana's first organization)."""
+    return {"apiVersion": V1_API_VERSION, "kind": V1_KIND, "metadata": {"name": dashboard["uid"]},
+            "spec": dashboard}
 
 
 # --- validate (pure Python, always run at generation) ------------------------------------------
@@ -317,10 +329,10 @@ def _literal(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True)
 
 
-def typescript_source(dashboard: dict[str, Any],
-                      modules: dict[str, PanelTypes]) -> tuple[str, list[tuple[int, str]]]:
-    """A .ts file assigning the dashboard to the schema's types, and (first line, what) for each part,
-    so that tsc's line numbers name the panel."""
+def typescript_source(dashboard: dict[str, Any], modules: dict[str, PanelTypes],
+                      v1_types: str = "") -> tuple[str, list[tuple[int, str]]]:
+    """A .ts file assigning the dashboard (classic, or a V1 resource around it) to the schema's types,
+    and (first line, what) for each part, so that tsc's line numbers name the panel."""
     lines = _PRELUDE.splitlines()
     parts: list[tuple[int, str]] = []
     imports: list[str] = []
@@ -361,8 +373,24 @@ def typescript_source(dashboard: dict[str, Any],
         add(f"{where} fieldConfig.defaults.custom", f"const custom{i}: {custom_type} = {_literal(custom)};")
         return f"panel{i}"
 
-    refs = [panel_const(p) for p in dashboard.get("panels", [])]
-    add("dashboard", f"export const dashboard: CheckedDashboard = {with_refs(dashboard, 'panels', refs)};")
+    resource = dashboard.get("apiVersion") == V1_API_VERSION and dashboard.get("kind") == V1_KIND
+    spec = dashboard.get("spec", {}) if resource else dashboard
+    refs = [panel_const(p) for p in spec.get("panels", [])]
+    add("dashboard", f"const dashboard: CheckedDashboard = {with_refs(spec, 'panels', refs)};")
+    if resource:
+        imports.append(f"import type * as V1 from '{v1_types}';")
+        # What a client sends: the package's resource type with what the server sets (namespace from
+        # the URL, status) optional and the classic model as spec; _v1Keys fails if the package's
+        # resource gains a field this does not know.
+        add("V1 resource", f"""type V1Resource = {{
+  apiVersion: '{V1_API_VERSION}'; kind: '{V1_KIND}';
+  metadata: Omit<V1.Metadata, 'namespace'> & {{ namespace?: string }};
+  spec: CheckedDashboard; status?: V1.Dashboard['status'];
+}};
+const _v1Keys: Exclude<keyof V1.Dashboard, keyof V1Resource> extends never ? true : never = true;""")
+        wrapper = {k: v for k, v in dashboard.items() if k != "spec"}
+        add("V1 resource", f"export const resource: V1Resource = {with_refs(wrapper, 'spec', [])};"
+            .replace('"spec": []', '"spec": dashboard'))
     # The imports go first; shift every recorded line by their count.
     shift = len(imports)
     return "\n".join(imports + lines) + "\n", [(start + shift, what) for start, what in parts]
@@ -375,11 +403,14 @@ def check(dashboards: dict[str, dict[str, Any]], version: str) -> list[Problem]:
     """Type-check each dashboard (name -> JSON) against @grafana/schema==version; [] when all pass."""
     root = package_root(version)
     modules = _panel_modules(root)
+    # By file path: the package exports no index for v1beta1 (only for v2 and v2beta1).
+    v1_types = str(root / "node_modules/@grafana/schema/dist/types/schema/dashboard/v1beta1"
+                   / "dashboard_object_gen")
     work = Path(tempfile.mkdtemp(prefix="check-", dir=root))
     try:
         files: dict[str, tuple[str, list[tuple[int, str]]]] = {}
         for i, (name, dashboard) in enumerate(sorted(dashboards.items())):
-            source, parts = typescript_source(dashboard, modules)
+            source, parts = typescript_source(dashboard, modules, v1_types)
             path = work / f"d{i}.ts"
             path.write_text(source, encoding="utf-8")
             files[path.name] = (name, parts)

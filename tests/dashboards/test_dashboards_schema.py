@@ -57,6 +57,9 @@ def _broken() -> dict[str, dict[str, Any]]:
     plugin = copy.deepcopy(base)
     _first_panel(plugin, "stat")["options"]["colorMode"] = "rainbow"
     broken["bad plugin option"] = plugin
+    resource = schema.resource_v1(copy.deepcopy(base))
+    resource["metadata"]["title"] = "not a metadata field"
+    broken["bad V1 metadata"] = resource
     return broken
 
 
@@ -66,9 +69,18 @@ def test_dashboards_type_check_against_grafana_schema_and_broken_ones_fail(versi
                                                                           tmp_path: Path) -> None:
     _require_schema(version)
     # What a user gets from the CLI, for a P/D fleet (all three dashboards), beside the committed ones.
-    assert main(["dashboards", str(SPECS / "pd-8k-prompts.yaml"), "--out", str(tmp_path)]) == 0
-    written = sorted(tmp_path.glob("*.json"))
-    assert {p.name for p in written} == {"overlay.json", "slo.json", "pd.json"}
+    # And the same as Grafana 12.2+ V1 resources (the classic model as spec).
+    spec = str(SPECS / "pd-8k-prompts.yaml")
+    assert main(["dashboards", spec, "--out", str(tmp_path / "classic")]) == 0
+    assert main(["dashboards", spec, "--out", str(tmp_path / "v1"), "--form", "v1"]) == 0
+    written = sorted(tmp_path.glob("*/*.json"))
+    assert {p.relative_to(tmp_path).as_posix() for p in written} == {
+        f"{form}/{name}.json" for form in ("classic", "v1") for name in ("overlay", "slo", "pd")}
+    for path in tmp_path.glob("v1/*.json"):
+        resource = json.loads(path.read_text())
+        assert resource["apiVersion"] == schema.V1_API_VERSION and resource["kind"] == "Dashboard"
+        assert resource["spec"] == json.loads((tmp_path / "classic" / path.name).read_text())
+        assert resource["metadata"] == {"name": resource["spec"]["uid"]}
     good = {str(p): json.loads(p.read_text()) for p in [*COMMITTED, *written]}
     assert len(COMMITTED) >= 16
     broken = _broken()
@@ -78,12 +90,12 @@ def test_dashboards_type_check_against_grafana_schema_and_broken_ones_fail(versi
         by_dashboard.setdefault(problem.dashboard, []).append(f"{problem.where}: {problem.message}")
     assert not set(by_dashboard) & set(good), "\n".join(str(p) for p in problems if p.dashboard in good)
     expect = {"null": "'null' is not assignable", "unknown field": '"index"',
-              "bad enum": '"tabel"', "bad plugin option": '"rainbow"'}
+              "bad enum": '"tabel"', "bad plugin option": '"rainbow"', "bad V1 metadata": '"title"'}
     for name, text in expect.items():
         found = by_dashboard.get(name, [])
         assert any(text in p for p in found), f"{name}: {found}"
         # The problem names the panel it is in (tsc's line mapped back to the panel).
-        assert all("panel '" in p for p in found), found
+        assert all(("panel '" if name != "bad V1 metadata" else "V1 resource") in p for p in found), found
 
 
 @pytest.mark.parametrize("version", schema.SCHEMA_PACKAGE_VERSIONS)
