@@ -85,12 +85,13 @@ def cache_dir(version: str) -> Path:
 # --- clean -------------------------------------------------------------------------------------
 
 
-def _drop_nulls(value: Any, keep_null: bool = False) -> Any:
+def _drop_nulls(value: Any) -> Any:
+    """grafanalib writes null for every unset option; the schema has them optional (absent) instead.
+    The one null the schema wants, the base threshold step's, is put back by _clean_steps."""
     if isinstance(value, dict):
-        return {k: _drop_nulls(v, keep_null=k == "value" and keep_null) for k, v in value.items()
-                if v is not None or (keep_null and k == "value")}
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_drop_nulls(v, keep_null) for v in value if v is not None]
+        return [_drop_nulls(v) for v in value if v is not None]
     return value
 
 
