@@ -9,6 +9,7 @@ from pathlib import Path
 
 from crossover.dashboards.generate import dashboard_files, dashboard_provisioning, datasource_provisioning
 from crossover.dashboards.lint import known_names, lint
+from crossover.dashboards.schema import V1_API_VERSION, resource_v1
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
 from crossover.outdir import write_into
@@ -25,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write Grafana provisioning files (datasource with a fixed uid, provider)")
     parser.add_argument("--prometheus-url", default="http://prometheus:9090",
                         help="datasource URL in the provisioning file")
+    parser.add_argument("--form", choices=("classic", "v1"), default="classic",
+                        help="classic dashboard JSON (file provisioning, import), or each dashboard as a "
+                             f"Grafana 12.2+ {V1_API_VERSION} resource wrapping it (docs/dashboards.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
         problems = lint(json.loads(text), known)
         if problems:  # a generator bug, not a user mistake: say so plainly
             raise RuntimeError(f"generated dashboard {name} fails the lint: {problems[0]}")
+    if args.form == "v1":
+        files = {name: json.dumps(resource_v1(json.loads(text)), sort_keys=True, indent=2) + "\n"
+                 for name, text in files.items()}
     if args.provisioning:
         files["provisioning/datasources/crossover.yml"] = datasource_provisioning(args.prometheus_url)
         files["provisioning/dashboards/crossover.yml"] = dashboard_provisioning(str(Path(args.out).resolve()))
