@@ -484,11 +484,15 @@ class KubernetesDashboards(_Strict):
     """How the dashboards are shipped as Kubernetes objects (docs/kubernetes.md)."""
 
     namespace: str | None = Field(default=None, description="default: kubernetes.namespace")
-    # kube-prometheus-stack's Grafana sidecar picks up ConfigMaps carrying this label (its chart's
-    # grafana.sidecar.dashboards.label/labelValue default to grafana_dashboard: "1").
+    # kube-prometheus-stack's Grafana sidecar picks up ConfigMaps carrying this label (chart 88.5.3
+    # values.yaml: grafana.sidecar.dashboards.label grafana_dashboard, labelValue "1"); the sidecar
+    # (kiwigrid/k8s-sidecar) puts a ConfigMap's files in the sub-folder its FOLDER_ANNOTATION names,
+    # by default k8s-sidecar-target-directory, which Grafana shows as a folder when the provider has
+    # foldersFromFilesStructure.
     sidecar_labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"})
     folder_annotation: LabelKey = Field(
-        default="grafana_folder", description="the annotation the sidecar's folderAnnotation names")
+        default="k8s-sidecar-target-directory",
+        description="the annotation the sidecar reads the folder from (its folderAnnotation)")
     folder: str = Field(default="vLLM crossover", min_length=1,
                         description="Grafana folder of the dashboards")
     instance_selector: dict[str, str] = Field(
@@ -524,8 +528,10 @@ class Kubernetes(_Strict):
         "where they differ")
     tp_label: LabelKey | None = Field(
         default=None, description="pod label with the pod's tensor-parallel size; default the topology's")
-    port: str = Field(default="http", min_length=1,
-                      description="the container (and Service) port name of /metrics")
+    ports: list[Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$")]] = Field(
+        default_factory=lambda: ["http"], min_length=1,
+        description="container (and Service) port names serving /metrics; several where roles differ "
+                    "(llm-d's dev manifests: prefill-http on prefill pods, http on decode pods)")
     path: str = Field(default="/metrics", pattern=r"^/")
     prometheus_url: str | None = Field(
         default=None, description="a Prometheus whose /api/v1/targets the exporter takes pods from")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from crossover.dashboards.generate import dashboard_files, dashboard_provisioning, datasource_provisioning
+from crossover.dashboards.kube import kubernetes_files
 from crossover.dashboards.lint import known_names, lint
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
@@ -25,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write Grafana provisioning files (datasource with a fixed uid, provider)")
     parser.add_argument("--prometheus-url", default="http://prometheus:9090",
                         help="datasource URL in the provisioning file")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="also write the dashboards as ConfigMaps (Grafana sidecar) and "
+                             "GrafanaDashboards (Grafana Operator) per the spec's kubernetes.dashboards; "
+                             "give "
+                             "the --out of `crossover rules --format operator` for one `kubectl apply -f` "
+                             "folder")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         problems = lint(json.loads(text), known)
         if problems:  # a generator bug, not a user mistake: say so plainly
             raise RuntimeError(f"generated dashboard {name} fails the lint: {problems[0]}")
+    if args.kubernetes:
+        files.update(kubernetes_files(spec, stem, dict(files), args.spec))
     if args.provisioning:
         files["provisioning/datasources/crossover.yml"] = datasource_provisioning(args.prometheus_url)
         files["provisioning/dashboards/crossover.yml"] = dashboard_provisioning(str(Path(args.out).resolve()))
