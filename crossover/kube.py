@@ -183,10 +183,10 @@ def pod_targets(spec: FleetSpec, discovered: list[tuple[Mapping[str, str], str]]
             kept = relabel(labels, rules[:1])  # the pod selection alone
             if kept is None:
                 continue
-            pod = labels.get(POD_NAME, url)
+            pod = f"{labels.get(POD_NAMESPACE, k8s.namespace)}/{labels.get(POD_NAME, url)}"
             if topology.disaggregated and k8s.role_label is not None and not labels.get(
                     pod_label_present(k8s.role_label)):
-                problems.append(f"pod {labels.get(POD_NAMESPACE, k8s.namespace)}/{pod} of P/D topology "
+                problems.append(f"pod {pod} of P/D topology "
                                 f"{topology.name} has no label {k8s.role_label} (prefill or decode)")
                 break
             # The role's keep would drop the pod silently: check the role here and say why.
@@ -202,4 +202,4 @@ def pod_targets(spec: FleetSpec, discovered: list[tuple[Mapping[str, str], str]]
             seen.add(url)
             out.append(Target(topology.name, final["replica"], role, url, int(final["gpus"])))
             break
-    return out, problems
+    return out, list(dict.fromkeys(problems))  # a pod seen by several jobs is said once
