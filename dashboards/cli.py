@@ -51,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
         if problems:  # a generator bug, not a user mistake: say so plainly
             raise RuntimeError(f"generated dashboard {name} fails the lint: {problems[0]}")
     if args.kubernetes:
-        files.update(kubernetes_files(spec, stem, dict(files), args.spec))
+        # kubectl apply -f DIR reads every .json at DIR's top: the plain JSON goes one level down.
+        files = {f"dashboards/{name}": text for name, text in files.items()} | kubernetes_files(
+            spec, stem, files, args.spec)
     if args.provisioning:
         files["provisioning/datasources/crossover.yml"] = datasource_provisioning(args.prometheus_url)
         files["provisioning/dashboards/crossover.yml"] = dashboard_provisioning(str(Path(args.out).resolve()))

@@ -65,3 +65,22 @@ def test_a_broken_manifest_fails(file: str, kind: str, break_it, expected: str) 
     break_it(broken)
     found = problems(broken)
     assert any(expected in p for p in found), found
+
+
+def test_one_folder_from_both_clis_is_what_kubectl_apply_takes(tmp_path: Path) -> None:
+    """`crossover rules --format operator` and `crossover dashboards --kubernetes` into one --out:
+    every file kubectl would read (the folder's top) is a valid object, and every kind is there."""
+    from crossover.cli import main
+
+    spec = str(REPO / "compose" / "specs" / "k8s-production-stack.yaml")
+    assert main(["rules", spec, "--format", "operator", "--out", str(tmp_path)]) == 0
+    assert main(["dashboards", spec, "--kubernetes", "--out", str(tmp_path)]) == 0
+    top = sorted(p for p in tmp_path.iterdir() if p.is_file())
+    assert [p.suffix for p in top] == [".yaml"] * len(top)
+    kinds = set()
+    for path in top:
+        assert manifest_problems(path.read_text()) == [], path.name
+        kinds |= {d["kind"] for d in yaml.safe_load_all(path.read_text()) if d}
+    assert kinds == {kind for _, kind in KINDS}
+    assert (tmp_path / "dashboards" / "overlay.json").is_file()
+    assert (tmp_path / "promtool" / "rules.test.yml").is_file()
