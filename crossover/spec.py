@@ -556,7 +556,7 @@ class Kubernetes(_Strict):
         for label_value, role in value.items():
             check_k8s_label("value", label_value)
             if role not in roles:
-                raise ValueError(f"role_values[{label_value}]: unknown role {role!r} "
+                raise ValueError(f"{label_value}: unknown role {role!r} "
                                  f"(one of {', '.join(roles)})")
         return value
 

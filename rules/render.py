@@ -114,9 +114,11 @@ def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str |
         groups.append({"targets": [address], "labels": labels})
     job: dict[str, Any] = {"job_name": JOB_NAME, "honor_labels": False,
                            "body_size_limit": f"{spec.scrape.max_body_bytes}B", "static_configs": groups}
+    # Selector topologies have no addresses in the spec: a Prometheus in the cluster finds their pods.
+    jobs = ([job] if groups else []) + kubernetes_sd_jobs(spec, discovered_only=True)
     if spec.scrape.bearer_token_file:
-        job["authorization"] = {"type": "Bearer", "credentials_file": spec.scrape.bearer_token_file}
-    jobs = [job]
+        for each in jobs:
+            each["authorization"] = {"type": "Bearer", "credentials_file": spec.scrape.bearer_token_file}
     if exporter_target:
         jobs.append({"job_name": EXPORTER_JOB, "static_configs": [{"targets": [exporter_target]}]})
     interval = spec.scrape.interval
@@ -186,11 +188,14 @@ def service_monitor_yaml(spec: FleetSpec, source: str, name: str) -> str:
                       source, "crossover rules --format operator")
 
 
-def kubernetes_sd_jobs(spec: FleetSpec) -> list[dict[str, Any]]:
-    """Plain prometheus.yml scrape jobs (one per topology) discovering the pods themselves."""
+def kubernetes_sd_jobs(spec: FleetSpec, discovered_only: bool = False) -> list[dict[str, Any]]:
+    """Plain prometheus.yml scrape jobs (one per topology) discovering the pods themselves; only the
+    selector topologies' with `discovered_only` (the others are static targets there)."""
     k8s = spec.kubernetes
     jobs = []
     for topology in _kubernetes_topologies(spec):
+        if discovered_only and not topology.discovered:
+            continue
         rules = [Relabel("keep", (CONTAINER_PORT_NAME,), "|".join(k8s.ports)), *relabelings(spec, topology)]
         job: dict[str, Any] = {
             "job_name": f"{JOB_NAME}-{topology.name}", "honor_labels": False,

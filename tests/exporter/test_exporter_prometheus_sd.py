@@ -6,24 +6,27 @@ with a plain job of the user's (no relabelling of ours): the exporter maps them 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.exporter.service import Exporter, running_exporter
+from crossover.exporter.targets import PrometheusSd
 from crossover.kube import CONTAINER_PORT_NAME, POD_NAME, POD_NAMESPACE, pod_label, pod_label_present
-from crossover.netutil import spec_on_free_ports
+from crossover.netutil import free_port, spec_on_free_ports
 from crossover.rules.prom import running_prometheus
 from crossover.sim import fleet as sim_fleet
 from crossover.spec import FleetSpec, load_spec
 from tests.helpers import SPECS, wait_for
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 
 def kubernetes_spec(sim: FleetSpec) -> FleetSpec:
@@ -64,6 +67,8 @@ def scraped(url: str) -> dict[str, tuple[str, str, float]]:
             if s.name == "crossover_target_up"}
 
 
+@pytest.mark.prometheus
+@pytest.mark.slow
 def test_exporter_follows_the_pods_prometheus_discovers(tmp_path: Path) -> None:
     sim = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
     spec = kubernetes_spec(sim)
@@ -94,3 +99,19 @@ def test_exporter_follows_the_pods_prometheus_discovers(tmp_path: Path) -> None:
             wait_for(lambda: scraped(url) == everyone, 60, "colo-1 back after it was discovered again")
             assert {t.instance: t.gpus for t in exporter.targets} == {
                 "colo-0": 1, "colo-1": 1, "prefill-0": 1, "decode-0": 1, "pd1p1d-entrypoint": 0}
+
+
+def test_an_unreachable_prometheus_keeps_the_pods_and_is_said_once() -> None:
+    sim = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
+    spec = kubernetes_spec(sim)
+    discovery = PrometheusSd(f"http://127.0.0.1:{free_port()}", timeout_s=5)
+
+    async def twice() -> tuple[list[str], list[str]]:
+        async with aiohttp.ClientSession() as session:
+            return (await discovery.refresh(session, spec, 0.0),
+                    await discovery.refresh(session, spec, 100.0))
+
+    first, second = asyncio.run(twice())
+    assert len(first) == 1 and first[0].startswith(f"{discovery.url}/api/v1/targets: ")
+    assert first[0].endswith("(keeping the 0 pods found before)")
+    assert second == [] and discovery.targets() == []
