@@ -84,3 +84,14 @@ def test_one_folder_from_both_clis_is_what_kubectl_apply_takes(tmp_path: Path) -
     assert kinds == {kind for _, kind in KINDS}
     assert (tmp_path / "dashboards" / "overlay.json").is_file()
     assert (tmp_path / "promtool" / "rules.test.yml").is_file()
+
+
+def test_a_sweep_of_a_selector_topology_is_a_one_line_error() -> None:
+    """Its pods and GPUs are known only to the cluster: the sweep says so instead of dividing by 0."""
+    from crossover.errors import UserError
+    from crossover.loadgen.sweep import topology_info
+    from crossover.spec import load_spec
+
+    spec = load_spec(REPO / "compose" / "specs" / "k8s-llm-d-pd.yaml")
+    with pytest.raises(UserError, match="topology pd: a selector topology has no instances or GPU count"):
+        topology_info(spec.topology("pd"))
