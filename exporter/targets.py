@@ -166,11 +166,14 @@ class PrometheusSd:
 def all_targets(spec: FleetSpec, file_sd: FileSd | None, prometheus_sd: PrometheusSd | None = None
                 ) -> list[Target]:
     """Spec targets first, then file_sd ones, then discovered pods; a duplicate (topology, instance)
-    keeps the first."""
+    keeps the first, and so does a discovered pod whose URL is already a target (a listed instance
+    that Prometheus also discovers is scraped once)."""
     seen: set[tuple[str, str]] = set()
     out: list[Target] = []
-    for target in (spec_targets(spec) + (file_sd.targets() if file_sd else [])
-                   + (prometheus_sd.targets() if prometheus_sd else [])):
+    given = spec_targets(spec) + (file_sd.targets() if file_sd else [])
+    urls = {t.metrics_url for t in given}
+    pods = [t for t in (prometheus_sd.targets() if prometheus_sd else []) if t.metrics_url not in urls]
+    for target in given + pods:
         if target.key not in seen:
             seen.add(target.key)
             out.append(target)
