@@ -606,6 +606,12 @@ class FleetSpec(_Strict):
                 raise ValueError(f"topologies[{index}]({topology.name}).entrypoint.metrics_url: "
                                  f"{metrics_url} is also the URL of {urls[metrics_url]}")
         names = [t.name for t in self.topologies]
+        k8s = self.kubernetes
+        for index, topology in enumerate(self.topologies):
+            on_kubernetes = topology.discovered or k8s.topology_label is not None
+            if topology.disaggregated and on_kubernetes and k8s.role_label is None:
+                raise ValueError(f"topologies[{index}]({topology.name}): a P/D topology's pods need "
+                                 "kubernetes.role_label, the pod label that says prefill or decode")
         for value, name in self.kubernetes.topology_values.items():
             if name not in names:
                 raise ValueError(f"kubernetes.topology_values[{value}]: {name!r} is not a topology "
