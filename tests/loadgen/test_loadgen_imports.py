@@ -198,6 +198,10 @@ def test_unknown_tools_and_unsupported_versions_are_one_line_errors(
     (runs / "profile_export_aiperf.json").write_text(json.dumps(data))
     err = _one_line_error([str(runs)], capsys)
     assert "looks like an AIPerf 0.9.0 run" in err and "AIPerf 0.13.x" in err
+    (tmp_path / "folder").mkdir()
+    unknown.rename(tmp_path / "folder" / "other.json")
+    err = _one_line_error([str(tmp_path / "folder")], capsys)
+    assert "no result files there (passed over 1 file(s) of no tool it imports: other.json)" in err
     lone = _copy("inference-perf-0.7.0/tp4x1", tmp_path / "inference-perf")
     (lone / "per_request_lifecycle_metrics.json").unlink()
     err = _one_line_error([str(lone)], capsys)

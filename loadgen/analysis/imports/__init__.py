@@ -154,6 +154,7 @@ def read_results(paths: Sequence[str], topologies: Sequence[str] = ()) -> Result
         raise UserError(f"--topology: give one name, or one per path ({len(roots)}), not {len(topologies)}")
     several = len(roots) > 1
     levels: list[Level] = []
+    passed_over: list[Path] = []  # files no tool claimed, named when nothing was found
     for number, root in enumerate(roots):
         flag = topologies[0] if len(topologies) == 1 else topologies[number] if topologies else None
         stage_groups: dict[tuple[Path, str], list[Path]] = defaultdict(list)
@@ -164,7 +165,10 @@ def read_results(paths: Sequence[str], topologies: Sequence[str] = ()) -> Result
                 assert match is not None
                 stage_groups[(path.parent, match["prefix"])].append(path)
                 continue
-            for found in _measure(path, explicit):
+            measured = _measure(path, explicit)
+            if not measured and path.suffix in (".json", ".yaml", ".yml"):
+                passed_over.append(path)
+            for found in measured:
                 named = flag or _topology_of(path, root, several)
                 if isinstance(found, benchjson.BenchFile):
                     topology = found.topology or named
@@ -180,7 +184,11 @@ def read_results(paths: Sequence[str], topologies: Sequence[str] = ()) -> Result
             named = flag or _topology_of(stage_paths[0], root, several)
             levels.extend(_level(found, named) for found in inferenceperf.read_folder(stage_paths))
     if not levels:
-        raise UserError(f"{', '.join(paths)}: no result files there; supported: {SUPPORTED}")
+        seen = ""
+        if passed_over:
+            names = ", ".join(p.name for p in passed_over[:3]) + (", ..." if len(passed_over) > 3 else "")
+            seen = f" (passed over {len(passed_over)} file(s) of no tool it imports: {names})"
+        raise UserError(f"{', '.join(paths)}: no result files there{seen}; supported: {SUPPORTED}")
     _check(levels)
     return Results(levels)
 
