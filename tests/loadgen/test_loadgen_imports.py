@@ -134,6 +134,14 @@ def test_analyze_an_aiperf_folder_gives_the_table_crossover_and_a_run_folder_the
     assert (run.summary["attainment"] == 1.0).all()
 
 
+def test_a_guidellm_sweep_per_topology_says_why_no_crossing_comes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(PEERS / "guidellm-0.8.1" / "sweep"), "--goodput", "ttft:1000",
+                 "--bootstrap", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "guidellm 0.8.1: 6 level(s) of tp2x2, tp4x1 on the rate axis" in out
+    assert "note: the topologies share fewer than two levels, so no crossing can be computed" in out
+
+
 def _copy(source: str, target: Path) -> Path:
     shutil.copytree(PEERS / source, target)
     return target

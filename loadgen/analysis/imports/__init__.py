@@ -242,6 +242,14 @@ def describe(results: Results) -> list[str]:
                 line += (f" (per request the tool counted {own[0]:.3g} input and {own[1]:.3g} output tokens, "
                          f"the figures {figures[0]:.3g} and {figures[1]:.3g})")
         lines.append(line)
+    by_topology = {t: {lv.level for lv in results.levels if lv.topology == t}
+                   for t in {lv.topology for lv in results.levels}}
+    if len(by_topology) > 1 and len(set.intersection(*by_topology.values())) < 2:
+        # achieved rates (GuideLLM's sweep and throughput runs) differ between topologies, and the
+        # crossings compare the curves at the levels they share
+        lines.append("note: the topologies share fewer than two levels, so no crossing can be computed; "
+                     "measure them at the same levels (GuideLLM: --profile kind=constant with "
+                     "--override profile.rate R1,R2,...; or kind=concurrent)")
     return lines
 
 
