@@ -29,6 +29,8 @@ TOPOLOGIES = ["tp2x2", "tp4x1"]
 CAPTURED = {
     "guidellm-0.8.1/concurrent": ("guidellm 0.8.1", Mode.CLOSED, 2),
     "guidellm-0.8.1/sweep": ("guidellm 0.8.1", Mode.OPEN, 3),
+    "guidellm-0.8.1/constant": ("guidellm 0.8.1", Mode.OPEN, 2),
+    "guidellm-0.7.1/constant": ("guidellm 0.7.1", Mode.OPEN, 2),
     "guidellm-0.7.1/concurrent": ("guidellm 0.7.1", Mode.CLOSED, 2),
     "guidellm-0.7.1/sweep": ("guidellm 0.7.1", Mode.OPEN, 3),
     "aiperf-0.13.0": ("aiperf 0.13.0", Mode.CLOSED, 2),
@@ -63,6 +65,8 @@ def _check_guidellm(levels: list[Level]) -> None:
             strategy = benchmark["config"]["strategy"]
             if sweep:  # the rate axis at the run's achieved request rate
                 assert _close(level.level, len(level.requests) / benchmark["duration"])
+            elif strategy["type_"] == "constant":
+                assert level.level == strategy["rate"]
             else:
                 assert level.level == strategy["streams"]
 
