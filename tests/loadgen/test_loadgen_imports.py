@@ -166,6 +166,8 @@ def test_topologies_one_rule_for_every_tool(tmp_path: Path) -> None:
     assert {lv.topology for lv in alone.levels} == {"tp4x1"} and len(alone.levels) == 2
     one_file = read_results([str(PEERS / "guidellm-0.8.1" / "concurrent" / "tp2x2" / "benchmarks.json")])
     assert {lv.topology for lv in one_file.levels} == {"tp2x2"}
+    jsonl = read_results([str(runs / "tp4x1" / "c2" / "profile_export.jsonl")], ["tp4x1"])
+    assert [(lv.tool, lv.level, len(lv.requests)) for lv in jsonl.levels] == [("aiperf 0.13.0", 2.0, 6)]
     # a vllm bench serve file's --metadata topology= wins over its place and the flag
     bench = {"completed": 1, "failed": 0, "duration": 1.0, "request_rate": "inf", "max_concurrency": 8,
              "topology": "tp8x1", "input_lens": [10], "output_lens": [3], "ttfts": [0.1],

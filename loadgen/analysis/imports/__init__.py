@@ -86,7 +86,7 @@ def _measure(path: Path, explicit: bool) -> list[Measured | benchjson.BenchFile]
         if explicit and not run.exists():
             raise UserError(f"{path}: a JSONL file without an AIPerf {run.name} beside it; "
                             f"supported: {SUPPORTED}")
-        return []  # read with its run's JSON
+        return list(aiperf.read(run, read_json(run))) if explicit else []  # in a folder: with its run's JSON
     if inferenceperf.is_stage_report(path):
         return []  # read per folder (read_results)
     if path.name.endswith(inferenceperf.PER_REQUEST) or path.name.endswith("_lifecycle_metrics.json"):
