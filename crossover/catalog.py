@@ -456,7 +456,7 @@ class Dialect:
 
     def histogram_for(self, vllm_family: Metric) -> Metric | None:
         """The dialect's family standing for one of vLLM's request histograms, if it has one."""
-        return next((mine for theirs, mine in self.histograms if theirs is vllm_family), None)
+        return next((mine for theirs, mine in self.histograms if theirs.name == vllm_family.name), None)
 
 
 VLLM_DIALECT = Dialect(

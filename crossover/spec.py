@@ -598,7 +598,8 @@ def slo_warnings(spec: FleetSpec, source: str = "spec") -> list[str]:
     warnings = []
     for slo, threshold_ms in spec.slos.thresholds_ms.items():
         for dialect in dialects:
-            metric = dialect.histogram_for(SLO_HISTOGRAMS[slo])
+            vllm = SLO_HISTOGRAMS[slo]
+            metric = vllm if dialect is DIALECTS["vllm"] else dialect.histogram_for(vllm)
             if metric is None or boundary_index(threshold_ms / 1000.0, metric.buckets) is not None:
                 continue
             where = "" if dialect.name == "vllm" else f" (entrypoint dialect {dialect.name})"
