@@ -184,3 +184,16 @@ def test_a_routers_failed_requests_are_not_counted_as_served(tmp_path: Path) -> 
     (tmp_path / "routed.test.yml").write_text(yaml.safe_dump(test))
     result = _promtool("test", "rules", "routed.test.yml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_the_rules_warn_when_a_dialects_buckets_lack_the_slo_bucket() -> None:
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    for topology in data["topologies"]:
+        if topology["entrypoint"].get("metrics_url"):
+            topology["entrypoint"]["dialect"] = "llm-d"
+    data["slos"] = {"ttft_ms": 500, "tpot_ms": 100}  # 500 ms: vLLM's boundary, between llm-d's 400 and 600
+    warnings = build_rules(parse_spec(data, "llm-d")).warnings
+    assert len(warnings) == 1, warnings
+    assert catalog.LLMD_TTFT.name in warnings[0] and "pd1p1d" in warnings[0] and "500 ms" in warnings[0]
+    data["slos"] = {"ttft_ms": 1000, "tpot_ms": 100}  # on both bucket sets
+    assert build_rules(parse_spec(data, "llm-d")).warnings == ()
