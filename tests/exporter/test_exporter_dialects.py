@@ -190,12 +190,13 @@ def test_a_routers_extra_labels_are_summed_never_multiplied() -> None:
 
 
 def test_vllm_priority_label_is_summed_on_engine_histograms() -> None:
-    """vLLM after 0.32 puts `priority` on its request histograms (checked against source only)."""
+    """vLLM under --scheduling-policy priority puts a bucketed `priority` label ("0", ">1", ...) on
+    its finished-request families (checked against source only, docs/real-vllm.md)."""
     ttft = catalog.TTFT.name
     body = f"# TYPE {ttft} histogram\n" + "".join(
         f'{ttft}_bucket{{engine="0",le="+Inf",model_name="m",priority="{p}"}} {n}\n'
         f'{ttft}_count{{engine="0",model_name="m",priority="{p}"}} {n}\n'
-        f'{ttft}_sum{{engine="0",model_name="m",priority="{p}"}} {n}\n' for p, n in (("0", 2), ("1", 5)))
+        f'{ttft}_sum{{engine="0",model_name="m",priority="{p}"}} {n}\n' for p, n in (("0", 2), (">1", 5)))
     empty = body.replace(" 2\n", " 0\n").replace(" 5\n", " 0\n")
     instance = Target("tp2", "tp2-0", "colocated", "http://127.0.0.1:2/metrics", 2)
     assert _figures(empty, body, instance).latency["ttft"].observations == 7
