@@ -731,8 +731,13 @@ def derive_rows(sums: WindowSums, gpus: Sequence[int], *, slos_seconds: Mapping[
         row_attainment = {kind: _attainment(kind, threshold, values[row], exact[row], observed[row], outcomes)
                           for kind, (threshold, values, exact, observed) in shares.items()}
         counted = at["requests"] is not None
-        # A router's routed requests (slo.ROUTED_REASON) hold its failed ones: every request is the total.
-        requests = outcomes.total if slo.ROUTED_REASON in row_reasons else at["requests"]
+        requests = at["requests"]
+        if slo.ROUTED_REASON in row_reasons:
+            # A router's routed requests hold its failed ones: shown as vLLM's finished requests by
+            # reason (served as "stop"), as the recording rules show them.
+            row_reasons = {"stop": outcomes.served, **{r: v for r, v in row_reasons.items()
+                                                       if r in slo.FAILED_REASONS}}
+            requests = outcomes.served + outcomes.failed_finished
         out.append(Derived(
             window_seconds=window_seconds, targets=targets[row], gpus=gpus[row],
             latency={short: latencies[row] for short, latencies in latency.items()},

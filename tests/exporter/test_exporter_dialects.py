@@ -121,6 +121,8 @@ def test_llmd_gives_what_vllm_gives_for_the_same_traffic(name: str, go: bool) ->
     assert llmd.failed_requests_per_second == {"error": pytest.approx(FAILED)}
     assert vllm.failed_requests_per_second.get("error") == pytest.approx(FAILED)
     assert llmd.failures_counted is True
+    assert llmd.requests_per_second_by_reason == {"stop": pytest.approx(SERVED),
+                                                  "error": pytest.approx(FAILED)}
     # Every latency kind, on each one's own buckets: the same observations and means; quantiles
     # within the coarser bucket set's resolution.
     for kind, vllm_metric in slo.SLO_HISTOGRAMS.items():
