@@ -418,6 +418,12 @@ PRODUCTION_STACK_LATENCY = Metric(
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0), required=False)
 PRODUCTION_STACK_QPS = Metric(
     "vllm:current_qps", MetricType.GAUGE, "Current Queries Per Second", labels=("server",), required=False)
+# Engine gauges it republishes under vLLM's names, one series per engine (`server`): not its families to
+# read, the ones that must never be summed with the engines' (rules/render.py drops them).
+PRODUCTION_STACK_ENGINE_GAUGES: tuple[Metric, ...] = tuple(
+    Metric(m.name, MetricType.GAUGE, help_, labels=("server",), required=False)
+    for m, help_ in ((NUM_REQUESTS_RUNNING, "Number of running requests"),
+                     (NUM_REQUESTS_WAITING, "Number of waiting requests")))
 PRODUCTION_STACK_HEALTHY_PODS = Metric(
     "vllm:healthy_pods_total", MetricType.GAUGE, "Number of healthy vLLM pods", labels=("server",),
     required=False)

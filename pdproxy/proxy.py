@@ -157,7 +157,7 @@ class EntrypointMetrics:
 
     def _production_stack(self) -> Iterator[PromFamily]:
         """production-stack's router families for the requests relayed (router-side e2e, arrivals,
-        errors); its gauges stand for the engines and are left out."""
+        errors), and engine gauges under vLLM's names with its `server` label, as it serves them."""
         labels = {"server": "simulated", "model": self.model_name, "status": "200"}
         dialect = catalog.PRODUCTION_STACK_DIALECT
         assert dialect.requests is not None and dialect.errors is not None
@@ -168,6 +168,8 @@ class EntrypointMetrics:
         yield family(latency, latency.name, labels, self.created, self.e2e)
         qps = catalog.PRODUCTION_STACK_QPS
         yield family(qps, qps.name, labels, self.created, 0.0)
+        for gauge in catalog.PRODUCTION_STACK_ENGINE_GAUGES:  # what makes it dangerous beside the engines
+            yield family(gauge, gauge.name, labels, self.created, 0.0)
 
     def render(self) -> bytes:
         registry = CollectorRegistry(auto_describe=False)

@@ -43,10 +43,11 @@ def _spec(dialect: str | None) -> FleetSpec:
     return FleetSpec.model_validate(data)
 
 
-@pytest.mark.parametrize("dialect", [None, catalog.LLMD_DIALECT.name])
+@pytest.mark.parametrize("dialect", [None, catalog.LLMD_DIALECT.name, catalog.PRODUCTION_STACK_DIALECT.name])
 def test_rules_count_each_request_once_with_the_users_ttft(dialect: str | None) -> None:
-    """Behind crossover's proxy (vLLM's names) and behind llm-d's router (its own names and buckets,
-    turned into vLLM's by the scrape config's metric relabelling and read by the same rules)."""
+    """Behind crossover's proxy (vLLM's names), behind llm-d's router (its own names and buckets,
+    turned into vLLM's by the scrape config's metric relabelling and read by the same rules), and
+    behind production-stack's (requests from it, never summed with its vLLM-named gauges; no TTFT)."""
     require_binary("prometheus")
     from crossover.sim.fleet import running_fleet
 
@@ -97,13 +98,20 @@ def test_rules_count_each_request_once_with_the_users_ttft(dialect: str | None) 
                 f'{rate_name(catalog.REQUEST_SUCCESS, WINDOW, "topology_role")}{{topology="pd1p1d"}}')}
             mean = one(mean_name(catalog.TTFT, WINDOW))
             p99 = one(quantile_name(catalog.TTFT, 0.99, WINDOW))
+            router_gauges = prometheus.query(
+                f'{catalog.NUM_REQUESTS_RUNNING.name}{{role="entrypoint",topology="pd1p1d"}}')
     assert source == {"colocated": "instances", "pd1p1d": "entrypoint"}
     # rate() extrapolates the increase it saw by up to one scrape interval (1 s) at either end of the
     # samples it has: of the whole window, or since Prometheus started when that is shorter.
     assert per_second * 60 == pytest.approx(REQUESTS, rel=2 / min(span, 60)), (per_second, span, roles)
     assert set(roles) == {"prefill", "decode", "entrypoint"}  # each role saw every request once
+    assert router_gauges == []  # production-stack's vLLM-named gauges dropped at the scrape
     client = [t.ttft for t in timed]
     client_mean = sum(client) / len(client)
+    if dialect == catalog.PRODUCTION_STACK_DIALECT.name:
+        # Its router has no TTFT: the topology's is decode-side, shorter than what the client waited.
+        assert mean < client_mean
+        return
     # The mean is exact (sum over count); the proxy stamps a loopback hop inside the client's stamps.
     assert mean <= client_mean and agree_within_bucket(mean, client_mean, buckets)
     client_p99 = client_quantile(client, 0.99)
