@@ -197,3 +197,21 @@ def test_the_rules_warn_when_a_dialects_buckets_lack_the_slo_bucket() -> None:
     assert catalog.LLMD_TTFT.name in warnings[0] and "pd1p1d" in warnings[0] and "500 ms" in warnings[0]
     data["slos"] = {"ttft_ms": 1000, "tpot_ms": 100}  # on both bucket sets
     assert build_rules(parse_spec(data, "llm-d")).warnings == ()
+
+
+@pytest.mark.parametrize("dialect", sorted(set(catalog.DIALECTS) - {catalog.VLLM_DIALECT.name}))
+def test_every_dialects_scrape_config_passes_promtool(tmp_path: Path, dialect: str) -> None:
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    for topology in data["topologies"]:
+        if topology["entrypoint"].get("metrics_url"):
+            topology["entrypoint"]["dialect"] = dialect
+    spec = parse_spec(data, dialect)
+    for name, text in outputs(spec, build_rules(spec), Format.PLAIN, dialect, dialect).items():
+        (tmp_path / name).write_text(text)
+    config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
+    relabels = config["scrape_configs"][0]["metric_relabel_configs"]
+    renamed = {r["replacement"] for r in relabels if r.get("target_label") == "__name__"}
+    assert catalog.REQUEST_SUCCESS.promql_name in renamed
+    assert all("entrypoint;pd1p1d;" in r["regex"] for r in relabels)  # never an engine's series
+    checked = _promtool("check", "config", "--syntax-only", "prometheus.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
