@@ -102,6 +102,9 @@ def _address(metrics_url: str) -> tuple[str, str, str]:
     return f"{host}:{port}", parts.scheme, parts.path or "/"
 
 
+_KEEP = "__tmp_crossover_keep"  # marks the series a dialect's label filter keeps, for one step
+
+
 def dialect_relabels(topology: str, dialect: Dialect) -> list[dict[str, Any]]:
     """metric_relabel_configs that turn a topology's entrypoint series in a router's dialect into
     vLLM's entrypoint families as crossover.exporter.dialect reads them (docs/routers.md): histograms
@@ -123,8 +126,8 @@ def dialect_relabels(topology: str, dialect: Dialect) -> list[dict[str, Any]]:
         if mine.name in only:
             label, value = only[mine.name]
             out.append({"source_labels": [*where, label], "regex": f"{head}{series};{re.escape(value)}",
-                        "target_label": "__tmp_crossover_keep", "replacement": "1"})
-            out.append({"source_labels": [*where, "__tmp_crossover_keep"], "regex": f"{head}{series};",
+                        "target_label": _KEEP, "replacement": "1"})
+            out.append({"source_labels": [*where, _KEEP], "regex": f"{head}{series};",
                         "action": "drop"})
         out.append({"source_labels": where, "regex": head + series, "target_label": "__name__",
                     "replacement": vllm.name + "_${1}"})
@@ -171,7 +174,8 @@ def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str |
     relabels = [r for t in spec.topologies if t.entrypoint.dialect not in (None, catalog.VLLM_DIALECT.name)
                 for r in dialect_relabels(t.name, catalog.DIALECTS[t.entrypoint.dialect or ""])]
     if relabels:
-        job["metric_relabel_configs"] = relabels
+        # The mark the filters above set (dialect_relabels) never stays on a stored series.
+        job["metric_relabel_configs"] = [*relabels, {"action": "labeldrop", "regex": _KEEP}]
     if spec.scrape.bearer_token_file:
         job["authorization"] = {"type": "Bearer", "credentials_file": spec.scrape.bearer_token_file}
     jobs = [job]

@@ -100,12 +100,14 @@ def test_rules_count_each_request_once_with_the_users_ttft(dialect: str | None) 
             p99 = one(quantile_name(catalog.TTFT, 0.99, WINDOW))
             router_gauges = prometheus.query(
                 f'{catalog.NUM_REQUESTS_RUNNING.name}{{role="entrypoint",topology="pd1p1d"}}')
+            marked = prometheus.query('{__tmp_crossover_keep!=""}')  # the relabelling's own mark
     assert source == {"colocated": "instances", "pd1p1d": "entrypoint"}
     # rate() extrapolates the increase it saw by up to one scrape interval (1 s) at either end of the
     # samples it has: of the whole window, or since Prometheus started when that is shorter.
     assert per_second * 60 == pytest.approx(REQUESTS, rel=2 / min(span, 60)), (per_second, span, roles)
     assert set(roles) == {"prefill", "decode", "entrypoint"}  # each role saw every request once
     assert router_gauges == []  # production-stack's vLLM-named gauges dropped at the scrape
+    assert marked == []
     client = [t.ttft for t in timed]
     client_mean = sum(client) / len(client)
     if dialect == catalog.PRODUCTION_STACK_DIALECT.name:
