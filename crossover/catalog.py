@@ -308,3 +308,191 @@ WAITING_REASONS: tuple[str, ...] = ("capacity", "deferred")
 ADMISSION_REJECTION_REASONS: tuple[str, ...] = ("max_num_queued_reqs", "max_num_queued_tokens")
 PROMPT_SOURCES: tuple[str, ...] = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
+
+
+# --- router dialects ----------------------------------------------------------------------------------
+# What a topology's entrypoint (the router in front of its instances) may serve, each dialect's families,
+# labels and buckets declared once. The exporter reads an entrypoint in its dialect and turns it into the
+# vLLM entrypoint families above (ENTRYPOINT_FAMILIES), so that everything downstream, the SLO module
+# included, reads one shape; `crossover validate` checks SLO thresholds against the dialect's own buckets.
+#
+# llm-d's router (the endpoint picker, EPP): verified against llm-d/llm-d-router at tag v0.9.0 (2026-06-23)
+# and main at ebab687 (2026-08-21), identical there: pkg/epp/metrics/llm_d_router_metrics.go (families,
+# labels, buckets), pkg/common/observability/metrics/metrics.go (subsystem "llm_d_epp"),
+# pkg/epp/handlers/response.go and server.go (when each is observed), pkg/common/error/error.go (error
+# codes). Releases up to v0.8.0 have no llm_d_epp_ families (subsystem llm_d_inference_scheduler for the
+# scheduler only); a development window between them named the subsystem llm_d_router_epp, without TTFT.
+LLMD_MODEL_LABELS: tuple[str, ...] = ("model_name", "target_model_name")
+LLMD_LABELS: tuple[str, ...] = (*LLMD_MODEL_LABELS, "fairness_id", "priority")
+# generalLatencyBuckets (metrics.go): request duration, 5 ms to 1 hour.
+LLMD_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0,
+    8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0, 900.0,
+    1200.0, 1800.0, 2700.0, 3600.0,
+)
+LLMD_TTFT_BUCKETS: tuple[float, ...] = LLMD_LATENCY_BUCKETS[:LLMD_LATENCY_BUCKETS.index(120.0) + 1]
+LLMD_TPOT_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2,
+    0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 2.0,
+)
+LLMD_ITL_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0,
+)
+# Counted once a request is admitted and scheduled (server.go, after director.HandleRequest): every request
+# sent to a model server. Failures before that (bad input, admission, scheduling) are only in the errors.
+LLMD_REQUESTS = Metric(
+    "llm_d_epp_request", MetricType.COUNTER, "Total number of processed requests.",
+    labels=LLMD_LABELS, required=False)
+LLMD_ERRORS = Metric(
+    "llm_d_epp_request_error", MetricType.COUNTER, "Total number of request errors.",
+    labels=(*LLMD_LABELS, "error_code"), required=False)
+LLMD_DURATION = Metric(
+    "llm_d_epp_request_duration_seconds", MetricType.HISTOGRAM,
+    "End-to-end request latency distribution in seconds.", labels=LLMD_LABELS,
+    buckets=LLMD_LATENCY_BUCKETS, required=False)
+# Observed at the end of the response, from its arrival to the first response byte; a non-streamed
+# response has it equal to its duration (streaming="false"), so only streaming="true" is TTFT.
+LLMD_TTFT = Metric(
+    "llm_d_epp_request_ttft_seconds", MetricType.HISTOGRAM,
+    "Time to first token in seconds, measured from request received to first response byte.",
+    labels=(*LLMD_LABELS, "streaming"), buckets=LLMD_TTFT_BUCKETS, required=False)
+# (e2e - TTFT) / (output tokens - 1), streamed responses only: vLLM's per-request TPOT.
+LLMD_TPOT = Metric(
+    "llm_d_epp_request_streaming_tpot_seconds", MetricType.HISTOGRAM,
+    "Average time per output token in seconds for streaming requests.", labels=LLMD_LABELS,
+    buckets=LLMD_TPOT_BUCKETS, required=False)
+# The gap between consecutive response body chunks as Envoy hands them over: per chunk, not per token
+# (a chunk may carry several tokens), so it reads at or above vLLM's per-token ITL.
+LLMD_ITL = Metric(
+    "llm_d_epp_request_streaming_itl_seconds", MetricType.HISTOGRAM,
+    "Inter-token latency in seconds for streaming requests.", labels=LLMD_LABELS,
+    buckets=LLMD_ITL_BUCKETS, required=False)
+LLMD_STREAMING_LABEL = ("streaming", "true")
+LLMD_DEFAULT_FAIRNESS_ID = "default-flow"  # pkg/epp/metadata/consts.go; priority defaults to "0"
+# error_code values (pkg/common/error/error.go). ModelServerError is any non-200 answer of the model
+# server, its own 4xx included (the router cannot tell them apart: the fleet's failure here); it and
+# Unknown (a stream that broke) come after routing, so those requests are in request_total as well.
+# The client's own mistakes, refused before routing, count nowhere (crossover.slo); every other code
+# is a refusal before routing (admission, scheduling), counted as a rejection.
+LLMD_CLIENT_ERRORS: tuple[str, ...] = ("BadRequest", "Unauthorized", "Forbidden", "NotFound",
+                                       "PreconditionFailed")
+LLMD_ERRORS_AFTER_ROUTING: tuple[str, ...] = ("ModelServerError", "Unknown")
+
+# The Gateway API inference extension's names, still emitted by llm-d's router beside the llm_d_epp_
+# ones and marked deprecated there (metrics.go, same versions): no fairness_id; request_total carries
+# priority, the others only the model labels. TTFT only with the predicted-latency plugin
+# (pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency/metrics.go), on the general
+# latency buckets and without a streaming label; no ITL or TPOT at all.
+LLMD_LEGACY_REQUESTS = Metric(
+    "inference_objective_request", MetricType.COUNTER,
+    "Counter of inference objective requests broken out for each model and target model.",
+    labels=(*LLMD_MODEL_LABELS, "priority"), required=False)
+LLMD_LEGACY_ERRORS = Metric(
+    "inference_objective_request_error", MetricType.COUNTER,
+    "Counter of inference objective requests errors broken out for each model and target model.",
+    labels=(*LLMD_MODEL_LABELS, "error_code"), required=False)
+LLMD_LEGACY_DURATION = Metric(
+    "inference_objective_request_duration_seconds", MetricType.HISTOGRAM,
+    "Inference objective response latency distribution in seconds for each model and target model.",
+    labels=LLMD_MODEL_LABELS, buckets=LLMD_LATENCY_BUCKETS, required=False)
+LLMD_LEGACY_TTFT = Metric(
+    "inference_objective_request_ttft_seconds", MetricType.HISTOGRAM,
+    "Inference model TTFT distribution in seconds for each model and target model.",
+    labels=LLMD_MODEL_LABELS, buckets=LLMD_LATENCY_BUCKETS, required=False)
+
+# vLLM's production-stack router: verified against vllm-project/production-stack at 0c740a2,
+# src/vllm_router/services/metrics_service/__init__.py. It serves gauges under vLLM's own names
+# (vllm:num_requests_running, vllm:num_requests_waiting) with a `server` label, one series per engine
+# it routes to: scraped beside the engines they would be counted twice. Of requests it serves arrivals,
+# errors and a router-side e2e latency; no TTFT, ITL or TPOT.
+PRODUCTION_STACK_REQUESTS = Metric(
+    "vllm:num_incoming_requests", MetricType.COUNTER,
+    "Total valid incoming requests to router (including when no backends available).",
+    labels=("model",), required=False)
+PRODUCTION_STACK_ERRORS = Metric(
+    "vllm:request_errors", MetricType.COUNTER, "Total request errors",
+    labels=("server", "model", "error_type"), required=False)
+PRODUCTION_STACK_LATENCY = Metric(
+    "vllm:request_latency_seconds", MetricType.HISTOGRAM,
+    "End-to-end request latency observed at the router", labels=("server", "model", "status"),
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0), required=False)
+PRODUCTION_STACK_QPS = Metric(
+    "vllm:current_qps", MetricType.GAUGE, "Current Queries Per Second", labels=("server",), required=False)
+# Engine gauges it republishes under vLLM's names, one series per engine (`server`): not its families to
+# read, the ones that must never be summed with the engines' (rules/render.py drops them).
+PRODUCTION_STACK_ENGINE_GAUGES: tuple[Metric, ...] = tuple(
+    Metric(m.name, MetricType.GAUGE, help_, labels=("server",), required=False)
+    for m, help_ in ((NUM_REQUESTS_RUNNING, "Number of running requests"),
+                     (NUM_REQUESTS_WAITING, "Number of waiting requests")))
+PRODUCTION_STACK_HEALTHY_PODS = Metric(
+    "vllm:healthy_pods_total", MetricType.GAUGE, "Number of healthy vLLM pods", labels=("server",),
+    required=False)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The request families one kind of entrypoint serves, and how they map onto vLLM's."""
+
+    name: str  # as in the spec's entrypoint.dialect
+    what: str  # one line for docs and errors
+    # vLLM entrypoint family (ENTRYPOINT_FAMILIES' histograms) -> this dialect's family
+    histograms: tuple[tuple[Metric, Metric], ...] = ()
+    # label a family's series must carry to count (llm-d's TTFT: streaming="true"), by dialect family name
+    only: tuple[tuple[str, tuple[str, str]], ...] = ()
+    requests: Metric | None = None  # the router's request counter (see errors_in_requests)
+    errors: Metric | None = None  # failed requests, by `error_label`
+    error_label: str = ""
+    client_errors: tuple[str, ...] = ()  # error values that are the client's mistake (counted nowhere)
+    # Error values whose requests `requests` counts too (failed after it counted them); the others
+    # were refused before it did (rejections). None: it counts every request, failures included.
+    errors_in_requests: tuple[str, ...] | None = None
+    # The label naming the served model (vLLM's model_name; production-stack's `model`).
+    model_label: str = "model_name"
+    # Extra labels a topology's figures can be split by (spec: entrypoint.split_by); summed otherwise.
+    split_labels: tuple[str, ...] = ()
+    # Families whose presence identifies the dialect in what a target serves.
+    markers: tuple[Metric, ...] = ()
+
+    @property
+    def families(self) -> tuple[Metric, ...]:
+        """Every family of the dialect the exporter reads."""
+        own = [m for _, m in self.histograms]
+        own += [m for m in (self.requests, self.errors) if m is not None]
+        return tuple(dict.fromkeys((*own, *self.markers)))
+
+    def histogram_for(self, vllm_family: Metric) -> Metric | None:
+        """The dialect's family standing for one of vLLM's request histograms, if it has one."""
+        return next((mine for theirs, mine in self.histograms if theirs.name == vllm_family.name), None)
+
+
+VLLM_DIALECT = Dialect(
+    "vllm", "vLLM's own request families (crossover's P/D proxy, or any vLLM-compatible router)",
+    histograms=((TTFT, TTFT), (ITL, ITL), (TPOT, TPOT), (E2E_LATENCY, E2E_LATENCY)),
+    markers=(REQUEST_SUCCESS, TTFT, ITL, TPOT, E2E_LATENCY))
+LLMD_DIALECT = Dialect(
+    "llm-d", "llm-d's router (endpoint picker), llm_d_epp_ families, llm-d-router v0.9.0 or later",
+    histograms=((TTFT, LLMD_TTFT), (ITL, LLMD_ITL), (TPOT, LLMD_TPOT), (E2E_LATENCY, LLMD_DURATION)),
+    only=((LLMD_TTFT.name, LLMD_STREAMING_LABEL),),
+    requests=LLMD_REQUESTS, errors=LLMD_ERRORS, error_label="error_code",
+    client_errors=LLMD_CLIENT_ERRORS, errors_in_requests=LLMD_ERRORS_AFTER_ROUTING,
+    split_labels=("priority", "fairness_id", "target_model_name"),
+    markers=(LLMD_REQUESTS, LLMD_DURATION, LLMD_TTFT))
+LLMD_LEGACY_DIALECT = Dialect(
+    "llm-d-legacy", "the Gateway API inference extension's deprecated inference_objective_ families",
+    histograms=((TTFT, LLMD_LEGACY_TTFT), (E2E_LATENCY, LLMD_LEGACY_DURATION)),
+    requests=LLMD_LEGACY_REQUESTS, errors=LLMD_LEGACY_ERRORS, error_label="error_code",
+    client_errors=LLMD_CLIENT_ERRORS, errors_in_requests=LLMD_ERRORS_AFTER_ROUTING,
+    split_labels=("target_model_name",),
+    markers=(LLMD_LEGACY_REQUESTS, LLMD_LEGACY_DURATION))
+PRODUCTION_STACK_DIALECT = Dialect(
+    "production-stack", "vLLM production-stack's router (vllm:-named series with a `server` label)",
+    histograms=((E2E_LATENCY, PRODUCTION_STACK_LATENCY),),
+    requests=PRODUCTION_STACK_REQUESTS, errors=PRODUCTION_STACK_ERRORS, error_label="error_type",
+    model_label="model",
+    markers=(PRODUCTION_STACK_REQUESTS, PRODUCTION_STACK_QPS, PRODUCTION_STACK_HEALTHY_PODS,
+             PRODUCTION_STACK_LATENCY))
+# Detection order: a router's own families first (llm-d serves its current and deprecated names side
+# by side, so the current ones win), vLLM's last (production-stack's gauges share vLLM's names).
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (LLMD_DIALECT, LLMD_LEGACY_DIALECT,
+                                                    PRODUCTION_STACK_DIALECT, VLLM_DIALECT)}
+ROUTER_ONLY_DIALECTS: tuple[Dialect, ...] = (PRODUCTION_STACK_DIALECT,)  # never an engine's series

@@ -125,6 +125,13 @@ REJECTED_REASON = "rejected"
 # before the engine saw the request.
 UNFINISHED_REASON = "unfinished"
 FAILURE_REASONS: tuple[str, ...] = (*FAILED_REASONS, REJECTED_REASON, UNFINISHED_REASON)
+# A router that counts the requests it routed and its failures apart (llm-d's request_total and
+# request_error_total by error_code) is read into catalog.REQUEST_SUCCESS under ROUTED_REASON (every
+# request it sent on, failed ones included) and the failed reasons, its refusals before routing into
+# catalog.ADMISSION_REJECTIONS, so that the one `outcomes` below judges it too: served = routed -
+# failed. A request still in flight at a window's end counts as served in it (a router has no
+# served-requests counter of its own); over windows of several scrape intervals that is noise.
+ROUTED_REASON = "routed"
 # The families the failure-aware definition reads; a target lacking finished_reason falls back to
 # the histogram share alone (flagged by FAILURES_COUNTED 0); one lacking the HTTP counter counts no
 # unfinished request, one lacking the admission counter no rejection.
@@ -171,7 +178,14 @@ class Outcomes:
 def outcomes(by_finished_reason: Mapping[str, float], rejections: float | None,
              requests: float | None) -> Outcomes:
     """Outcomes from catalog.REQUEST_SUCCESS by finished_reason, catalog.ADMISSION_REJECTIONS and
-    the fleet's requests in catalog.HTTP_REQUESTS (is_fleet_request); None: the family is absent."""
+    the fleet's requests in catalog.HTTP_REQUESTS (is_fleet_request); None: the family is absent.
+    A router's routed requests (ROUTED_REASON) hold its failed ones; HTTP_REQUESTS is then not read."""
+    if ROUTED_REASON in by_finished_reason:
+        failed = {r: by_finished_reason[r] for r in FAILED_REASONS if r in by_finished_reason}
+        served = max(0.0, by_finished_reason[ROUTED_REASON] - math.fsum(failed.values()))
+        if rejections is not None:
+            failed[REJECTED_REASON] = rejections
+        return Outcomes(served, failed, counted=True)
     # Whatever is not a failure was served (a reason a later vLLM adds counts as served).
     served = math.fsum(v for r, v in by_finished_reason.items() if r not in FAILED_REASONS)
     failed = {r: by_finished_reason[r] for r in FAILED_REASONS if r in by_finished_reason}

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from crossover.catalog import KV_CONNECTORS
+from crossover.catalog import DIALECTS, KV_CONNECTORS
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
 from crossover.slo import SLO_HISTOGRAMS, boundary_index, not_a_boundary
@@ -209,8 +209,18 @@ class Entrypoint(_Strict):
 
     url: str | None = None
     balance: Balance | None = None
-    metrics_url: str | None = Field(default=None, description="the router's vLLM-compatible /metrics "
+    metrics_url: str | None = Field(default=None, description="the router's /metrics "
                                     "(crossover's own proxy: <url>/metrics), scraped as role entrypoint")
+    dialect: str | None = Field(default=None, description="the metric families the router serves: one of "
+                                "catalog.DIALECTS (vllm, llm-d, llm-d-legacy, production-stack); "
+                                "detected from what it serves when left out")
+
+    @field_validator("dialect")
+    @classmethod
+    def _dialect(cls, value: str | None) -> str | None:
+        if value is not None and value not in DIALECTS:
+            raise ValueError(f"unknown dialect {value!r} (known: {', '.join(DIALECTS)})")
+        return value
 
     @field_validator("url", "metrics_url")
     @classmethod
@@ -224,6 +234,8 @@ class Entrypoint(_Strict):
                              "(round_robin or least_outstanding over the instances)")
         if self.metrics_url is not None and self.url is None:
             raise ValueError("metrics_url needs url: client-side balancing has no router to scrape")
+        if self.dialect is not None and self.metrics_url is None:
+            raise ValueError("dialect needs metrics_url: it names what the router's /metrics serves")
         return self
 
 
@@ -746,15 +758,21 @@ def load_spec(path: str | os.PathLike[str]) -> FleetSpec:
 
 
 def slo_warnings(spec: FleetSpec, source: str = "spec") -> list[str]:
-    """One line for each SLO threshold that is not on a default vLLM bucket boundary."""
+    """One line for each SLO threshold that is not on a bucket boundary of the histogram it is judged
+    on: vLLM's defaults, and the own buckets of each router dialect an entrypoint names."""
+    dialects = dict.fromkeys([DIALECTS["vllm"], *(DIALECTS[t.entrypoint.dialect] for t in spec.topologies
+                                                   if t.entrypoint.dialect is not None)])
     warnings = []
     for slo, threshold_ms in spec.slos.thresholds_ms.items():
-        metric = SLO_HISTOGRAMS[slo]
-        if boundary_index(threshold_ms / 1000.0, metric.buckets) is not None:
-            continue
-        warnings.append(
-            f"{source}: slos.{slo}_ms: {not_a_boundary(threshold_ms, metric.name, metric.buckets)}; "
-            "histogram-based goodput is interpolated there, exact only on a boundary")
+        for dialect in dialects:
+            vllm = SLO_HISTOGRAMS[slo]
+            metric = vllm if dialect is DIALECTS["vllm"] else dialect.histogram_for(vllm)
+            if metric is None or boundary_index(threshold_ms / 1000.0, metric.buckets) is not None:
+                continue
+            where = "" if dialect.name == "vllm" else f" (entrypoint dialect {dialect.name})"
+            warnings.append(
+                f"{source}: slos.{slo}_ms: {not_a_boundary(threshold_ms, metric.name, metric.buckets)}"
+                f"{where}; histogram-based goodput is interpolated there, exact only on a boundary")
     return warnings
 
 
@@ -767,6 +785,7 @@ class Target:
     role: str
     metrics_url: str
     gpus: int  # the instance's tensor-parallel size (0 for an entrypoint)
+    dialect: str | None = None  # an entrypoint's catalog.DIALECTS name; None: detected from what it serves
 
     @property
     def key(self) -> tuple[str, str]:
@@ -782,5 +801,5 @@ def spec_targets(spec: FleetSpec) -> list[Target]:
                        topology.tensor_parallel_size) for instance in topology.instances]
         if topology.entrypoint.metrics_url is not None:
             out.append(Target(topology.name, entrypoint_replica(topology.name), ENTRYPOINT_ROLE,
-                              topology.entrypoint.metrics_url, 0))
+                              topology.entrypoint.metrics_url, 0, topology.entrypoint.dialect))
     return out

@@ -23,7 +23,8 @@ def run(args: argparse.Namespace) -> int:
             roles = ",".join(sorted({i.role.value for i in topology.instances}))
             target = topology.entrypoint.url or f"client-side {topology.entrypoint.balance.value}"  # type: ignore[union-attr]
             # where its request figures come from (docs/routers.md)
-            source = {"entrypoint": f"; entrypoint metrics {topology.entrypoint.metrics_url}",
+            dialect = topology.entrypoint.dialect or "dialect detected"
+            source = {"entrypoint": f"; entrypoint metrics {topology.entrypoint.metrics_url} ({dialect})",
                       "decode": "; decode-side request figures (no entrypoint metrics)",
                       "instances": ""}[topology.configured_requests_source]
             if topology.discovered:

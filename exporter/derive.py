@@ -731,17 +731,24 @@ def derive_rows(sums: WindowSums, gpus: Sequence[int], *, slos_seconds: Mapping[
         row_attainment = {kind: _attainment(kind, threshold, values[row], exact[row], observed[row], outcomes)
                           for kind, (threshold, values, exact, observed) in shares.items()}
         counted = at["requests"] is not None
+        requests = at["requests"]
+        if slo.ROUTED_REASON in row_reasons:
+            # A router's routed requests hold its failed ones: shown as vLLM's finished requests by
+            # reason (served as "stop"), as the recording rules show them.
+            row_reasons = {"stop": outcomes.served, **{r: v for r, v in row_reasons.items()
+                                                       if r in slo.FAILED_REASONS}}
+            requests = outcomes.served + outcomes.failed_finished
         out.append(Derived(
             window_seconds=window_seconds, targets=targets[row], gpus=gpus[row],
             latency={short: latencies[row] for short, latencies in latency.items()},
             prompt_tokens_per_second=at["prompt"], generation_tokens_per_second=at["generation"],
-            requests_per_second=at["requests"], requests_per_second_by_reason=row_reasons,
+            requests_per_second=requests, requests_per_second_by_reason=row_reasons,
             failed_requests_per_second=outcomes.failed if counted else {},
             failures_counted=outcomes.counted if counted else None,
             kv_cache_usage_max=at["kv_max"], kv_cache_usage_mean=at["kv_mean"],
             running=at["running"], waiting=at["waiting"], preemptions_per_second=at["preemptions"],
             attainment=row_attainment, kv_transfer=None if kv_transfer is None else kv_transfer[row],
-            **_joint(row_attainment, slos_seconds, outcomes, at["requests"], at["generation"]),
+            **_joint(row_attainment, slos_seconds, outcomes, requests, at["generation"]),
         ))
     return out
 

@@ -120,7 +120,7 @@ TARGET_METRICS: tuple[ExportedMetric, ...] = (
                    "Duration of the last scrape of the target, success or failure.", TARGET_LABELS),
     ExportedMetric(f"{PREFIX}_scrape_errors_total", "counter",
                    "Failed scrapes of the target by reason (timeout, connection, http_status, too_large, "
-                   "read, parse, too_many_series).", (*TARGET_LABELS, "reason")),
+                   "read, parse, too_many_series, router_series).", (*TARGET_LABELS, "reason")),
     ExportedMetric(f"{PREFIX}_scrapes_total", "counter", "Scrapes of the target, success or failure.",
                    TARGET_LABELS),
     ExportedMetric(f"{PREFIX}_scrape_body_bytes", "gauge",

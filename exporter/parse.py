@@ -67,6 +67,13 @@ DERIVED_FAMILIES: tuple[catalog.Metric, ...] = (
 )
 
 
+# The families of every router dialect but vLLM's (crossover.catalog.DIALECTS): kept so that
+# crossover.exporter.dialect can read an entrypoint in its dialect and recognise a router's series.
+ROUTER_FAMILIES: tuple[catalog.Metric, ...] = tuple(dict.fromkeys(
+    metric for dialect in catalog.DIALECTS.values() if dialect is not catalog.VLLM_DIALECT
+    for metric in dialect.families))
+
+
 def _sample_suffixes(metric: catalog.Metric) -> tuple[str, ...]:
     if metric.type is catalog.MetricType.COUNTER:
         return ("_total",)
@@ -84,7 +91,8 @@ class WantedName:
     alias_rank: int  # 0 for the current name, 1.. for older aliases
 
 
-def wanted_names(families: Iterable[catalog.Metric] = DERIVED_FAMILIES) -> dict[str, WantedName]:
+def wanted_names(families: Iterable[catalog.Metric] = (*DERIVED_FAMILIES, *ROUTER_FAMILIES)
+                 ) -> dict[str, WantedName]:
     """Every sample name (current and legacy) of the given families, mapped to its current name."""
     out: dict[str, WantedName] = {}
     for metric in families:

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from crossover import catalog
+from crossover.exporter import dialect
 from crossover.exporter.parse import ParsedSeries, ParseError, Parser
-from crossover.spec import Target
+from crossover.spec import ENTRYPOINT_ROLE, Target
 
 # The `reason` label values of crossover_scrape_errors_total.
 ERROR_REASONS: tuple[str, ...] = ("timeout", "connection", "http_status", "too_large", "read", "parse",
-                                  "too_many_series")
+                                  "too_many_series", "router_series")
 
 ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,"
           "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
@@ -32,6 +34,8 @@ class ScrapeResult:
     reason: str | None = None  # one of ERROR_REASONS when it failed
     error: str | None = None  # one line for logs and the snapshot
     body_bytes: int = 0
+    # An entrypoint serving no known dialect: what it does serve, for the one fallback log line.
+    served: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -96,4 +100,16 @@ async def scrape(session: aiohttp.ClientSession, target: Target, parser: Parser,
             # A burst of label sets would swell the history and corrupt the topology sums: refuse it.
             return failed("too_many_series", f"{target.metrics_url}: {distinct} series of the families read, "
                           f"over the limit of {max_series} (scrape.max_series)", len(body))
-    return ScrapeResult(target, time.perf_counter() - started, series, body_bytes=len(body))
+    series, refused = dialect.read(target, series)
+    if refused is not None:
+        return failed("router_series", refused, len(body))
+    served = None
+    if target.role == ENTRYPOINT_ROLE and not any(catalog.REQUEST_SUCCESS.sample_names[0] == key[0]
+                                                  or key[0].startswith(_ENTRY_HISTOGRAMS)
+                                                  for key in series.keys):
+        served = dialect.served_families(text)
+    return ScrapeResult(target, time.perf_counter() - started, series, body_bytes=len(body), served=served)
+
+
+_ENTRY_HISTOGRAMS = tuple(m.name + "_" for m in catalog.ENTRYPOINT_FAMILIES
+                          if m.type is catalog.MetricType.HISTOGRAM)

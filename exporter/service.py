@@ -162,12 +162,14 @@ class Exporter:
                 log.info("target %s/%s up", record.target.topology, record.target.instance)
         self.snapshot = build_snapshot(self.spec, records, now, cycle_seconds=time.perf_counter() - started,
                                        spec_reloads=self.reloads)
+        served = {r.target.topology: r.served for r in results if r.served is not None}
         for topology in self.snapshot.silent_entrypoints:
             if topology not in self._silent_logged:
                 self._silent_logged.add(topology)
-                log.warning("topology %s: its entrypoint target exposes none of %s; its request figures "
-                            "come from the decode side (TTFT excludes the prefill)", topology,
-                            ", ".join(m.name for m in catalog.ENTRYPOINT_FAMILIES))
+                log.warning("topology %s: its entrypoint target serves none of the known dialects (%s) "
+                            "but %s; its request figures come from the decode side (TTFT excludes the "
+                            "prefill)", topology, ", ".join(catalog.DIALECTS),
+                            served.get(topology, "none of their request families"))
         return self.snapshot
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -6,7 +6,8 @@ A file_sd file is the JSON Prometheus reads for `file_sd_configs`:
 `topology` must name a topology of the spec (the target adds one instance of its tensor-parallel
 size to it); `role` defaults to colocated; `instance` defaults to the address. `__scheme__` and
 `__metrics_path__` labels are honoured as in Prometheus. Role `entrypoint` names a router's
-vLLM-compatible metrics (no GPUs): the topology's user-facing figures come from it.
+metrics (no GPUs), read in the dialect detected from what it serves: the topology's user-facing
+figures come from it.
 """
 
 from __future__ import annotations

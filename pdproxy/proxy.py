@@ -46,29 +46,63 @@ class EntrypointMetrics:
     between streamed tokens, TPOT per request, e2e latency, finished requests by reason (an
     instance's failure as "error", observed in e2e like any finished request) and answered requests
     by handler and status class. A client that leaves mid-stream has TTFT and ITL of the tokens it
-    got and no finished reason, e2e or TPOT. TTFT, ITL and TPOT need a streamed response."""
+    got and no finished reason, e2e or TPOT. TTFT, ITL and TPOT need a streamed response.
 
-    def __init__(self, model_name: str) -> None:
+    In another dialect (catalog.DIALECTS, the spec's entrypoint.dialect) the same requests are
+    served as that router counts them (docs/routers.md): llm-d's router counts a request once it is
+    routed (request_total), its failures by error_code (an instance's non-200 answer or cut stream is
+    ModelServerError, bad input BadRequest), TTFT of every answered request with a `streaming`
+    label (a non-streamed one's is its duration), ITL and TPOT of streamed ones, and serves the
+    deprecated inference_objective_ names beside its own; production-stack's router counts
+    arrivals, errors and a router-side latency."""
+
+    def __init__(self, model_name: str, dialect: str = catalog.VLLM_DIALECT.name) -> None:
+        self.dialect = catalog.DIALECTS[dialect]
+        self.model_name = model_name
         self.labels = {"model_name": model_name, "engine": "0"}
         self.created = time.time()
         self.success = dict.fromkeys(catalog.FINISHED_REASONS, 0)
-        self.ttft = Hist(catalog.TTFT.buckets, self.created)
-        self.itl = Hist(catalog.ITL.buckets, self.created)
-        self.tpot = Hist(catalog.TPOT.buckets, self.created)
-        self.e2e = Hist(catalog.E2E_LATENCY.buckets, self.created)
+        own = self.dialect if self.dialect is not catalog.PRODUCTION_STACK_DIALECT else catalog.VLLM_DIALECT
+
+        def hist(metric: catalog.Metric) -> Hist:
+            return Hist((own.histogram_for(metric) or metric).buckets, self.created)
+
+        self.ttft = hist(catalog.TTFT)
+        self.ttft_unstreamed = hist(catalog.TTFT)
+        self.itl = hist(catalog.ITL)
+        self.tpot = hist(catalog.TPOT)
+        self.e2e = Hist((self.dialect.histogram_for(catalog.E2E_LATENCY) or catalog.E2E_LATENCY).buckets,
+                        self.created)
         self.http: dict[tuple[str, str, str], int] = {}  # (handler, method, status class) -> requests
+        self.routed = 0  # a router's request counter (llm-d: counted once routed; production-stack: arrivals)
+        self.errors: dict[str, int] = {}  # a router's errors by its error label's value
 
     def on_http(self, handler: str, method: str, status: int) -> None:
         key = http_key(handler, method, status)
         self.http[key] = self.http.get(key, 0) + 1
 
-    def finished(self, reason: str | None, arrival: float, end: float, tokens: list[float]) -> None:
+    def arrived(self) -> None:
+        """A request with a valid body, about to be sent to the instances."""
+        self.routed += 1
+
+    def refused(self, status: int) -> None:
+        """A request refused before routing (bad input): only llm-d's router counts it, as BadRequest."""
+        if self.dialect.client_errors and slo.is_client_error(status):
+            self.errors[self.dialect.client_errors[0]] = self.errors.get(self.dialect.client_errors[0], 0) + 1
+
+    def finished(self, reason: str | None, arrival: float, end: float, tokens: list[float],
+                 streamed: bool = True) -> None:
         """One request: its finish reason (None: the client left), arrival and end times, and each
         streamed token's time."""
+        if reason == ERROR and self.dialect.errors is not None:
+            code = "ModelServerError" if self.dialect.client_errors else "server_error"
+            self.errors[code] = self.errors.get(code, 0) + 1
         if tokens:
             self.ttft.observe(tokens[0] - arrival)
             for previous, current in itertools.pairwise(tokens):
                 self.itl.observe(current - previous)
+        elif not streamed and reason is not None and reason != ERROR:
+            self.ttft_unstreamed.observe(end - arrival)
         if reason is None:
             return
         self.success[reason] = self.success.get(reason, 0) + 1
@@ -76,6 +110,16 @@ class EntrypointMetrics:
         self.tpot.observe((tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else 0.0)
 
     def collect(self) -> Iterator[PromFamily]:
+        if self.dialect is catalog.LLMD_DIALECT:
+            yield from self._llmd(legacy=False)
+            yield from self._llmd(legacy=True)
+            return
+        if self.dialect is catalog.LLMD_LEGACY_DIALECT:
+            yield from self._llmd(legacy=True)
+            return
+        if self.dialect is catalog.PRODUCTION_STACK_DIALECT:
+            yield from self._production_stack()
+            return
         values: dict[str, object] = {
             catalog.REQUEST_SUCCESS.name: {k: float(v) for k, v in self.success.items()},
             catalog.TTFT.name: self.ttft, catalog.ITL.name: self.itl, catalog.TPOT.name: self.tpot,
@@ -84,6 +128,48 @@ class EntrypointMetrics:
         }
         for metric in (*catalog.ENTRYPOINT_FAMILIES, catalog.HTTP_REQUESTS):
             yield family(metric, metric.name, self.labels, self.created, values[metric.name])
+
+    def _llmd(self, legacy: bool) -> Iterator[PromFamily]:
+        """llm-d's router families (its llm_d_epp_ ones, or the deprecated inference_objective_ ones
+        it serves beside them); the simulator serves one flow at the default priority."""
+        dialect = catalog.LLMD_LEGACY_DIALECT if legacy else catalog.LLMD_DIALECT
+        labels = {"model_name": self.model_name, "target_model_name": self.model_name,
+                  "fairness_id": catalog.LLMD_DEFAULT_FAIRNESS_ID, "priority": "0"}
+        assert dialect.requests is not None and dialect.errors is not None
+        yield family(dialect.requests, dialect.requests.name, labels, self.created, float(self.routed))
+        yield family(dialect.errors, dialect.errors.name, labels, self.created,
+                     {code: float(n) for code, n in self.errors.items()})
+        e2e = dialect.histogram_for(catalog.E2E_LATENCY)
+        assert e2e is not None
+        yield family(e2e, e2e.name, labels, self.created, self.e2e)
+        if legacy:
+            return  # the legacy TTFT needs the predicted-latency plugin; no ITL or TPOT
+        ttft = catalog.LLMD_TTFT
+        streamed = family(ttft, ttft.name, {**labels, "streaming": "true"}, self.created, self.ttft)
+        unstreamed = family(ttft, ttft.name, {**labels, "streaming": "false"}, self.created,
+                            self.ttft_unstreamed)
+        streamed.samples.extend(unstreamed.samples)
+        yield streamed
+        for vllm, hist in ((catalog.ITL, self.itl), (catalog.TPOT, self.tpot)):
+            metric = dialect.histogram_for(vllm)
+            assert metric is not None
+            yield family(metric, metric.name, labels, self.created, hist)
+
+    def _production_stack(self) -> Iterator[PromFamily]:
+        """production-stack's router families for the requests relayed (router-side e2e, arrivals,
+        errors), and engine gauges under vLLM's names with its `server` label, as it serves them."""
+        labels = {"server": "simulated", "model": self.model_name, "status": "200"}
+        dialect = catalog.PRODUCTION_STACK_DIALECT
+        assert dialect.requests is not None and dialect.errors is not None
+        yield family(dialect.requests, dialect.requests.name, labels, self.created, float(self.routed))
+        yield family(dialect.errors, dialect.errors.name, labels, self.created,
+                     {code: float(n) for code, n in self.errors.items()})
+        latency = catalog.PRODUCTION_STACK_LATENCY
+        yield family(latency, latency.name, labels, self.created, self.e2e)
+        qps = catalog.PRODUCTION_STACK_QPS
+        yield family(qps, qps.name, labels, self.created, 0.0)
+        for gauge in catalog.PRODUCTION_STACK_ENGINE_GAUGES:  # what makes it dangerous beside the engines
+            yield family(gauge, gauge.name, labels, self.created, 0.0)
 
     def render(self) -> bytes:
         registry = CollectorRegistry(auto_describe=False)
@@ -158,7 +244,7 @@ class EntrypointProxy:
         self.decode = [i.url for i in topology.instances if i.role is not Role.PREFILL]
         self._prefill = itertools.cycle(self.prefill)
         self._decode = itertools.cycle(self.decode)
-        self.metrics = EntrypointMetrics(model_name)
+        self.metrics = EntrypointMetrics(model_name, topology.entrypoint.dialect or catalog.VLLM_DIALECT.name)
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
 
@@ -202,11 +288,14 @@ class EntrypointProxy:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
+            self.metrics.refused(400)
             return web.json_response({"object": "error", "message": "request body is not valid JSON",
                                       "type": "BadRequestError", "code": 400}, status=400)
         if not isinstance(body, dict):
+            self.metrics.refused(400)
             return web.json_response({"object": "error", "message": "request body must be a JSON object",
                                       "type": "BadRequestError", "code": 400}, status=400)
+        self.metrics.arrived()
         if self.topology.disaggregated:
             prefill_body: dict[str, Any] = {**body, "max_tokens": 1, "stream": False,
                                             "kv_transfer_params": {"do_remote_decode": True,
@@ -231,7 +320,8 @@ class EntrypointProxy:
     def _failed(self, status: int, arrival: float) -> None:
         """A request the instances refused: a failure, unless it was refused as bad input (a 4xx
         but 408 and 429), the client's own mistake, which vLLM does not count either (crossover.slo)."""
-        if status >= 400 and not slo.is_client_error(status):
+        if status >= 400 and (not slo.is_client_error(status) or self.metrics.dialect.client_errors):
+            # llm-d's router counts any non-200 answer of an instance as ModelServerError.
             self.metrics.finished(ERROR, arrival, time.perf_counter(), [])
 
     async def _relay(self, request: web.Request, url: str, body: dict[str, Any],
@@ -274,5 +364,5 @@ class EntrypointProxy:
             reason = ERROR  # a 200 answer that never said why it ended was cut short
         elif reason not in catalog.FINISHED_REASONS:
             reason = "stop"  # an API's own stop reasons (tool_calls) are vLLM's stop
-        self.metrics.finished(reason, arrival, end, stream.tokens)
+        self.metrics.finished(reason, arrival, end, stream.tokens, streamed)
         return response

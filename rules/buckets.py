@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from crossover import slo
-from crossover.catalog import Metric
+from crossover.catalog import DIALECTS, VLLM_DIALECT, Metric
 from crossover.errors import UserError
 from crossover.rules.raw_series import promql_string
 from crossover.spec import FleetSpec
@@ -62,7 +62,29 @@ def slo_buckets(spec: FleetSpec, refuse_off_boundary: bool = False,
         chosen.append(SloBucket(kind, threshold_ms, metric, below, exact=False))
         warnings.append(f"{where}; the rules count a request as good only below {below * 1000:g} ms "
                         "(the stricter neighbour), so goodput is a lower bound")
+    warnings.extend(_dialect_warnings(spec, chosen, source))
     return tuple(chosen), tuple(warnings)
+
+
+def _dialect_warnings(spec: FleetSpec, chosen: Iterable[SloBucket], source: str) -> list[str]:
+    """One line per SLO bucket a router dialect's own buckets lack (the rules read one `le` per SLO,
+    vLLM's): that topology's attainment of the SLO is then missing in the rules (the exporter, which
+    reads the bounds a target exposes, still has it)."""
+    out: list[str] = []
+    for topology in spec.topologies:
+        dialect = DIALECTS.get(topology.entrypoint.dialect or "")
+        if dialect is None or dialect is VLLM_DIALECT:
+            continue
+        for bucket in chosen:
+            family = dialect.histogram_for(bucket.metric)
+            if family is None or slo.boundary_index(bucket.le, family.buckets) is not None:
+                continue
+            out.append(f"{source}: slos.{bucket.slo}_ms: the rules read the bucket at "
+                       f"{bucket.le * 1000:g} ms, which {family.name} (topology {topology.name}'s "
+                       f"entrypoint, dialect {dialect.name}) "
+                       "lacks: that topology's attainment of it is missing in the rules; pick a threshold on "
+                       "both bucket sets")
+    return out
 
 
 def request_slo_buckets(buckets: Iterable[SloBucket]) -> list[SloBucket]:

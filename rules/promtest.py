@@ -141,10 +141,19 @@ class _Input:
 
 
 def _entrypoint(data: _Input, rules: RuleSet, labels: dict[str, str], engine: dict[str, str], good: float,
-                spell: Any) -> None:
-    """What crossover's P/D proxy exposes: the request families only (catalog.ENTRYPOINT_FAMILIES)."""
+                spell: Any, routed: bool = False) -> None:
+    """What crossover's P/D proxy exposes: the request families only (catalog.ENTRYPOINT_FAMILIES).
+    `routed`: a router whose request counter counts failed requests too (llm-d's), as the scrape
+    config's metric relabelling leaves its series (rules/render.py, dialect_relabels)."""
     data.gauge("up", labels, 1.0)
-    data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "length"}, REQUESTS_PER_S)
+    if routed:
+        data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": slo.ROUTED_REASON},
+                     REQUESTS_PER_S)
+        data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "error",
+                                                           "error_code": "ModelServerError"}, 0.0)
+    else:
+        data.counter(catalog.REQUEST_SUCCESS.promql_name, {**engine, "finished_reason": "length"},
+                     REQUESTS_PER_S)
     for metric in LATENCY_HISTOGRAMS:
         data.histogram(metric, engine, _latency_shape(metric, good, rules), spell)
 
@@ -266,7 +275,9 @@ def _topology_series(data: _Input, rules: RuleSet, topology: Topology, load: _Lo
         labels = {**_instance_labels(topology, first, index), "role": ENTRYPOINT_ROLE,
                   "gpus": "0", "replica": entrypoint_replica(topology.name)}
         index += 1
-        _entrypoint(data, rules, labels, {**labels, **model, "engine": "0"}, load.good, spell)
+        dialect = catalog.DIALECTS[topology.entrypoint.dialect or catalog.VLLM_DIALECT.name]
+        _entrypoint(data, rules, labels, {**labels, **model, "engine": "0"}, load.good, spell,
+                    routed=dialect.requests is not None)
     return index
 
 

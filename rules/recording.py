@@ -48,7 +48,14 @@ from crossover.rules.names import (
     requests_source_name,
     sli_error_name,
 )
-from crossover.rules.raw_series import NOT_ENTRYPOINT, USER_SOURCES, RawSeries, label_list, promql_string
+from crossover.rules.raw_series import (
+    ENTRYPOINT_MATCHER,
+    NOT_ENTRYPOINT,
+    USER_SOURCES,
+    RawSeries,
+    label_list,
+    promql_string,
+)
 from crossover.spec import FleetSpec, Topology, format_duration, parse_duration
 
 # Histograms whose quantiles and means are recorded per topology.
@@ -193,7 +200,8 @@ class RecordingRules:
         served = rate_name(catalog.REQUEST_SUCCESS, window, level)
         api = api_requests_name(window, level)
         if summed_from is None:
-            raw_finished = self.raw.summed_rate(catalog.REQUEST_SUCCESS, window, (*by, "finished_reason"))
+            raw_finished = self.routed_as_served(
+                self.raw.summed_rate(catalog.REQUEST_SUCCESS, window, (*by, "finished_reason")), window, by)
             raw_rejected = self.raw.summed_rate(catalog.ADMISSION_REJECTIONS, window, by)
             raw_api = self.fleet_requests(window, served, by)
         else:
@@ -211,6 +219,27 @@ class RecordingRules:
                                                   window, source, raw_rejected)),
             RecordingRule(api, self.averaged(lambda w: api_requests_name(w, level), window, source, raw_api)),
         ]
+
+    def routed_as_served(self, finished: str, window: str, by: tuple[str, ...]) -> str:
+        """Requests by finished_reason, a router's routed requests (slo.ROUTED_REASON: llm-d's
+        request_total, failed ones included, as the scrape config relabels it) turned into vLLM's
+        shape: its failed reasons as they are, the rest served (finished_reason "stop"), as
+        slo.outcomes counts them. Unchanged for a fleet whose spec names no such router."""
+        if not any(t.entrypoint.dialect is not None and catalog.DIALECTS[t.entrypoint.dialect].requests
+                   is not None for t in self.spec.topologies):
+            return finished
+        name, on = catalog.REQUEST_SUCCESS.promql_name, f"on ({label_list(by)})"
+        failed = f"finished_reason=~{promql_string('|'.join(slo.FAILED_REASONS))}"
+
+        def entry(matcher: str, labels: tuple[str, ...] = by) -> str:
+            series = self.raw.sel(name, matcher, first=ENTRYPOINT_MATCHER)
+            return f"sum by ({label_list(labels)}) (rate({series}[{window}]))"
+
+        routed = entry(f'finished_reason="{slo.ROUTED_REASON}"')
+        served = f"{routed} - {on} ({entry(failed)} or 0 * {routed})"
+        return (f"(\n  {finished}\n  unless {on} {routed}\n)\n"
+                f"or ({entry(failed, (*by, 'finished_reason'))} and {on} {routed})\n"
+                f'or label_replace({served}, "finished_reason", "stop", "", "")')
 
     def counted(self, window: str, level: str, by: tuple[str, ...]) -> str:
         """Requests the engine finished plus those rejected at admission (none without the family)."""

@@ -4,16 +4,19 @@ relabel the same labels from the pods' own labels (crossover/kube.py)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
 
+from crossover import catalog, slo
+from crossover.catalog import Dialect
 from crossover.kube import CONTAINER_PORT_NAME, JOB_NAME, Relabel, object_name, pod_selector, relabelings
 from crossover.rules.alerts import AlertRule
 from crossover.rules.model import RuleSet
 from crossover.rules.recording import RecordingRule
-from crossover.spec import FleetSpec, Topology, format_duration, spec_targets
+from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Topology, format_duration, spec_targets
 
 CRD_API = "monitoring.coreos.com/v1"
 EXPORTER_JOB = "crossover-exporter"
@@ -99,6 +102,60 @@ def _address(metrics_url: str) -> tuple[str, str, str]:
     return f"{host}:{port}", parts.scheme, parts.path or "/"
 
 
+_KEEP = "__tmp_crossover_keep"  # marks the series a dialect's label filter keeps, for one step
+
+
+def dialect_relabels(topology: str, dialect: Dialect) -> list[dict[str, Any]]:
+    """metric_relabel_configs that turn a topology's entrypoint series in a router's dialect into
+    vLLM's entrypoint families as crossover.exporter.dialect reads them (docs/routers.md): histograms
+    renamed (and filtered, llm-d's TTFT to streamed responses), the request counter as
+    REQUEST_SUCCESS{finished_reason=slo.ROUTED_REASON}, errors as finished_reason "error" or an
+    admission rejection, the client's own mistakes and vLLM-named router gauges dropped. The extra
+    labels stay on the series; the rules sum them away per topology."""
+    head = f"{ENTRYPOINT_ROLE};{re.escape(topology)};"
+    where = ["role", "topology", "__name__"]
+    out: list[dict[str, Any]] = []
+    if dialect in catalog.ROUTER_ONLY_DIALECTS:  # its gauges carry vLLM's names: never an engine's
+        names = sorted({n for m in catalog.CATALOG.metrics for name in m.all_names
+                        for n in (name, *(name + s for s in ("_total", "_bucket", "_sum", "_count")))})
+        out.append({"source_labels": where, "regex": head + "(" + "|".join(map(re.escape, names)) + ")",
+                    "action": "drop"})
+    only = dict(dialect.only)
+    for vllm, mine in dialect.histograms:
+        series = f"{re.escape(mine.name)}_(bucket|sum|count)"
+        if mine.name in only:
+            label, value = only[mine.name]
+            out.append({"source_labels": [*where, label], "regex": f"{head}{series};{re.escape(value)}",
+                        "target_label": _KEEP, "replacement": "1"})
+            out.append({"source_labels": [*where, _KEEP], "regex": f"{head}{series};",
+                        "action": "drop"})
+        out.append({"source_labels": where, "regex": head + series, "target_label": "__name__",
+                    "replacement": vllm.name + "_${1}"})
+    success, rejections = catalog.REQUEST_SUCCESS.promql_name, catalog.ADMISSION_REJECTIONS.promql_name
+    if dialect.requests is not None:
+        requests = head + re.escape(dialect.requests.promql_name)
+        out.append({"source_labels": where, "regex": requests, "target_label": "finished_reason",
+                    "replacement": slo.ROUTED_REASON})
+        out.append({"source_labels": where, "regex": requests, "target_label": "__name__",
+                    "replacement": success})
+    if dialect.errors is not None:
+        errors = head + re.escape(dialect.errors.promql_name)
+        code = [*where, dialect.error_label]
+        if dialect.client_errors:
+            out.append({"source_labels": code, "regex": f"{errors};({'|'.join(dialect.client_errors)})",
+                        "action": "drop"})
+        failed = ".*" if dialect.errors_in_requests is None else "|".join(dialect.errors_in_requests)
+        out.append({"source_labels": code, "regex": f"{errors};({failed})", "target_label": "finished_reason",
+                    "replacement": "error"})
+        out.append({"source_labels": [*where, "finished_reason"], "regex": f"{errors};error",
+                    "target_label": "__name__", "replacement": success})
+        out.append({"source_labels": code, "regex": f"{errors};(.*)", "target_label": "reason",
+                    "replacement": "${1}"})
+        out.append({"source_labels": where, "regex": errors, "target_label": "__name__",
+                    "replacement": rejections})
+    return out
+
+
 def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str | None = None,
                   alertmanager_target: str | None = None) -> dict[str, Any]:
     """A complete prometheus.yml: one static target group per spec target carrying its labels."""
@@ -114,6 +171,11 @@ def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str |
         groups.append({"targets": [address], "labels": labels})
     job: dict[str, Any] = {"job_name": JOB_NAME, "honor_labels": False,
                            "body_size_limit": f"{spec.scrape.max_body_bytes}B", "static_configs": groups}
+    relabels = [r for t in spec.topologies if t.entrypoint.dialect not in (None, catalog.VLLM_DIALECT.name)
+                for r in dialect_relabels(t.name, catalog.DIALECTS[t.entrypoint.dialect or ""])]
+    if relabels:
+        # The mark the filters above set (dialect_relabels) never stays on a stored series.
+        job["metric_relabel_configs"] = [*relabels, {"action": "labeldrop", "regex": _KEEP}]
     # Selector topologies have no addresses in the spec: a Prometheus in the cluster finds their pods.
     jobs = ([job] if groups else []) + kubernetes_sd_jobs(spec, discovered_only=True)
     if spec.scrape.bearer_token_file:

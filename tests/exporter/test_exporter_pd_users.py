@@ -34,13 +34,16 @@ PROMPT_TOKENS = 1500
 WINDOW_S = 60.0
 
 
-def _spec(metrics_url: str | None = "proxy") -> FleetSpec:
-    """The P/D example; its entrypoint's metrics_url kept (the proxy's), dropped, or replaced."""
+def _spec(metrics_url: str | None = "proxy", dialect: str | None = None) -> FleetSpec:
+    """The P/D example; its entrypoint's metrics_url kept (the proxy's), dropped, or replaced, and
+    the dialect its proxy serves (catalog.DIALECTS; vLLM's by default)."""
     spec = spec_on_free_ports(load_spec(SPECS / "pd-8k-prompts.yaml"))
     data = spec.model_dump(mode="json")
     for topology in data["topologies"]:
         if topology["name"] == "pd1p1d" and metrics_url != "proxy":
             topology["entrypoint"]["metrics_url"] = metrics_url
+        if topology["name"] == "pd1p1d" and dialect is not None:
+            topology["entrypoint"]["dialect"] = dialect
     return FleetSpec.model_validate(data)
 
 
@@ -109,6 +112,31 @@ def test_topology_counts_each_request_once_with_the_users_ttft() -> None:
     assert figures.kv_transfer is not None and figures.kv_transfer.transfers_per_second
 
 
+def test_behind_llm_ds_router_the_topology_shows_what_its_users_waited_for() -> None:
+    """The same P/D topology, its entrypoint serving llm-d's router families (and the deprecated
+    ones beside them): each request once, TTFT from the arrival at the router, on llm-d's buckets."""
+    view, timed, exporter = _run(_spec(dialect="llm-d"))
+    figures = view.windows["1m"]
+    assert figures.requests_source == "entrypoint"
+    assert figures.requests_per_second is not None
+    assert figures.requests_per_second * 31.0 == pytest.approx(REQUESTS)
+    assert not any(figures.failed_requests_per_second.values()) and figures.failures_counted
+    ttft = figures.latency["ttft"]
+    assert ttft.observations == REQUESTS
+    client = [t.ttft for t in timed]
+    client_mean = sum(client) / len(client)
+    buckets = catalog.LLMD_TTFT_BUCKETS
+    assert ttft.mean <= client_mean and agree_within_bucket(ttft.mean, client_mean, buckets)
+    client_p99 = client_quantile(client, 0.99)
+    assert agree_within_bucket(ttft.quantiles["0.99"], client_p99, buckets), (ttft, client_p99)
+    # ITL and TPOT from the router too (its own histograms), e2e for every request.
+    assert figures.latency["itl"].observations == sum(t.tokens - 1 for t in timed)
+    assert figures.latency["tpot"].observations == REQUESTS
+    assert figures.latency["e2el"].observations == REQUESTS
+    roles = {r.role for r in exporter.snapshot.roles if r.topology == "pd1p1d"}
+    assert roles == {"prefill", "decode", "entrypoint"}
+
+
 def test_without_entrypoint_metrics_the_decode_side_is_marked(caplog: Any) -> None:
     port = free_port()
     caplog.set_level(logging.WARNING, logger="crossover.exporter")
@@ -119,8 +147,10 @@ def test_without_entrypoint_metrics_the_decode_side_is_marked(caplog: Any) -> No
     # Decode-side TTFT starts when the decoder gets the request, after the prefill: shorter than
     # what the client waited for.
     assert figures.latency["ttft"].mean < sum(t.ttft for t in timed) / len(timed)
-    fallbacks = [r for r in caplog.records if "entrypoint target exposes none" in r.getMessage()]
+    # Logged once, with what the router did serve (here: nothing but a comment).
+    fallbacks = [r for r in caplog.records if "entrypoint target serves none" in r.getMessage()]
     assert len(fallbacks) == 1 and "pd1p1d" in fallbacks[0].getMessage()
+    assert "llm-d" in fallbacks[0].getMessage() and "no metric families" in fallbacks[0].getMessage()
 
 
 def test_file_sd_names_an_entrypoint_target() -> None:

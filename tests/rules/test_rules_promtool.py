@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from crossover import catalog, slo
+from crossover.rules import names
 from crossover.rules.generate import PROMTOOL_DIR, Format, example_outputs, outputs
 from crossover.rules.model import build_rules
 from crossover.spec import load_spec, parse_spec
@@ -138,3 +140,91 @@ def test_promtool_unit_tests_pass_with_mooncake_and_without_entrypoint_metrics(t
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     source = "entrypoint" if metrics_url else "decode"
     assert f'source="{source}"' in (tmp_path / "rules.test.yml").read_text()
+
+
+def test_promtool_unit_tests_pass_behind_llm_ds_router(tmp_path: Path) -> None:
+    """The P/D example behind llm-d's router: its series relabelled into vLLM's entrypoint families
+    (the scrape config carries the relabelling), its routed requests counted as served by the rules."""
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    for topology in data["topologies"]:
+        if topology["entrypoint"].get("metrics_url"):
+            topology["entrypoint"]["dialect"] = "llm-d"
+    spec = parse_spec(data, "llm-d")
+    for name, text in outputs(spec, build_rules(spec), Format.PLAIN, "llm-d", "llm-d").items():
+        (tmp_path / name).write_text(text)
+    result = _promtool("test", "rules", "rules.test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    test_input = (tmp_path / "rules.test.yml").read_text()
+    assert 'source="entrypoint"' in test_input and f'finished_reason="{slo.ROUTED_REASON}"' in test_input
+    assert "metric_relabel_configs" in (tmp_path / "prometheus.yml").read_text()
+    checked = _promtool("check", "config", "--syntax-only", "prometheus.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+
+
+def test_a_routers_failed_requests_are_not_counted_as_served(tmp_path: Path) -> None:
+    """llm-d's request counter holds its failed requests: 10 routed/s of which 2 failed are 8 served,
+    2 error, 10 finished, and the failed reason is counted once (not 10 + 2)."""
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    for topology in data["topologies"]:
+        if topology["entrypoint"].get("metrics_url"):
+            topology["entrypoint"]["dialect"] = "llm-d"
+    spec = parse_spec(data, "llm-d")
+    rules = build_rules(spec)
+    (tmp_path / "rules.yml").write_text(outputs(spec, rules, Format.PLAIN, "llm-d", "llm-d")["rules.yml"])
+    window = spec.scrape.windows[0]
+    entry = 'job="vllm",topology="pd1p1d",role="entrypoint",instance="e:1",replica="pd1p1d-entrypoint"'
+    name = catalog.REQUEST_SUCCESS.promql_name
+    by_reason = names.finished_by_reason_name(window)
+    finished = names.rate_name(catalog.REQUEST_SUCCESS, window)
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "15s",
+        "input_series": [
+            {"series": f'{name}{{{entry},finished_reason="{slo.ROUTED_REASON}"}}', "values": "0+150x40"},
+            {"series": f'{name}{{{entry},finished_reason="error",error_code="ModelServerError"}}',
+             "values": "0+30x40"},
+        ],
+        "promql_expr_test": [
+            {"expr": f'{by_reason}{{topology="pd1p1d"}}', "eval_time": "8m",
+             "exp_samples": [{"labels": f'{by_reason}{{finished_reason="stop",topology="pd1p1d"}}',
+                              "value": 8},
+                             {"labels": f'{by_reason}{{finished_reason="error",topology="pd1p1d"}}',
+                              "value": 2}]},
+            {"expr": f'{finished}{{topology="pd1p1d"}}', "eval_time": "8m",
+             "exp_samples": [{"labels": f'{finished}{{topology="pd1p1d"}}', "value": 10}]},
+        ]}]}
+    (tmp_path / "routed.test.yml").write_text(yaml.safe_dump(test))
+    result = _promtool("test", "rules", "routed.test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_the_rules_warn_when_a_dialects_buckets_lack_the_slo_bucket() -> None:
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    for topology in data["topologies"]:
+        if topology["entrypoint"].get("metrics_url"):
+            topology["entrypoint"]["dialect"] = "llm-d"
+    data["slos"] = {"ttft_ms": 500, "tpot_ms": 100}  # 500 ms: vLLM's boundary, between llm-d's 400 and 600
+    warnings = build_rules(parse_spec(data, "llm-d")).warnings
+    assert len(warnings) == 1, warnings
+    assert catalog.LLMD_TTFT.name in warnings[0] and "pd1p1d" in warnings[0] and "500 ms" in warnings[0]
+    data["slos"] = {"ttft_ms": 1000, "tpot_ms": 100}  # on both bucket sets
+    assert build_rules(parse_spec(data, "llm-d")).warnings == ()
+
+
+@pytest.mark.parametrize("dialect", sorted(set(catalog.DIALECTS) - {catalog.VLLM_DIALECT.name}))
+def test_every_dialects_scrape_config_passes_promtool(tmp_path: Path, dialect: str) -> None:
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    for topology in data["topologies"]:
+        if topology["entrypoint"].get("metrics_url"):
+            topology["entrypoint"]["dialect"] = dialect
+    spec = parse_spec(data, dialect)
+    for name, text in outputs(spec, build_rules(spec), Format.PLAIN, dialect, dialect).items():
+        (tmp_path / name).write_text(text)
+    config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
+    relabels = config["scrape_configs"][0]["metric_relabel_configs"]
+    renamed = {r["replacement"] for r in relabels if r.get("target_label") == "__name__"}
+    assert catalog.REQUEST_SUCCESS.promql_name in renamed
+    # never an engine's series; the filters' mark dropped last
+    assert all("entrypoint;pd1p1d;" in r["regex"] for r in relabels[:-1])
+    assert relabels[-1]["action"] == "labeldrop"
+    checked = _promtool("check", "config", "--syntax-only", "prometheus.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
