@@ -266,6 +266,9 @@ FAILURES_COUNTED = "failures_counted"  # 1: the failure families were read; 0: h
 # --- throughput against interactivity (the Pareto view) ---------------------------------------
 INTERACTIVITY = "interactivity_tokens_per_second"  # one user's decode rate: output tokens/s per user
 THROUGHPUT_PER_GPU = "output_tokens_per_second_per_gpu"  # the fleet side of the same trade
+# The TPOT quantile interactivity is taken of, wherever it is drawn or recorded: the median, one
+# typical user (the tail is the SLOs' to judge, through attainment).
+INTERACTIVITY_QUANTILE = 0.5
 
 
 def interactivity(tpot_s: float) -> float:

@@ -26,9 +26,7 @@ from crossover import slo
 from crossover.loadgen.analysis.summary import per_gpu
 
 THROUGHPUT_COLUMN = per_gpu("output_tps")
-# The TPOT quantile interactivity is taken of: the median, one typical user.
-INTERACTIVITY_QUANTILE = 0.5
-TPOT_COLUMN = slo.percentile_column("tpot", INTERACTIVITY_QUANTILE)
+TPOT_COLUMN = slo.percentile_column("tpot", slo.INTERACTIVITY_QUANTILE)
 
 
 @dataclass(frozen=True)
