@@ -437,7 +437,8 @@ def _one_topology_spec(source: Path, url: str, folder: Path) -> Path:
 
 
 @contextlib.contextmanager
-def real_server(folder: Path) -> Iterator[tuple[str, int, str, Path, Path]]:
+def real_server(folder: Path, server_cpus: str | None,
+                keep_log: Path | None) -> Iterator[tuple[str, int, str, Path, Path]]:
     """(url, server pid, served model name, tokenizer folder, spec) of one vLLM CPU server on both
     cores, held under HEAVY_LOCK."""
     model = make_tiny_model(folder / "model")
@@ -445,13 +446,15 @@ def real_server(folder: Path) -> Iterator[tuple[str, int, str, Path, Path]]:
     with HEAVY_LOCK.open("w") as lock:
         print(f"waiting for {HEAVY_LOCK} (one real vLLM server on this machine at a time)", flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        server = start_server(model, url, SERVED_NAME, folder / "vllm-server.log")
+        server = start_server(model, url, SERVED_NAME, folder / "vllm-server.log", cpus=server_cpus)
         try:
             wait_healthy(server)
             spec = _one_topology_spec(REPO / "compose" / "specs" / "cpu-real-vllm.yaml", url, folder)
             yield url, server.process.pid, SERVED_NAME, model, spec
         finally:
             server.stop()
+            if keep_log is not None:
+                keep_log.write_bytes((folder / "vllm-server.log").read_bytes())
 
 
 @contextlib.contextmanager
@@ -537,6 +540,9 @@ def main() -> int:
     parser.add_argument("--peers", default=str(DEFAULT_PEERS),
                         help="folder of the peers' virtual environments: guidellm/, aiperf/")
     parser.add_argument("--sim", action="store_true", help="against `crossover sim`, not a real vLLM server")
+    parser.add_argument("--server-cpus", default=None,
+                        help="VLLM_CPU_OMP_THREADS_BIND of the real server (default: vLLM's own choice)")
+    parser.add_argument("--server-log", type=Path, default=None, help="keep the real server's log here")
     parser.add_argument("--json", default=None, help="also write the figures here")
     # the floor client's own process (internal)
     parser.add_argument("--floor-client", default=None, help=argparse.SUPPRESS)
@@ -574,7 +580,7 @@ def main() -> int:
                                "loadavg_start": Path("/proc/loadavg").read_text().strip(), "clients": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        server = sim_server(folder) if args.sim else real_server(folder)
+        server = sim_server(folder) if args.sim else real_server(folder, args.server_cpus, args.server_log)
         with server as (url, pid, model, tokenizer, spec):
             load = Load(url, model, tokenizer, args.requests, args.concurrency, args.input_len,
                         args.output_len, spec)
