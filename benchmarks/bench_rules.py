@@ -18,6 +18,7 @@ from figures import add_smoke_flag, print_figures, skipped
 
 from crossover.dashboards.generate import example_outputs as dashboard_outputs
 from crossover.rules import render
+from crossover.rules.generate import PROMTOOL_DIR
 from crossover.rules.generate import example_outputs as rule_outputs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def main() -> int:
                                   "rules_pure_python_s": slow, "emitter_ratio": slow / fast,
                                   "dashboards_s": dashboards}
     promtool = shutil.which("promtool")
-    folders = sorted((REPO / "rules" / "generated").iterdir())
+    folders = sorted(folder / PROMTOOL_DIR for folder in (REPO / "rules" / "generated").iterdir())
     if args.smoke:
         folders = [min(folders, key=lambda folder: (folder / "rules.test.yml").stat().st_size)]
     if promtool:
@@ -68,9 +69,9 @@ def main() -> int:
             start = time.perf_counter()
             result = subprocess.run([promtool, "test", "rules", "rules.test.yml"], cwd=folder,
                                     capture_output=True, text=True, check=False)
-            took[folder.name] = time.perf_counter() - start
+            took[folder.parent.name] = time.perf_counter() - start
             failed += result.returncode != 0
-            print(f"  promtool test rules {folder.name:16} {took[folder.name]:6.2f} s "
+            print(f"  promtool test rules {folder.parent.name:16} {took[folder.parent.name]:6.2f} s "
                   f"{'ok' if result.returncode == 0 else 'FAILED'}")
         figures.update(promtool_s=took, promtool_failed=failed)
     else:

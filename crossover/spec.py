@@ -228,14 +228,43 @@ class Entrypoint(_Strict):
 
 
 class Topology(_Strict):
+    """A way of serving the model. It lists its instances, or (on Kubernetes) gives a pod label
+    `selector` whose discovered pods become its instances; its GPUs are then pods x TP and follow
+    the pods (`gpus` is left out, read as 0)."""
+
     name: Name
-    gpus: PositiveInt
+    gpus: Annotated[int, Field(ge=0)] = 0
     tensor_parallel_size: PositiveInt
-    instances: list[Instance] = Field(min_length=1)
+    instances: list[Instance] = Field(default_factory=list)
+    selector: dict[str, str] = Field(default_factory=dict, description="Kubernetes pod labels (matchLabels) "
+                                     "whose pods are this topology's instances, instead of listing them")
+    pd: bool = Field(default=False, description="a selector topology whose pods are prefill and decode "
+                     "(their role from kubernetes.role_label)")
     entrypoint: Entrypoint = Entrypoint(balance=Balance.ROUND_ROBIN)
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label_value in value.items():
+            check_k8s_label(key, label_value)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
+        if bool(self.instances) == bool(self.selector):
+            raise ValueError("give exactly one of instances (listed) or selector (Kubernetes pod labels "
+                             "whose pods are the instances)")
+        if self.selector:
+            if self.gpus:
+                raise ValueError("gpus: leave it out for a selector topology (its GPUs are its discovered "
+                                 "pods x tensor_parallel_size)")
+            if self.pd and self.entrypoint.url is None:
+                raise ValueError("a P/D topology needs entrypoint.url (the P/D proxy)")
+            return self
+        if self.pd:
+            raise ValueError("pd: only for a selector topology (a listed one says its instances' roles)")
+        if not self.gpus:
+            raise ValueError("gpus: required for a topology that lists its instances")
         roles = {i.role for i in self.instances}
         disaggregated = roles & {Role.PREFILL, Role.DECODE}
         if disaggregated and roles != {Role.PREFILL, Role.DECODE}:
@@ -254,7 +283,21 @@ class Topology(_Strict):
 
     @property
     def disaggregated(self) -> bool:
-        return any(i.role is not Role.COLOCATED for i in self.instances)
+        return self.pd or any(i.role is not Role.COLOCATED for i in self.instances)
+
+    @property
+    def discovered(self) -> bool:
+        """Its instances are the pods its selector finds, not a list in the spec."""
+        return bool(self.selector)
+
+    def nominal_instances(self) -> list[Instance]:
+        """The listed instances, or for a selector topology one stand-in pod per role (what the
+        generated promtool tests feed the rules; never scraped)."""
+        if self.instances:
+            return self.instances
+        roles = [Role.PREFILL, Role.DECODE] if self.pd else [Role.COLOCATED]
+        return [Instance(name=f"{self.name}-{role.value}-pod", url=f"http://{self.name}-{role.value}-pod:8000",
+                         role=role) for role in roles]
 
     @property
     def configured_requests_source(self) -> str:
@@ -414,6 +457,118 @@ class Simulator(_Strict):
         return value
 
 
+# Kubernetes label keys and values (apimachinery's validation: an optional DNS-subdomain prefix and
+# "/", then a name of up to 63 characters; values up to 63 characters, possibly empty).
+_K8S_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_K8S_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_K8S_NAME}$")
+_K8S_VALUE_RE = re.compile(rf"^({_K8S_NAME})?$")
+
+
+def check_k8s_label(key: str, value: str | None = None) -> None:
+    if not _K8S_KEY_RE.match(key):
+        raise ValueError(f"{key!r} is not a Kubernetes label key (e.g. llm-d.ai/role)")
+    if value is not None and not _K8S_VALUE_RE.match(value):
+        raise ValueError(f"{value!r} (label {key}) is not a Kubernetes label value")
+
+
+def _label_key(value: str | None) -> str | None:
+    if value is not None:
+        check_k8s_label(value)
+    return value
+
+
+LabelKey = Annotated[str, AfterValidator(_label_key)]
+
+
+class KubernetesDashboards(_Strict):
+    """How the dashboards are shipped as Kubernetes objects (docs/kubernetes.md)."""
+
+    namespace: str | None = Field(default=None, description="default: kubernetes.namespace")
+    # kube-prometheus-stack's Grafana sidecar picks up ConfigMaps carrying this label (chart 88.5.3
+    # values.yaml: grafana.sidecar.dashboards.label grafana_dashboard, labelValue "1"); the sidecar
+    # (kiwigrid/k8s-sidecar) puts a ConfigMap's files in the sub-folder its FOLDER_ANNOTATION names,
+    # by default k8s-sidecar-target-directory, which Grafana shows as a folder when the provider has
+    # foldersFromFilesStructure.
+    sidecar_labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"})
+    folder_annotation: LabelKey = Field(
+        default="k8s-sidecar-target-directory",
+        description="the annotation the sidecar reads the folder from (its folderAnnotation)")
+    folder: str = Field(default="vLLM crossover", min_length=1,
+                        description="Grafana folder of the dashboards")
+    instance_selector: dict[str, str] = Field(
+        default_factory=lambda: {"dashboards": "grafana"},
+        description="Grafana Operator: matchLabels of the Grafana instances that load the dashboards")
+
+    @field_validator("sidecar_labels", "instance_selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label_value in value.items():
+            check_k8s_label(key, label_value)
+        return value
+
+
+class Kubernetes(_Strict):
+    """Where the fleet runs on Kubernetes and how its pods' own labels say what they are: read by
+    the PodMonitor, ServiceMonitor and kubernetes_sd job (rules/), the dashboards' ConfigMaps and
+    GrafanaDashboards, and the exporter's discovery through Prometheus."""
+
+    namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    topology_label: LabelKey | None = Field(
+        default="crossover.vllm.io/topology",
+        description="pod label whose value names the topology of a listed topology's pods "
+                    "(e.g. app.kubernetes.io/instance)")
+    topology_values: dict[str, Name] = Field(
+        default_factory=dict, description="topology_label value -> topology name, where they differ")
+    role_label: LabelKey | None = Field(
+        default="crossover.vllm.io/role",
+        description="pod label whose value names the role (e.g. llm-d.ai/role); a pod without it is "
+                    "colocated")
+    role_values: dict[str, str] = Field(
+        default_factory=dict, description="role_label value -> colocated, prefill, decode or entrypoint, "
+        "where they differ")
+    tp_label: LabelKey | None = Field(
+        default=None, description="pod label with the pod's tensor-parallel size; default the topology's")
+    ports: list[Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$")]] = Field(
+        default_factory=lambda: ["http"], min_length=1,
+        description="container (and Service) port names serving /metrics; several where roles differ "
+                    "(llm-d's dev manifests: prefill-http on prefill pods, http on decode pods)")
+    path: str = Field(default="/metrics", pattern=r"^/")
+    prometheus_url: str | None = Field(
+        default=None, description="a Prometheus whose /api/v1/targets the exporter takes pods from")
+    dashboards: KubernetesDashboards = KubernetesDashboards()
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _prometheus_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_http_url(value)
+
+    @field_validator("topology_values")
+    @classmethod
+    def _topology_values(cls, value: dict[str, str]) -> dict[str, str]:
+        for label_value in value:
+            check_k8s_label("value", label_value)
+        return value
+
+    @field_validator("role_values")
+    @classmethod
+    def _role_values(cls, value: dict[str, str]) -> dict[str, str]:
+        roles = [*(r.value for r in Role), ENTRYPOINT_ROLE]
+        for label_value, role in value.items():
+            check_k8s_label("value", label_value)
+            if role not in roles:
+                raise ValueError(f"{label_value}: unknown role {role!r} "
+                                 f"(one of {', '.join(roles)})")
+        return value
+
+    @property
+    def dashboards_namespace(self) -> str:
+        return self.dashboards.namespace or self.namespace
+
+    def role_of(self, value: str) -> str:
+        """The role a role_label value stands for."""
+        return self.role_values.get(value, value)
+
+
 class FleetSpec(_Strict):
     model: Model
     hardware: Hardware
@@ -421,6 +576,7 @@ class FleetSpec(_Strict):
     slos: Slos
     scrape: ScrapeConfig = ScrapeConfig()
     simulator: Simulator = Simulator()
+    kubernetes: Kubernetes = Kubernetes()
 
     @model_validator(mode="after")
     def _unique(self) -> FleetSpec:
@@ -449,6 +605,17 @@ class FleetSpec(_Strict):
             if metrics_url is not None and metrics_url in urls:
                 raise ValueError(f"topologies[{index}]({topology.name}).entrypoint.metrics_url: "
                                  f"{metrics_url} is also the URL of {urls[metrics_url]}")
+        names = [t.name for t in self.topologies]
+        k8s = self.kubernetes
+        for index, topology in enumerate(self.topologies):
+            on_kubernetes = topology.discovered or k8s.topology_label is not None
+            if topology.disaggregated and on_kubernetes and k8s.role_label is None:
+                raise ValueError(f"topologies[{index}]({topology.name}): a P/D topology's pods need "
+                                 "kubernetes.role_label, the pod label that says prefill or decode")
+        for value, name in self.kubernetes.topology_values.items():
+            if name not in names:
+                raise ValueError(f"kubernetes.topology_values[{value}]: {name!r} is not a topology "
+                                 f"(have {names})")
         unknown = set(self.simulator.faults) - set(instance_names)
         if unknown:
             raise ValueError(f"simulator.faults: unknown instance(s) {sorted(unknown)} "

@@ -26,8 +26,15 @@ def run(args: argparse.Namespace) -> int:
             source = {"entrypoint": f"; entrypoint metrics {topology.entrypoint.metrics_url}",
                       "decode": "; decode-side request figures (no entrypoint metrics)",
                       "instances": ""}[topology.configured_requests_source]
-            print(f"  {topology.name}: {topology.gpus} GPUs, TP={topology.tensor_parallel_size} x "
-                  f"{len(topology.instances)} ({roles}), traffic to {target}{source}")
+            if topology.discovered:
+                selector = ",".join(f"{k}={v}" for k, v in sorted(topology.selector.items()))
+                kind = "prefill,decode" if topology.pd else "colocated"
+                shape = (f"pods of {selector} in {spec.kubernetes.namespace} ({kind}) x "
+                         f"TP={topology.tensor_parallel_size} GPUs")
+            else:
+                shape = (f"{topology.gpus} GPUs, TP={topology.tensor_parallel_size} x "
+                         f"{len(topology.instances)} ({roles})")
+            print(f"  {topology.name}: {shape}, traffic to {target}{source}")
         slos = ", ".join(f"{k} {v:g} ms" for k, v in spec.slos.thresholds_ms.items())
         print(f"  SLOs: {slos}; objective {spec.slos.objective} over {spec.slos.period}")
     return 0

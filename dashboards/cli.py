@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from crossover.dashboards.generate import dashboard_files, dashboard_provisioning, datasource_provisioning
+from crossover.dashboards.kube import kubernetes_files
 from crossover.dashboards.lint import known_names, lint
+from crossover.dashboards.schema import V1_API_VERSION, resource_v1
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
 from crossover.outdir import write_into
@@ -25,6 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write Grafana provisioning files (datasource with a fixed uid, provider)")
     parser.add_argument("--prometheus-url", default="http://prometheus:9090",
                         help="datasource URL in the provisioning file")
+    parser.add_argument("--form", choices=("classic", "v1"), default="classic",
+                        help="classic dashboard JSON (file provisioning, import), or each dashboard as a "
+                             f"Grafana 12.2+ {V1_API_VERSION} resource wrapping it (docs/dashboards.md)")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="also write the dashboards as ConfigMaps (Grafana sidecar) and "
+                             "GrafanaDashboards (Grafana Operator) per the spec's kubernetes.dashboards; "
+                             "give "
+                             "the --out of `crossover rules --format operator` for one `kubectl apply -f` "
+                             "folder")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +54,14 @@ def run(args: argparse.Namespace) -> int:
         problems = lint(json.loads(text), known)
         if problems:  # a generator bug, not a user mistake: say so plainly
             raise RuntimeError(f"generated dashboard {name} fails the lint: {problems[0]}")
+    # The Kubernetes objects embed the classic JSON whatever --form writes beside them.
+    objects = kubernetes_files(spec, stem, files, args.spec) if args.kubernetes else {}
+    if args.form == "v1":
+        files = {name: json.dumps(resource_v1(json.loads(text)), sort_keys=True, indent=2) + "\n"
+                 for name, text in files.items()}
+    if args.kubernetes:
+        # kubectl apply -f DIR reads every .json at DIR's top: the plain JSON goes one level down.
+        files = {f"dashboards/{name}": text for name, text in files.items()} | objects
     if args.provisioning:
         files["provisioning/datasources/crossover.yml"] = datasource_provisioning(args.prometheus_url)
         files["provisioning/dashboards/crossover.yml"] = dashboard_provisioning(str(Path(args.out).resolve()))

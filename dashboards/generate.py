@@ -1,7 +1,8 @@
 """Write the dashboards for one spec, Grafana provisioning, and the committed examples.
 
 `python -m crossover.dashboards.generate CHECKOUT` rewrites dashboards/generated/<spec-stem>/*.json for
-every compose/specs/*.yaml of a checkout and the provisioning files under compose/grafana/.
+every compose/specs/*.yaml of a checkout, the same dashboards as Kubernetes objects in
+rules/generated/<spec-stem>/ (dashboards/kube.py) and the provisioning files under compose/grafana/.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from crossover.dashboards.kube import kubernetes_files
 from crossover.dashboards.model import DATASOURCE_UID, dashboards
 from crossover.dashboards.render import to_json
 from crossover.rules.generate import checkout_from_argv, write_examples
@@ -44,9 +46,15 @@ def example_outputs(repo: Path) -> dict[Path, str]:
     files: dict[Path, str] = {}
     for spec_path in sorted((repo / "compose" / "specs").glob("*.yaml")):
         stem = spec_path.stem
-        rules = build_rules(load_spec(spec_path), RulesConfig(), spec_path.relative_to(repo).as_posix())
-        for name, text in dashboard_files(rules, stem).items():
+        source = spec_path.relative_to(repo).as_posix()
+        spec = load_spec(spec_path)
+        rules = build_rules(spec, RulesConfig(), source)
+        generated = dashboard_files(rules, stem)
+        for name, text in generated.items():
             files[repo / "dashboards" / "generated" / stem / name] = text
+        # Beside the PrometheusRule and PodMonitors: one `kubectl apply -f` folder per spec.
+        for name, text in kubernetes_files(spec, stem, generated, source).items():
+            files[repo / "rules" / "generated" / stem / name] = text
     provisioning = repo / "compose" / "grafana" / "provisioning"
     files[provisioning / "datasources" / "crossover.yml"] = datasource_provisioning()
     files[provisioning / "dashboards" / "crossover.yml"] = dashboard_provisioning()

@@ -60,6 +60,12 @@ def _overlaps(a: dict[str, int], b: dict[str, int]) -> bool:
         b["y"] < a["y"] + a["h"]
 
 
+def annotation_expr(annotation: dict[str, Any]) -> str:
+    """The PromQL of a Prometheus annotation: in `target` as Grafana's Prometheus datasource keeps it
+    (crossover.dashboards.schema), or at the root in the legacy form."""
+    return str((annotation.get("target") or {}).get("expr") or annotation.get("expr") or "")
+
+
 def lint(dashboard: dict[str, Any], known: frozenset[str]) -> list[str]:
     problems: list[str] = []
     counters = counter_like_names()
@@ -97,8 +103,8 @@ def lint(dashboard: dict[str, Any], known: frozenset[str]) -> list[str]:
                 problems.append(f"{title}: a query does not use the datasource variable")
             expressions.append((title, target.get("expr", "")))
     for annotation in dashboard.get("annotations", {}).get("list", []):
-        if annotation.get("expr"):
-            expressions.append((f"annotation {annotation.get('name')}", annotation["expr"]))
+        if annotation_expr(annotation):
+            expressions.append((f"annotation {annotation.get('name')}", annotation_expr(annotation)))
     for title, expr in expressions:
         for window in windows:
             text = substitute(expr, {"window": window})

@@ -24,6 +24,7 @@ from grafanalib.core import (
 )
 
 from crossover import catalog
+from crossover.dashboards import schema
 from crossover.dashboards.model import (
     DATASOURCE_UID,
     TOPOLOGY_FILTER,
@@ -46,12 +47,10 @@ def _variables(model: DashboardModel) -> list[dict[str, Any]]:
         {"name": "model", "label": "Model", "type": "query", "datasource": DATASOURCE,
          "query": {"query": f"label_values({gauge_sum_name(catalog.NUM_REQUESTS_RUNNING)}, model_name)",
                    "refId": "model"},
-         "definition": f"label_values({gauge_sum_name(catalog.NUM_REQUESTS_RUNNING)}, model_name)",
          "includeAll": True, "multi": False, "allValue": ".+", "current": every, "refresh": 2, "sort": 1,
          "hide": 0, "regex": "", "options": []},
         {"name": "topology", "label": "Topology", "type": "query", "datasource": DATASOURCE,
          "query": {"query": f"label_values({GPUS_NAME}, topology)", "refId": "topology"},
-         "definition": f"label_values({GPUS_NAME}, topology)",
          "includeAll": True, "multi": True, "allValue": ".+", "current": every, "refresh": 2, "sort": 1,
          "hide": 0, "regex": "", "options": []},
         {"name": "window", "label": "Window", "type": "custom", "query": ",".join(model.windows),
@@ -66,8 +65,10 @@ def _annotations() -> list[dict[str, Any]]:
         {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
          "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
          "type": "dashboard"},
+        # The query in `target`, as Grafana's Prometheus datasource keeps it (schema.clean says where).
         {"name": "Firing alerts", "datasource": DATASOURCE, "enable": True, "hide": False, "iconColor": "red",
-         "expr": ALERTS_EXPR, "step": "1m", "titleFormat": "{{alertname}} ({{severity}})",
+         "target": {"expr": ALERTS_EXPR, "interval": "1m", "refId": schema.PROMETHEUS_ANNOTATION_REF_ID},
+         "titleFormat": "{{alertname}} ({{severity}})",
          "textFormat": "{{topology}} {{slo}}", "tagKeys": "severity,topology", "useValueForTime": False},
     ]
 
@@ -107,10 +108,17 @@ def _panel(panel: Panel, panel_id: int, grid: GridPos) -> TimeSeries | Stat:
     return TimeSeries(title=panel.title, description=panel.description, dataSource=DATASOURCE,
                       targets=targets, unit=panel.unit, gridPos=grid, id=panel_id,
                       thresholds=_thresholds(panel),
-                      thresholdsStyleMode="line" if panel.lines else "off", valueMin=panel.min,
-                      valueMax=panel.max, legendDisplayMode="table", legendPlacement="bottom",
+                      thresholdsStyleMode="line" if panel.lines else "off",
+                      legendDisplayMode="table", legendPlacement="bottom",
                       legendCalcs=["lastNotNull", "max"], tooltipMode="multi",
-                      overrides=_right_axis(panel))
+                      overrides=_right_axis(panel),
+                      # Through extraJson: grafanalib's valueMin/valueMax take ints only, an axis a float.
+                      extraJson=_axis_range(panel))
+
+
+def _axis_range(panel: Panel) -> dict[str, Any] | None:
+    bounds = {k: v for k, v in (("min", panel.min), ("max", panel.max)) if v is not None}
+    return {"fieldConfig": {"defaults": bounds}} if bounds else None
 
 
 def build(model: DashboardModel) -> Dashboard:
@@ -140,11 +148,8 @@ def build(model: DashboardModel) -> Dashboard:
 
 
 def to_json(model: DashboardModel) -> str:
-    data = json.loads(json.dumps(build(model).to_json_data(), cls=DashboardEncoder))
-    for panel in data["panels"]:
-        # grafanalib writes the base threshold step as the string "null"; Grafana's own JSON has null.
-        steps = panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps", [])
-        for step in steps:
-            if step.get("value") == "null":
-                step["value"] = None
-    return json.dumps(data, sort_keys=True, indent=2) + "\n"
+    """The dashboard as Grafana's own schema has it (schema.clean), refused with one line naming the
+    panel and field when it would not load (schema.validate)."""
+    data = schema.clean(json.loads(json.dumps(build(model).to_json_data(), cls=DashboardEncoder)))
+    schema.validate(data, model.uid)
+    return json.dumps(data, sort_keys=True, indent=2, allow_nan=False) + "\n"

@@ -16,6 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--file-sd", action="append", default=[], metavar="PATH",
                         help="Prometheus file_sd JSON with more targets (labels topology, role, instance); "
                         "re-read when it changes; may be given several times")
+    parser.add_argument("--prometheus-sd", metavar="URL",
+                        help="take the spec's Kubernetes pods from this Prometheus's target discovery "
+                        "(/api/v1/targets, re-read every 15 s); default the spec's kubernetes.prometheus_url")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -28,8 +31,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--port must be 1-65535, got {args.port}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from crossover.netutil import check_http_url
+
+    if args.prometheus_sd is not None:
+        try:
+            args.prometheus_sd = check_http_url(args.prometheus_sd)
+        except ValueError as exc:
+            raise UserError(f"--prometheus-sd: {exc}") from None
     spec = load_spec(args.spec)
-    exporter = Exporter(spec, spec_path=args.spec, file_sd_paths=args.file_sd)
+    exporter = Exporter(spec, spec_path=args.spec, file_sd_paths=args.file_sd,
+                        prometheus_sd_url=args.prometheus_sd)
     tune_gc()
 
     async def main() -> None:

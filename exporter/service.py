@@ -30,7 +30,7 @@ from crossover.exporter.collector import SnapshotCollector
 from crossover.exporter.parse import Parser
 from crossover.exporter.scrape import scrape
 from crossover.exporter.state import Snapshot, TargetHealth, build_snapshot, empty_snapshot, snapshot_json
-from crossover.exporter.targets import FileSd, all_targets
+from crossover.exporter.targets import FileSd, PrometheusSd, all_targets
 from crossover.exporter.window import History
 from crossover.spec import FleetSpec, Target, load_spec
 
@@ -56,10 +56,13 @@ def client_session() -> aiohttp.ClientSession:
 
 class Exporter:
     def __init__(self, spec: FleetSpec, *, spec_path: str | Path | None = None,
-                 file_sd_paths: list[str] | None = None) -> None:
+                 file_sd_paths: list[str] | None = None, prometheus_sd_url: str | None = None) -> None:
         self.spec = spec
         self.spec_path = spec_path
         self.file_sd = FileSd(list(file_sd_paths)) if file_sd_paths else None
+        # Pods from a Prometheus's target discovery (the flag, else the spec's kubernetes.prometheus_url).
+        sd_url = prometheus_sd_url or spec.kubernetes.prometheus_url
+        self.prometheus_sd = PrometheusSd(sd_url) if sd_url else None
         self.parser = Parser()
         self.health: dict[tuple[str, str], TargetHealth] = {}
         self.reloads: Counter[str] = Counter()
@@ -81,7 +84,7 @@ class Exporter:
 
     def _sync_targets(self) -> None:
         """Follow the spec and file_sd: keep the history of targets that stay the same."""
-        wanted = all_targets(self.spec, self.file_sd)
+        wanted = all_targets(self.spec, self.file_sd, self.prometheus_sd)
         keep = self._keep_seconds()
         health: dict[tuple[str, str], TargetHealth] = {}
         for target in wanted:
@@ -136,6 +139,10 @@ class Exporter:
             problems = self.file_sd.refresh(self.spec)
             for problem in problems:
                 log.warning("file_sd: %s", problem)
+            self._sync_targets()
+        if self.prometheus_sd is not None:
+            for problem in await self.prometheus_sd.refresh(session, self.spec, time.monotonic()):
+                log.warning("prometheus discovery: %s", problem)
             self._sync_targets()
         scrape_config = self.spec.scrape
         token = self._bearer_token()

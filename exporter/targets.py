@@ -1,4 +1,5 @@
-"""What to scrape: the spec's instances plus optional Prometheus file_sd JSON files.
+"""What to scrape: the spec's instances plus optional Prometheus file_sd JSON files, and the pods
+a Prometheus discovers on Kubernetes (`PrometheusSd`, mapped by the spec's kubernetes section).
 
 A file_sd file is the JSON Prometheus reads for `file_sd_configs`:
 `[{"targets": ["host:port", ...], "labels": {"topology": "...", "role": "...", "instance": "..."}}]`.
@@ -10,12 +11,19 @@ vLLM-compatible metrics (no GPUs): the topology's user-facing figures come from 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from crossover.errors import UserError
+from crossover.kube import pod_targets
 from crossover.spec import ENTRYPOINT_ROLE, FleetSpec, Role, Target, spec_targets
 
 
@@ -99,11 +107,73 @@ class FileSd:
         return [t for path in self.paths for t in self._targets.get(path, [])]
 
 
-def all_targets(spec: FleetSpec, file_sd: FileSd | None) -> list[Target]:
-    """Spec targets first, then file_sd ones; a duplicate (topology, instance) keeps the first."""
+def discovered_pods(body: Any, path: str) -> list[tuple[Mapping[str, str], str]]:
+    """(discovered labels, metrics URL) of every target of a Prometheus `/api/v1/targets` answer,
+    active and dropped alike: the pods are mapped by the spec's own relabelling, whatever job
+    found them (a dropped target may be a pod of another port of ours, or one the user's job left
+    out). The URL is the target's address with kubernetes.path."""
+    data = body.get("data") if isinstance(body, dict) and body.get("status") == "success" else None
+    if not isinstance(data, dict):
+        raise UserError("not a Prometheus /api/v1/targets answer")
+    out: list[tuple[Mapping[str, str], str]] = []
+    for key in ("activeTargets", "droppedTargets"):
+        for target in data.get(key) or []:
+            labels = target.get("discoveredLabels") if isinstance(target, dict) else None
+            if not isinstance(labels, dict) or not labels.get("__address__"):
+                continue
+            out.append((labels, f"{labels.get('__scheme__', 'http')}://{labels['__address__']}{path}"))
+    return out
+
+
+class PrometheusSd:
+    """The pods a Prometheus discovers (its `GET /api/v1/targets`), re-read every `every_s`
+    seconds so pods that come and go are followed without a restart. A failed read keeps the last
+    good pods; each problem (the read, a pod that cannot be used) is reported once."""
+
+    def __init__(self, url: str, every_s: float = 15.0, timeout_s: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.every_s = every_s
+        self.timeout_s = timeout_s
+        self._targets: list[Target] = []
+        self._last = -math.inf
+        self._reported: set[str] = set()
+
+    async def refresh(self, session: aiohttp.ClientSession, spec: FleetSpec, now: float,
+                      force: bool = False) -> list[str]:
+        """Re-read when due; returns the problems not reported before."""
+        if not force and now - self._last < self.every_s:
+            return []
+        self._last = now
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with session.get(f"{self.url}/api/v1/targets") as response:
+                    if response.status != 200:
+                        raise UserError(f"HTTP {response.status}")
+                    body = await response.json(content_type=None)
+            targets, problems = pod_targets(spec, discovered_pods(body, spec.kubernetes.path))
+            self._targets = targets
+        except (aiohttp.ClientError, TimeoutError, ValueError, UserError) as exc:
+            problems = [f"{self.url}/api/v1/targets: {exc or type(exc).__name__} "
+                        f"(keeping the {len(self._targets)} pods found before)"]
+        new = [p for p in problems if p not in self._reported]
+        self._reported = set(problems)  # a problem that goes away and comes back is said again
+        return new
+
+    def targets(self) -> list[Target]:
+        return list(self._targets)
+
+
+def all_targets(spec: FleetSpec, file_sd: FileSd | None, prometheus_sd: PrometheusSd | None = None
+                ) -> list[Target]:
+    """Spec targets first, then file_sd ones, then discovered pods; a duplicate (topology, instance)
+    keeps the first, and so does a discovered pod whose URL is already a target (a listed instance
+    that Prometheus also discovers is scraped once)."""
     seen: set[tuple[str, str]] = set()
     out: list[Target] = []
-    for target in spec_targets(spec) + (file_sd.targets() if file_sd else []):
+    given = spec_targets(spec) + (file_sd.targets() if file_sd else [])
+    urls = {t.metrics_url for t in given}
+    pods = [t for t in (prometheus_sd.targets() if prometheus_sd else []) if t.metrics_url not in urls]
+    for target in given + pods:
         if target.key not in seen:
             seen.add(target.key)
             out.append(target)

@@ -136,6 +136,11 @@ def prepare_level(workload: Workload, model: str, level: float) -> Iterator[Prep
 
 
 def topology_info(topology: Topology) -> TopologyInfo:
+    if topology.discovered:
+        # Its pods (and so its GPUs, which every per-GPU figure divides by) are known only to the
+        # cluster; a sweep needs them fixed for its whole run.
+        raise UserError(f"topology {topology.name}: a selector topology has no instances or GPU count in "
+                        "the spec; sweep it through a spec that lists its pods (docs/kubernetes.md)")
     if topology.entrypoint.url is not None:
         return TopologyInfo(topology.name, topology.gpus, (topology.entrypoint.url,), "entrypoint")
     balance = topology.entrypoint.balance or Balance.ROUND_ROBIN

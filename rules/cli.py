@@ -18,8 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help="fleet spec YAML file")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder to write the files into")
     parser.add_argument("--format", choices=[f.value for f in Format], default=Format.PLAIN.value,
-                        help="plain: prometheus.yml + rules.yml + rules.test.yml; operator: PrometheusRule "
-                             "and PodMonitor resources (plus rules.yml and rules.test.yml for promtool)")
+                        help="plain: prometheus.yml + rules.yml + rules.test.yml; operator: Kubernetes "
+                             "objects (PrometheusRule, PodMonitors, ServiceMonitors) for `kubectl apply -f "
+                             "DIR`, plus prometheus/kubernetes-sd.yml and promtool/ in sub-folders")
     parser.add_argument("--selector", default=DEFAULT_SELECTOR,
                         help=f"PromQL matchers that select the vLLM series (default {DEFAULT_SELECTOR})")
     parser.add_argument("--window-scale", type=float, default=1.0, metavar="F",

@@ -15,10 +15,12 @@ from crossover.rules.alertmanager import alertmanager_yaml
 from crossover.rules.model import RulesConfig, RuleSet, build_rules
 from crossover.rules.promtest import build_promtest
 from crossover.rules.render import (
+    kubernetes_sd_yaml,
     pod_monitor_yaml,
     prometheus_rule_yaml,
     rules_yaml,
     scrape_config_yaml,
+    service_monitor_yaml,
 )
 from crossover.spec import FleetSpec, load_spec
 
@@ -27,6 +29,12 @@ TEST_FILE = "rules.test.yml"
 SCRAPE_FILE = "prometheus.yml"
 PROMETHEUS_RULE_FILE = "prometheusrule.yaml"
 POD_MONITOR_FILE = "podmonitor.yaml"
+SERVICE_MONITOR_FILE = "servicemonitor.yaml"
+# The operator folder holds only Kubernetes objects at its top, so `kubectl apply -f DIR` (which
+# reads the .yaml/.yml/.json files of DIR, not its sub-folders) sets a cluster up; the files for
+# promtool and a plain Prometheus sit in sub-folders it skips.
+PROMTOOL_DIR = "promtool"
+KUBERNETES_SD_FILE = "prometheus/kubernetes-sd.yml"
 
 
 class Format(StrEnum):
@@ -45,8 +53,10 @@ def outputs(spec: FleetSpec, rules: RuleSet, fmt: Format, source: str, name: str
     if fmt is Format.OPERATOR:
         return {PROMETHEUS_RULE_FILE: prometheus_rule_yaml(rules, source, name),
                 POD_MONITOR_FILE: pod_monitor_yaml(spec, source, name),
-                TEST_FILE: build_promtest(rules, RULES_FILE, source),
-                RULES_FILE: rules_yaml(rules, source)}
+                SERVICE_MONITOR_FILE: service_monitor_yaml(spec, source, name),
+                KUBERNETES_SD_FILE: kubernetes_sd_yaml(spec, source),
+                f"{PROMTOOL_DIR}/{TEST_FILE}": build_promtest(rules, RULES_FILE, source),
+                f"{PROMTOOL_DIR}/{RULES_FILE}": rules_yaml(rules, source)}
     return {SCRAPE_FILE: scrape_config_yaml(spec, source, [RULES_FILE], exporter_target, alertmanager_target),
             RULES_FILE: rules_yaml(rules, source),
             TEST_FILE: build_promtest(rules, RULES_FILE, source)}

@@ -19,13 +19,13 @@ import re
 from dataclasses import dataclass, field
 
 from crossover.errors import UserError
+from crossover.kube import JOB_NAME
 from crossover.rules.alerts import AlertRule, Alerts, BurnTier, burn_tiers, round_window, unreachable_tiers
 from crossover.rules.buckets import SloBucket, slo_buckets
 from crossover.rules.raw_series import RawSeries
 from crossover.rules.recording import RecordingRule, RecordingRules
-from crossover.spec import FleetSpec, Role, format_duration
+from crossover.spec import FleetSpec, format_duration
 
-JOB_NAME = "vllm"
 DEFAULT_SELECTOR = f'job="{JOB_NAME}"'
 
 
@@ -100,7 +100,7 @@ def error_budget(spec: FleetSpec) -> float:
 
 
 def disaggregated_topologies(spec: FleetSpec) -> tuple[str, ...]:
-    return tuple(t.name for t in spec.topologies if any(i.role is not Role.COLOCATED for i in t.instances))
+    return tuple(t.name for t in spec.topologies if t.disaggregated)
 
 
 def build_rules(spec: FleetSpec, config: RulesConfig | None = None, source: str = "spec") -> RuleSet:

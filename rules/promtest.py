@@ -257,13 +257,14 @@ def _topology_series(data: _Input, rules: RuleSet, topology: Topology, load: _Lo
                      spell: Any) -> int:
     """Input series of the topology's instances and entrypoint; returns the next instance index."""
     model = {"model_name": rules.spec.model.name}
-    for instance in topology.instances:
+    for instance in topology.nominal_instances():
         labels = _instance_labels(topology, instance, index)
         index += 1
         engine = {**labels, **model, "engine": "0"}
         _serving_instance(data, rules, instance.role, labels, engine, load.good, spell, failed=load.failed)
     if topology.entrypoint.metrics_url is not None:
-        labels = {**_instance_labels(topology, topology.instances[0], index), "role": ENTRYPOINT_ROLE,
+        first = topology.nominal_instances()[0]
+        labels = {**_instance_labels(topology, first, index), "role": ENTRYPOINT_ROLE,
                   "gpus": "0", "replica": entrypoint_replica(topology.name)}
         index += 1
         _entrypoint(data, rules, labels, {**labels, **model, "engine": "0"}, load.good, spell)
@@ -283,7 +284,8 @@ def _quantile(rules: RuleSet, metric: Metric, q: float, load: _Load, instances: 
 def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) -> list[Expectation]:
     """What the topology-level recording rules must come out at under `load`."""
     key = _topology_key(rules, topology)
-    n = len(topology.instances)
+    n = len(topology.nominal_instances())
+    gpus = float(topology.gpus or n * topology.tensor_parallel_size)  # a selector topology: pods x TP
     request_slos = request_slo_buckets(rules.slo_buckets)
     lower, upper = slo.joint_bounds([load.attained] * len(request_slos))
     # Each request once: from the entrypoint or the decode role of a P/D topology; tokens
@@ -291,12 +293,12 @@ def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) 
     serving = 1 if topology.disaggregated else n
     gen_rate = GENERATION_TOKENS_PER_S * serving
     expectations: list[Expectation] = [
-        (GPUS_NAME, {"topology": topology.name}, float(topology.gpus)),
+        (GPUS_NAME, {"topology": topology.name}, gpus),
         (FAILURES_COUNTED_NAME, {"topology": topology.name}, 1.0),
         (requests_source_name(), {"topology": topology.name, "source": load.requests_from}, 1.0),
         (rate_name(catalog.REQUEST_SUCCESS, window), key, load.finished_per_s * serving),
         (rate_name(catalog.GENERATION_TOKENS, window), key, gen_rate),
-        (per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / topology.gpus),
+        (per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / gpus),
         (gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), key, RUNNING * n),
         (kv_usage_name("max"), key, KV_USAGE),
         (quantile_name(catalog.TTFT, 0.99, window), key, _quantile(rules, catalog.TTFT, 0.99, load, n)),
@@ -307,7 +309,8 @@ def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) 
         expectations.append((attainment_name(bucket.slo, window), key, load.attained))
     for reason, per_s in load.failed.items():
         expectations.append((failed_requests_name(window), {**key, "reason": reason}, per_s * serving))
-        for instance in topology.instances:  # the dashboard's per-instance view, counted the same way
+        # the dashboard's per-instance view, counted the same way
+        for instance in topology.nominal_instances():
             replica = {**key, "role": instance.role.value, "replica": instance.name, "reason": reason}
             expectations.append((failed_requests_name(window, REPLICA_LEVEL), replica, per_s))
     if request_slos:
@@ -323,7 +326,7 @@ def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) 
 
 
 def _role_expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) -> list[Expectation]:
-    roles = Counter(i.role.value for i in topology.instances)
+    roles = Counter(i.role.value for i in topology.nominal_instances())
     if topology.entrypoint.metrics_url is not None:
         roles[ENTRYPOINT_ROLE] = 1
     expectations: list[Expectation] = []
@@ -423,13 +426,13 @@ def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
         "VllmTargetDown", "VllmTopologyDown", "VllmMetricsAbsent", "VllmSloBucketMissing")}
     by_name = {a.alert: a for a in rules.alerts}
     down_topology = spec.topologies[0]
-    down = _instance_labels(down_topology, down_topology.instances[0], 0)
+    down = _instance_labels(down_topology, down_topology.nominal_instances()[0], 0)
     data.gauge("up", down, 0.0)
     expected["VllmTargetDown"].append(_alert(by_name["VllmTargetDown"], down))
     expected["VllmTopologyDown"].append(_alert(by_name["VllmTopologyDown"], {"topology": down_topology.name}))
     if len(spec.topologies) > 1:
         renamed_topology = spec.topologies[1]
-        labels = _instance_labels(renamed_topology, renamed_topology.instances[0], 1)
+        labels = _instance_labels(renamed_topology, renamed_topology.nominal_instances()[0], 1)
         engine = {**labels, "model_name": spec.model.name, "engine": "0"}
         data.gauge("up", labels, 1.0)
         for metric in WATCHED_FAMILIES:
@@ -457,7 +460,7 @@ def _outage_test(rules: RuleSet, step: float) -> dict[str, Any]:
                                       for t in spec.topologies if t.name not in scraped]
     if pd is not None:
         # A decode instance whose KV transfers take 1 s (over any sane --kv-transfer-p99-ms) and fail.
-        decode = next(i for i in pd.instances if i.role is Role.DECODE)
+        decode = next(i for i in pd.nominal_instances() if i.role is Role.DECODE)
         labels = _instance_labels(pd, decode, 2)
         engine = {**labels, "model_name": spec.model.name, "engine": "0"}
         _serving_instance(data, rules, Role.DECODE, labels, engine, 1.0, _python_spelling, xfer_seconds=1.0,

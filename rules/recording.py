@@ -50,7 +50,7 @@ from crossover.rules.names import (
     sli_error_name,
 )
 from crossover.rules.raw_series import NOT_ENTRYPOINT, USER_SOURCES, RawSeries, label_list, promql_string
-from crossover.spec import FleetSpec, format_duration, parse_duration
+from crossover.spec import FleetSpec, Topology, format_duration, parse_duration
 
 # Histograms whose quantiles and means are recorded per topology.
 LATENCY_HISTOGRAMS: tuple[Metric, ...] = (catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY)
@@ -102,12 +102,17 @@ class RecordingRules:
                              f"min by (topology) (\n  {counted}\n  or on (topology, instance)\n"
                              f"  0 * group by (topology, instance) ({up} == 1)\n)")
 
+    def gpus(self, topology: Topology) -> RecordingRule:
+        """A listed topology's GPUs from the spec; a selector topology's follow its discovered pods
+        (pods discovered x TP; a pod's own tp_label is not a number PromQL can read, docs/kubernetes.md)."""
+        if not topology.discovered:
+            return RecordingRule(GPUS_NAME, f"vector({topology.gpus})", (("topology", topology.name),))
+        up = self.raw.sel("up", f'topology="{topology.name}",{NOT_ENTRYPOINT}')
+        return RecordingRule(GPUS_NAME, f"count by (topology) ({up}) * {topology.tensor_parallel_size}")
+
     def topology_rules(self, windows: tuple[str, ...],
                        dashboard_windows: tuple[str, ...]) -> tuple[RecordingRule, ...]:
-        rules: list[RecordingRule] = [
-            RecordingRule(GPUS_NAME, f"vector({t.gpus})", (("topology", t.name),))
-            for t in self.spec.topologies
-        ]
+        rules: list[RecordingRule] = [self.gpus(t) for t in self.spec.topologies]
         rules.append(self.requests_source())
         rules.append(self.failures_counted())
         for metric in GAUGES_SUMMED:

@@ -1,5 +1,6 @@
 """The rules model and the spec -> YAML: Prometheus rule files, a PrometheusRule resource, a scrape
-config with topology/role/gpus labels, and a PodMonitor that relabels the same labels from pods."""
+config with topology/role/gpus labels, and PodMonitors, ServiceMonitors and kubernetes_sd jobs that
+relabel the same labels from the pods' own labels (crossover/kube.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,12 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from crossover.kube import CONTAINER_PORT_NAME, JOB_NAME, Relabel, object_name, pod_selector, relabelings
 from crossover.rules.alerts import AlertRule
-from crossover.rules.model import JOB_NAME, RuleSet
+from crossover.rules.model import RuleSet
 from crossover.rules.recording import RecordingRule
-from crossover.spec import FleetSpec, format_duration, spec_targets
+from crossover.spec import FleetSpec, Topology, format_duration, spec_targets
 
-# Pod labels an operator puts on vLLM pods so the PodMonitor can attach the topology labels.
-POD_LABEL_PREFIX = "crossover.vllm.io/"
-POD_LABELS = ("topology", "role", "gpus")
 CRD_API = "monitoring.coreos.com/v1"
 EXPORTER_JOB = "crossover-exporter"
 
@@ -81,7 +80,8 @@ def prometheus_rule_yaml(rules: RuleSet, source: str, name: str) -> str:
     resource = {
         "apiVersion": CRD_API,
         "kind": "PrometheusRule",
-        "metadata": {"name": f"vllm-crossover-{name}",
+        "metadata": {"name": object_name("vllm-crossover", name),
+                     "namespace": rules.spec.kubernetes.namespace,
                      "labels": {"app.kubernetes.io/name": "vllm-crossover",
                                 "app.kubernetes.io/component": "rules", "role": "alert-rules"}},
         "spec": {"groups": rule_groups(rules)},
@@ -114,9 +114,11 @@ def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str |
         groups.append({"targets": [address], "labels": labels})
     job: dict[str, Any] = {"job_name": JOB_NAME, "honor_labels": False,
                            "body_size_limit": f"{spec.scrape.max_body_bytes}B", "static_configs": groups}
+    # Selector topologies have no addresses in the spec: a Prometheus in the cluster finds their pods.
+    jobs = ([job] if groups else []) + kubernetes_sd_jobs(spec, discovered_only=True)
     if spec.scrape.bearer_token_file:
-        job["authorization"] = {"type": "Bearer", "credentials_file": spec.scrape.bearer_token_file}
-    jobs = [job]
+        for each in jobs:
+            each["authorization"] = {"type": "Bearer", "credentials_file": spec.scrape.bearer_token_file}
     if exporter_target:
         jobs.append({"job_name": EXPORTER_JOB, "static_configs": [{"targets": [exporter_target]}]})
     interval = spec.scrape.interval
@@ -137,40 +139,78 @@ def scrape_config_yaml(spec: FleetSpec, source: str, rule_files: list[str],
                 header(source, "crossover rules"))
 
 
-def pod_monitor_yaml(spec: FleetSpec, source: str, name: str, port: str = "http") -> str:
-    """A PodMonitor for pods labelled crossover.vllm.io/{topology,role,gpus}: the same labels and
-    job name as the static config, so the same rules and dashboards work unchanged."""
-    relabelings: list[dict[str, Any]] = []
-    for label in POD_LABELS:
-        source_label = "__meta_kubernetes_pod_label_" + "".join(
-            c if c.isalnum() else "_" for c in POD_LABEL_PREFIX + label)
-        relabelings.append({"sourceLabels": [source_label], "targetLabel": label, "action": "replace"})
-    relabelings.append({"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "replica",
-                        "action": "replace"})
-    relabelings.append({"targetLabel": "job", "replacement": JOB_NAME, "action": "replace"})
-    resource = {
+def _metadata(name: str, namespace: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "vllm-crossover", "app.kubernetes.io/component": component}}
+
+
+def _documents(resources: list[dict[str, Any]], source: str, command: str) -> str:
+    """Several resources in one YAML file (kubectl apply reads each `---` document)."""
+    return header(source, command) + "---\n".join(dump(r) for r in resources)
+
+
+def _monitor(spec: FleetSpec, name: str, topology: Topology, kind: str) -> dict[str, Any]:
+    k8s = spec.kubernetes
+    # One endpoint per port name: a pod without that port gives no target for it.
+    endpoints = [{"port": port, "path": k8s.path, "interval": spec.scrape.interval,
+                  "scrapeTimeout": spec.scrape.timeout,
+                  "relabelings": [r.operator() for r in relabelings(spec, topology)]} for port in k8s.ports]
+    endpoints_key = "podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"
+    return {
         "apiVersion": CRD_API,
-        "kind": "PodMonitor",
-        "metadata": {"name": f"vllm-crossover-{name}",
-                     "labels": {"app.kubernetes.io/name": "vllm-crossover",
-                                "app.kubernetes.io/component": "scrape"}},
-        "spec": {
-            "selector": {"matchExpressions": [{
-                "key": POD_LABEL_PREFIX + "topology", "operator": "In",
-                "values": [t.name for t in spec.topologies]}]},
-            "podMetricsEndpoints": [{
-                "port": port, "path": "/metrics", "interval": spec.scrape.interval,
-                "scrapeTimeout": spec.scrape.timeout, "relabelings": relabelings}],
-        },
+        "kind": kind,
+        "metadata": _metadata(object_name("vllm-crossover", name, topology.name), k8s.namespace, "scrape"),
+        "spec": {"selector": pod_selector(spec, topology),
+                 "namespaceSelector": {"matchNames": [k8s.namespace]},
+                 endpoints_key: endpoints},
     }
-    return dump(resource, header(source, "crossover rules --format operator"))
 
 
-def pod_labels(spec: FleetSpec) -> dict[str, dict[str, str]]:
-    """Instance name -> the pod labels the PodMonitor expects on it (for docs and manifests)."""
-    return {i.name: {POD_LABEL_PREFIX + "topology": t.name, POD_LABEL_PREFIX + "role": i.role.value,
-                     POD_LABEL_PREFIX + "gpus": str(t.tensor_parallel_size)}
-            for t in spec.topologies for i in t.instances}
+def _kubernetes_topologies(spec: FleetSpec) -> list[Topology]:
+    """The topologies whose pods can be found on Kubernetes: those with a selector, and the listed
+    ones when kubernetes.topology_label names their pods' topology label."""
+    return [t for t in spec.topologies if t.discovered or spec.kubernetes.topology_label is not None]
+
+
+def pod_monitor_yaml(spec: FleetSpec, source: str, name: str) -> str:
+    """One PodMonitor per topology: its pods by their own labels (the spec's kubernetes section),
+    relabelled into the labels and job name of the static config, so the same rules and dashboards
+    work unchanged. Field names: the Prometheus Operator's PodMonitor CRD (v0.93.0)."""
+    return _documents([_monitor(spec, name, t, "PodMonitor") for t in _kubernetes_topologies(spec)],
+                      source, "crossover rules --format operator")
+
+
+def service_monitor_yaml(spec: FleetSpec, source: str, name: str) -> str:
+    """The same through Services (endpoints discovery carries the backing pods' labels): for users
+    whose Prometheus selects ServiceMonitors. The Service must carry the topology's pod selector
+    labels and name its port one of kubernetes.ports."""
+    return _documents([_monitor(spec, name, t, "ServiceMonitor") for t in _kubernetes_topologies(spec)],
+                      source, "crossover rules --format operator")
+
+
+def kubernetes_sd_jobs(spec: FleetSpec, discovered_only: bool = False) -> list[dict[str, Any]]:
+    """Plain prometheus.yml scrape jobs (one per topology) discovering the pods themselves; only the
+    selector topologies' with `discovered_only` (the others are static targets there)."""
+    k8s = spec.kubernetes
+    jobs = []
+    for topology in _kubernetes_topologies(spec):
+        if discovered_only and not topology.discovered:
+            continue
+        rules = [Relabel("keep", (CONTAINER_PORT_NAME,), "|".join(k8s.ports)), *relabelings(spec, topology)]
+        job: dict[str, Any] = {
+            "job_name": f"{JOB_NAME}-{topology.name}", "honor_labels": False,
+            "scrape_interval": spec.scrape.interval, "scrape_timeout": spec.scrape.timeout,
+            "metrics_path": k8s.path, "body_size_limit": f"{spec.scrape.max_body_bytes}B",
+            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [k8s.namespace]}}],
+            "relabel_configs": [r.plain() for r in rules]}
+        jobs.append(job)
+    return jobs
+
+
+def kubernetes_sd_yaml(spec: FleetSpec, source: str) -> str:
+    return dump({"scrape_configs": kubernetes_sd_jobs(spec)},
+                header(source, "crossover rules --format operator") +
+                "# Paste these jobs into prometheus.yml's scrape_configs (Prometheus in the cluster).\n")
 
 
 def expand_annotation(template: str, labels: dict[str, str]) -> str:
@@ -182,5 +222,5 @@ def expand_annotation(template: str, labels: dict[str, str]) -> str:
     return out
 
 
-__all__ = ["dump", "expand_annotation", "pod_labels", "pod_monitor_yaml", "prometheus_rule_yaml",
-           "rules_yaml", "scrape_config", "scrape_config_yaml"]
+__all__ = ["dump", "expand_annotation", "kubernetes_sd_yaml", "pod_monitor_yaml", "prometheus_rule_yaml",
+           "rules_yaml", "scrape_config", "scrape_config_yaml", "service_monitor_yaml"]

@@ -76,7 +76,8 @@ def _gpus(files: list[Any], spec: Any, overrides: dict[str, int]) -> dict[str, i
     """GPUs per topology: --gpus, else the files' --metadata gpus=N, else the spec, else 1."""
     gpus: dict[str, int] = {}
     for topology in spec.topologies if spec is not None else []:
-        gpus[topology.name] = topology.gpus
+        if topology.gpus:  # a selector topology's GPUs are its pods, unknown here: metadata or --gpus
+            gpus[topology.name] = topology.gpus
     for f in files:
         value = f.data.get("gpus")
         if value is not None:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from crossover import catalog
-from crossover.dashboards.lint import substitute
+from crossover.dashboards.lint import annotation_expr, substitute
 from crossover.dashboards.model import dashboards
 from crossover.dashboards.render import to_json
 from crossover.rules import model as m
@@ -46,8 +46,8 @@ def _queries(stack: LiveStack) -> list[tuple[str, str, str, str]]:
             for target in panel.get("targets", []):
                 out.append((model.uid, panel["title"], scopes[panel["title"]], target["expr"]))
         for annotation in data["annotations"]["list"]:
-            if annotation.get("expr"):
-                out.append((model.uid, annotation["name"], "annotation", annotation["expr"]))
+            if annotation_expr(annotation):
+                out.append((model.uid, annotation["name"], "annotation", annotation_expr(annotation)))
     return out
 
 
@@ -88,6 +88,7 @@ def test_every_panel_query_returns_data_for_every_topology(stack: LiveStack) -> 
 
 
 def test_alert_annotation_query_is_valid_promql(stack: LiveStack) -> None:
-    for _, _, scope, expr in _queries(stack):
-        if scope == "annotation":
-            stack.prometheus.query(substitute(expr, {"topology": ".+"}))  # raises on a PromQL error
+    annotations = [expr for _, _, scope, expr in _queries(stack) if scope == "annotation"]
+    assert annotations, "no dashboard has the firing-alerts annotation"
+    for expr in annotations:
+        stack.prometheus.query(substitute(expr, {"topology": ".+"}))  # raises on a PromQL error

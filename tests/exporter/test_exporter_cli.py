@@ -47,6 +47,9 @@ def test_bad_spec_and_bad_port_are_one_line_errors(tmp_path, capsys):
     assert main(["exporter", str(spec), "--port", "70000"]) == 2
     err = capsys.readouterr().err
     assert "--port must be 1-65535" in err and "Traceback" not in err
+    assert main(["exporter", str(spec), "--prometheus-sd", "prometheus:9090"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--prometheus-sd: malformed URL 'prometheus:9090'" in err, err
 
 
 def test_port_in_use_is_a_one_line_error(tmp_path, capsys):

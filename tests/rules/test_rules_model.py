@@ -241,12 +241,19 @@ def test_operator_resource_carries_the_same_groups_as_the_rule_file() -> None:
     rules = build_rules(spec)
     files = outputs(spec, rules, Format.OPERATOR, "pd", "pd")
     resource = yaml.safe_load(files["prometheusrule.yaml"])
-    plain = yaml.safe_load(files["rules.yml"])
+    plain = yaml.safe_load(files["promtool/rules.yml"])
     assert resource["kind"] == "PrometheusRule" and resource["apiVersion"] == "monitoring.coreos.com/v1"
     assert resource["spec"]["groups"] == plain["groups"]
-    monitor = yaml.safe_load(files["podmonitor.yaml"])
-    targets = {r["targetLabel"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]}
-    assert {"topology", "role", "gpus", "job"} <= targets
+    monitors = list(yaml.safe_load_all(files["podmonitor.yaml"]))
+    assert [m["metadata"]["name"] for m in monitors] == ["vllm-crossover-pd-colocated",
+                                                         "vllm-crossover-pd-pd1p1d"]
+    for monitor in monitors:
+        targets = {r.get("targetLabel") for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+        assert {"topology", "role", "gpus", "replica", "job"} <= targets
+    # kubectl apply -f DIR reads every .yaml/.yml/.json at the folder's top: Kubernetes objects only.
+    for name, text in files.items():
+        if "/" not in name:
+            assert all(doc.get("apiVersion") and doc.get("kind") for doc in yaml.safe_load_all(text)), name
 
 
 def test_scrape_config_attaches_topology_role_and_gpus() -> None:
