@@ -557,7 +557,7 @@ def main() -> int:
     peers = Path(args.peers)
     runners: dict[str, Runner] = {"crossover": crossover_client, "crossover-cold": crossover_cold_client,
                                   "floor": floor_client}
-    wanted = args.clients.split(",")
+    wanted = list(dict.fromkeys(args.clients.split(",")))  # each once: a client reuses its folder
     if "vllm" in wanted:
         if vllm_available():
             runners["vllm"] = vllm_client
