@@ -13,6 +13,7 @@ import altair as alt
 import pandas as pd
 
 from crossover import slo
+from crossover.loadgen.analysis.pareto import ParetoView
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,54 @@ def server_chart(frame: pd.DataFrame, value: str, title: str, unit: str,
         layers.append(alt.Chart(level_marks).mark_rule(color="#999", strokeDash=[2, 3]).encode(
             x="time:T", tooltip=[alt.Tooltip("label:N", title="level done")]))
     return alt.layer(*layers).properties(title=f"{title} ({unit})", height=height)
+
+
+PARETO_X = "interactivity (output tokens/s per user, 1 / median TPOT)"
+PARETO_Y = "output tokens/s per GPU"
+
+
+def pareto_chart(pareto: ParetoView, height: int = 320) -> alt.TopLevelMixin:
+    """Output tokens/s per GPU against interactivity: one curve per topology in rising load, the
+    points that miss the objective hollow, the front ringed, each knee a cross, the TPOT SLO's
+    floor a shaded band below it, and every crossing of two curves a dashed rule."""
+    frame = pareto.frame()
+    frame["status"] = frame["meets_objective"].map({True: "meets the objective", False: "misses it"})
+    axis_title = AXIS_TITLES.get(pareto.axis, pareto.axis)
+    x = alt.X("interactivity:Q", title=PARETO_X, scale=alt.Scale(zero=False))
+    y = alt.Y("throughput_per_gpu:Q", title=PARETO_Y)
+    tooltip = [alt.Tooltip("topology:N"), alt.Tooltip("level:Q", title=axis_title),
+               alt.Tooltip("throughput_per_gpu:Q", title=PARETO_Y, format=",.4~g"),
+               alt.Tooltip("interactivity:Q", title="tokens/s per user", format=",.4~g"),
+               alt.Tooltip("status:N", title=f"objective {pareto.objective:g}")]
+    color = alt.Color("topology:N", title="topology")
+    base = alt.Chart(frame).encode(x=x, y=y, color=color, tooltip=tooltip)
+    layers: list[alt.Chart] = []
+    if pareto.interactivity_floor is not None and math.isfinite(pareto.interactivity_floor) and len(frame):
+        left = min(float(frame["interactivity"].min()), pareto.interactivity_floor)
+        band = pd.DataFrame([{"low": left, "high": pareto.interactivity_floor,
+                              "label": f"TPOT SLO: below {pareto.interactivity_floor:,.4g} tokens/s "
+                                       "per user"}])
+        layers.append(alt.Chart(band).mark_rect(opacity=0.12, color="#c44").encode(
+            x="low:Q", x2="high:Q", tooltip=alt.Tooltip("label:N", title="SLO")))
+        layers.append(alt.Chart(band).mark_rule(color="#c44").encode(x="high:Q", tooltip="label:N"))
+    layers += [
+        base.mark_line().encode(order="level:Q"),
+        base.mark_point(size=60, filled=False, fillOpacity=1, strokeWidth=1.5).encode(
+            fill=alt.condition("datum.meets_objective", alt.Color("topology:N", legend=None),
+                               alt.value("white"))),
+    ]
+    front = frame[frame["on_front"]]
+    if len(front):
+        layers.append(alt.Chart(front).mark_point(size=220, color="#222", strokeWidth=1).encode(
+            x=x, y=y, tooltip=tooltip))
+    knees = frame[frame["knee"]].assign(label="knee")
+    if len(knees):
+        layers.append(alt.Chart(knees).mark_point(shape="cross", size=260, filled=True, color="#222").encode(
+            x=x, y=y, tooltip=[alt.Tooltip("label:N", title=""), *tooltip]))
+    if pareto.crossings:
+        rules = pd.DataFrame([{"at": c.interactivity, "sentence": c.sentence} for c in pareto.crossings])
+        layers.append(alt.Chart(rules).mark_rule(strokeDash=[6, 4], color="#444").encode(
+            x="at:Q", tooltip=alt.Tooltip("sentence:N", title="crossover")))
+    title = ("Throughput per GPU against interactivity (front ringed, knee crossed, hollow: misses the "
+             "objective)")
+    return alt.layer(*layers).properties(title=title, height=height)

@@ -236,6 +236,25 @@ def show_charts(results: view.ResultsView, gpus: dict[str, int]) -> None:
         columns[position % 3].vega_lite_chart(spec=chart_spec, width="stretch")
 
 
+@st.cache_data(show_spinner=False, max_entries=64)
+def pareto_spec(data_key: str, _results: view.ResultsView) -> tuple[dict[str, Any] | None, list[str]]:
+    found = view.pareto(_results)
+    if not found.points:
+        return None, []
+    return charts.pareto_chart(found).to_dict(validate=False), found.sentences
+
+
+def show_pareto(results: view.ResultsView) -> None:
+    """Tokens/s per GPU against tokens/s per user, once a level has both."""
+    chart_spec, sentences = pareto_spec(results.key, results)
+    if chart_spec is None:
+        return
+    st.subheader("Throughput per GPU against interactivity")
+    st.vega_lite_chart(spec=chart_spec, width="stretch")
+    for line in sentences:
+        st.markdown(f"- {line}")
+
+
 def show_table_and_downloads(results: view.ResultsView, downloads: bool) -> None:
     st.subheader("Results")
     st.dataframe(view.summary_table(results.summary), hide_index=True, width="stretch")
@@ -330,6 +349,7 @@ def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, page_a
     gpus = {t.name: t.gpus for t in spec.topologies}
     show_headline(results)
     show_charts(results, gpus)
+    show_pareto(results)
     show_all_sentences(results)
     show_server_view(config, spec, status)
     show_table_and_downloads(results, downloads=not (chosen == LIVE and status.state.active)

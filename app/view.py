@@ -21,6 +21,7 @@ from crossover.app.charts import CrossoverMark
 from crossover.app.runner import RunStatus
 from crossover.errors import UserError
 from crossover.loadgen.analysis.crossings import METRICS
+from crossover.loadgen.analysis.pareto import ParetoView, pareto_view
 from crossover.loadgen.analysis.report import Crossover, CrossoverReport
 from crossover.loadgen.analysis.results import Run, read_info, read_server_views
 from crossover.loadgen.analysis.summary import per_gpu, turn_summary
@@ -73,6 +74,11 @@ def crossover_marks(crossover: CrossoverReport) -> list[CrossoverMark]:
         marks.append(CrossoverMark(metric=item.metric, at=at, low=_finite(item.ci_low),
                                    high=_finite(item.ci_high), sentence=item.sentence))
     return marks
+
+
+def pareto(results: ResultsView) -> ParetoView:
+    """The run's Pareto view, with the SLOs and objective its crossover report was made with."""
+    return pareto_view(results.summary, results.axis, results.crossover.slos_ms, results.crossover.objective)
 
 
 def _rank(item: Crossover) -> int:

@@ -20,6 +20,7 @@ of requests served; attainment per SLO is their product. Several SLOs together g
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -279,6 +280,9 @@ FAILURES_COUNTED = "failures_counted"  # 1: the failure families were read; 0: h
 # --- throughput against interactivity (the Pareto view) ---------------------------------------
 INTERACTIVITY = "interactivity_tokens_per_second"  # one user's decode rate: output tokens/s per user
 THROUGHPUT_PER_GPU = "output_tokens_per_second_per_gpu"  # the fleet side of the same trade
+# The TPOT quantile interactivity is taken of, wherever it is drawn or recorded: the median, one
+# typical user (the tail is the SLOs' to judge, through attainment).
+INTERACTIVITY_QUANTILE = 0.5
 
 
 def interactivity(tpot_s: float) -> float:
@@ -300,6 +304,26 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
             front.append(i)
             best_y = points[i][1]
     return front[::-1]
+
+
+# The knee of one topology's curve across load levels: the last level worth its step. Past it a
+# step up in load buys less than KNEE_GAIN more output tokens/s per GPU while every user decodes
+# slower; a tenth is where a planner's choice of level stops mattering next to run-to-run noise
+# (docs/slo.md).
+KNEE_GAIN = 0.10
+
+
+def knee(points: Sequence[tuple[float, float]]) -> int | None:
+    """Index of the knee in `points` (throughput per GPU, interactivity), given in rising load: the
+    first level whose next step gains less than KNEE_GAIN of its throughput per GPU while
+    interactivity falls. None when every step gains more (the curve has not bent in the range) or
+    fewer than two finite points."""
+    finite = [i for i, (x, y) in enumerate(points) if math.isfinite(x) and math.isfinite(y)]
+    for here, after in itertools.pairwise(finite):
+        (x0, y0), (x1, y1) = points[here], points[after]
+        if y1 < y0 and x1 < x0 * (1.0 + KNEE_GAIN):
+            return here
+    return None
 
 
 def attainment_column(slo: str | None = None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.rules import model as m
 from crossover.rules.buckets import request_slo_buckets
 from crossover.rules.model import RuleSet
@@ -27,6 +27,7 @@ from crossover.rules.names import (
     goodput_requests_name,
     goodput_tokens_name,
     histogram_rate_name,
+    interactivity_name,
     joint_attainment_name,
     kv_bandwidth_name,
     kv_usage_name,
@@ -51,6 +52,7 @@ SLO_TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency
 class Query:
     expr: str
     legend: str
+    right_axis: bool = False  # on the panel's right axis (another quantity, with its own scale)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Panel:
     queries: tuple[Query, ...]
     kind: str = "timeseries"  # or "stat"
     lines: tuple[Line, ...] = ()
+    right_lines: tuple[Line, ...] = ()  # threshold lines on the right axis' queries' scale
+    right_label: str = ""  # the right axis' title
     min: float | None = None
     max: float | None = None
     width: int = 12
@@ -213,6 +217,28 @@ def _goodput_panels(rules: RuleSet) -> tuple[Panel, ...]:
     return tuple(goodput_rows)
 
 
+def _pareto_panel(rules: RuleSet) -> Panel:
+    """The Pareto view's two quantities from live traffic, per topology on one panel: the fleet's
+    output tokens/s per GPU (left) against one user's, interactivity (right)."""
+    tpot = next((b for b in rules.slo_buckets if b.slo == "tpot"), None)
+    floor = (Line(slo.interactivity(tpot.le)),) if tpot else ()
+    note = (f" The red line is the TPOT SLO's interactivity floor: {slo.interactivity(tpot.le):g} tokens/s "
+            f"per user (1 / the {tpot.le * 1000:g} ms bucket the rules count it at)." if tpot else "")
+    quantile = slo.percentile_label(slo.INTERACTIVITY_QUANTILE)
+    return Panel(
+        title="Throughput per GPU against interactivity",
+        description="The trade a topology makes as load rises: output tokens/s per GPU (left axis) "
+                    "against interactivity, one user's output tokens/s (right axis: 1 / the "
+                    f"topology's {quantile} TPOT over $window). Under more load the first rises and "
+                    "the second falls; past the knee the first gains little while users keep slowing "
+                    "down (docs/sweep.md, `crossover analyze --plot` draws the same trade across "
+                    f"a sweep's levels).{note}",
+        unit="short",
+        queries=(_per_topology(per_gpu_name(catalog.GENERATION_TOKENS, WINDOW), "{{topology}} per GPU"),
+                 Query(_sel(interactivity_name(WINDOW)), "{{topology}} per user", right_axis=True)),
+        right_lines=floor, right_label="output tokens/s per user", min=0)
+
+
 def _throughput_panels(rules: RuleSet) -> tuple[Panel, ...]:
     return (
         Panel(title="Output tokens/s",
@@ -223,6 +249,7 @@ def _throughput_panels(rules: RuleSet) -> tuple[Panel, ...]:
               description="Generated tokens per second divided by the topology's GPU count.",
               unit="short", queries=(_per_topology(per_gpu_name(catalog.GENERATION_TOKENS, WINDOW)),),
               min=0),
+        _pareto_panel(rules),
         Panel(title="Finished requests/s",
               description="Requests finished per second (every finished_reason), per topology, each request "
                           "once: a P/D topology's from its entrypoint, else decode-side.",

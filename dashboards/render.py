@@ -79,6 +79,25 @@ def _thresholds(panel: Panel) -> list[Threshold]:
     return steps
 
 
+def _right_axis(panel: Panel) -> list[dict[str, Any]]:
+    """Overrides that put the right-axis queries on their own scale, with their own lines."""
+    overrides = []
+    for i, query in enumerate(panel.queries):
+        if not query.right_axis:
+            continue
+        properties: list[dict[str, Any]] = [{"id": "custom.axisPlacement", "value": "right"}]
+        if panel.right_label:
+            properties.append({"id": "custom.axisLabel", "value": panel.right_label})
+        if panel.right_lines:
+            steps: list[dict[str, Any]] = [{"color": "transparent", "value": None}]
+            steps += [{"color": line.color, "value": line.value} for line in panel.right_lines]
+            properties.append({"id": "thresholds", "value": {"mode": "absolute", "steps": steps}})
+            properties.append({"id": "custom.thresholdsStyle", "value": {"mode": "line"}})
+        overrides.append({"matcher": {"id": "byFrameRefID", "options": chr(ord("A") + i)},
+                          "properties": properties})
+    return overrides
+
+
 def _panel(panel: Panel, panel_id: int, grid: GridPos) -> TimeSeries | Stat:
     targets = [Target(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), datasource=DATASOURCE)
                for i, q in enumerate(panel.queries)]
@@ -92,6 +111,7 @@ def _panel(panel: Panel, panel_id: int, grid: GridPos) -> TimeSeries | Stat:
                       thresholdsStyleMode="line" if panel.lines else "off",
                       legendDisplayMode="table", legendPlacement="bottom",
                       legendCalcs=["lastNotNull", "max"], tooltipMode="multi",
+                      overrides=_right_axis(panel),
                       # Through extraJson: grafanalib's valueMin/valueMax take ints only, an axis a float.
                       extraJson=_axis_range(panel))
 

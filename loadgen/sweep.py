@@ -221,6 +221,13 @@ class _LevelRunner:
 
     async def run(self) -> list[RequestRecord]:
         async with HTTPClient(kernel_stamps=self.client.kernel_stamps) as session:
+            if self.plan.mode is Mode.CLOSED and self.client.preconnect:
+                # every stream's first request on a warm connection, as its later ones are
+                # (docs/performance.md, bench_clients.py: a cold one read up to 6 ms above the server)
+                streams = len(self.share.clients(self.level))
+                targets = self.balancer.urls
+                per_target = -(-streams // len(targets))  # ceiling: the balancer spreads the streams
+                await asyncio.gather(*(session.preconnect(url, per_target) for url in targets))
             if self.plan.mode is Mode.CLOSED:
                 await self._closed(session)
             else:

@@ -77,6 +77,13 @@ def quantile_name(metric: Stemmed, quantile: float, window: str, level: str = "t
     return f"{level}:{metric.rule_stem}:{slo.percentile_label(quantile)}_{window}"
 
 
+def interactivity_name(window: str) -> str:
+    """One user's decode rate, output tokens/s per user: slo.interactivity of the topology's TPOT
+    at slo.INTERACTIVITY_QUANTILE (the Pareto view's x axis; its y is per_gpu_name of the
+    generation tokens)."""
+    return f"topology:vllm_{slo.INTERACTIVITY}:{slo.percentile_label(slo.INTERACTIVITY_QUANTILE)}_{window}"
+
+
 def mean_name(metric: Stemmed, window: str) -> str:
     return f"topology:{metric.rule_stem}:mean_{window}"
 

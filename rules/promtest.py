@@ -35,6 +35,7 @@ from crossover.rules.names import (
     gauge_sum_name,
     goodput_requests_name,
     goodput_tokens_name,
+    interactivity_name,
     joint_attainment_name,
     kv_bandwidth_name,
     kv_usage_name,
@@ -281,12 +282,14 @@ def _topology_series(data: _Input, rules: RuleSet, topology: Topology, load: _Lo
     return index
 
 
-def _ttft_p99(rules: RuleSet, good: float, instances: int) -> float:
-    ttft_shape = _latency_shape(catalog.TTFT, good, rules)
+def _quantile(rules: RuleSet, metric: Metric, q: float, load: _Load, instances: int) -> float:
+    """The q-quantile of the topology's summed `metric` buckets, as its instances are shaped."""
+    failed_finished = sum(load.failed.get(r, 0.0) for r in slo.FAILED_REASONS)
+    shape = _latency_shape(metric, load.good, rules, failed_finished)
     cumulative = [0.0]
-    for per_s in ttft_shape.per_second:
+    for per_s in shape.per_second:
         cumulative.append(cumulative[-1] + per_s * instances)
-    return histogram_quantile(0.99, zip(ttft_shape.bounds, cumulative[1:], strict=True))
+    return histogram_quantile(q, zip(shape.bounds, cumulative[1:], strict=True))
 
 
 def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) -> list[Expectation]:
@@ -309,7 +312,9 @@ def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) 
         (per_gpu_name(catalog.GENERATION_TOKENS, window), key, gen_rate / gpus),
         (gauge_sum_name(catalog.NUM_REQUESTS_RUNNING), key, RUNNING * n),
         (kv_usage_name("max"), key, KV_USAGE),
-        (quantile_name(catalog.TTFT, 0.99, window), key, _ttft_p99(rules, load.good, n)),
+        (quantile_name(catalog.TTFT, 0.99, window), key, _quantile(rules, catalog.TTFT, 0.99, load, n)),
+        (interactivity_name(window), key,
+         slo.interactivity(_quantile(rules, catalog.TPOT, slo.INTERACTIVITY_QUANTILE, load, n))),
     ]
     for bucket in rules.slo_buckets:
         expectations.append((attainment_name(bucket.slo, window), key, load.attained))

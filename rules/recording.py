@@ -37,6 +37,7 @@ from crossover.rules.names import (
     goodput_requests_name,
     goodput_tokens_name,
     histogram_rate_name,
+    interactivity_name,
     joint_attainment_name,
     kv_bandwidth_name,
     kv_usage_name,
@@ -144,6 +145,10 @@ class RecordingRules:
             for metric in LATENCY_HISTOGRAMS:
                 rules.extend(self.histogram_rules(metric, window, quantiles=window in dashboard_windows,
                                                   source=source))
+            if window in dashboard_windows:
+                # slo.interactivity = 1 / TPOT; PromQL's 1 / 0 is +Inf as slo's is (one-token answers)
+                tpot = quantile_name(catalog.TPOT, slo.INTERACTIVITY_QUANTILE, window)
+                rules.append(RecordingRule(interactivity_name(window), f"1 / {tpot}"))
             rules.extend(self.outcome_rates(window, source=source))
         return tuple(rules)
 

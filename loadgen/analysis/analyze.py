@@ -23,6 +23,39 @@ from crossover.loadgen.analysis.results import Run, RunInfo
 from crossover.loadgen.analysis.summary import summarize
 from crossover.loadgen.plan import SweepPlan, TopologyInfo
 
+# What --plot writes, by the file's suffix: a picture, or a page that needs no network to open.
+PLOT_SUFFIXES = (".png", ".html")
+
+
+def plot_suffix(path: str) -> str:
+    """--plot FILE's suffix, checked before any work is done."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in PLOT_SUFFIXES:
+        raise UserError(f"--plot {path}: want a file ending in {' or '.join(PLOT_SUFFIXES)}, "
+                        f"got {suffix or 'no suffix'}")
+    return suffix
+
+
+def write_plot(path: str, run: Run, out: Any) -> None:
+    """The run's Pareto view into `path` (PNG or self-contained HTML), its sentences on `out`."""
+    from crossover.app.charts import pareto_chart
+    from crossover.loadgen.analysis.pareto import pareto_view
+
+    view = pareto_view(run.summary, run.info.plan.axis, run.info.slos_ms, run.info.objective)
+    if not view.points:
+        raise UserError(f"--plot {path}: no level has both output tokens and a TPOT to draw")
+    chart = pareto_chart(view).properties(width=640)
+    try:
+        if plot_suffix(path) == ".png":
+            chart.save(path, format="png", scale_factor=2)
+        else:
+            chart.save(path, format="html", inline=True)  # the Vega scripts in the page: opens offline
+    except OSError as exc:
+        raise UserError(f"--plot {path}: cannot write it ({exc.strerror or exc})") from None
+    for sentence in view.sentences:
+        out.print(sentence)
+    out.print(f"Pareto view in {path}")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="DIR|FILE",
@@ -39,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPUs of a topology (else --metadata gpus=N in the files, the spec, or 1)")
     parser.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for intervals")
     parser.add_argument("--out", default=None, help="also write a run folder here (the app opens it)")
+    parser.add_argument("--plot", default=None, metavar="FILE",
+                        help="also draw the Pareto view (tokens/s per GPU against tokens/s per user) "
+                             f"into FILE: {' or '.join(PLOT_SUFFIXES)} by its suffix")
 
 
 def _gpus(results: Results, spec: Any, overrides: dict[str, int]) -> dict[str, int]:
@@ -69,6 +105,8 @@ def _merge_shards(folders: list[Path], args: argparse.Namespace) -> int:
     merged = merge_runs(folders, Path(args.out), n_boot=args.bootstrap)
     out = Console() if sys.stdout.isatty() else Console(width=160)
     print_summary(merged.summary, merged.crossover, out)
+    if args.plot:
+        write_plot(args.plot, merged, out)
     out.print(f"{len(folders)} shard folders merged into {merged.out_dir} (crossover app SPEC opens it)")
     return 0
 
@@ -123,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.bootstrap < 0:
         raise UserError(f"--bootstrap: must be zero or positive, got {args.bootstrap}")
+    if args.plot:
+        plot_suffix(args.plot)
     folders = [Path(p) for p in args.paths]
     if all((f / results.RUN_FILE).exists() for f in folders):
         return _merge_shards(folders, args)
@@ -145,4 +185,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_run(Path(args.out), imported)
         out.print(f"run folder in {args.out} (crossover app SPEC opens it)")
+    if args.plot:
+        write_plot(args.plot, imported, out)
     return 0

@@ -209,10 +209,12 @@ def _consume_event(trace: StreamTrace, data: bytes, now: float) -> None:
 class ClientOptions:
     """How the sweep's client reads streams (the defaults are the fastest and most exact; the
     others exist to measure against): uvloop runs the event loop when installed; kernel_stamps
-    times reads with the kernel's receive time instead of time.time() in data_received."""
+    times reads with the kernel's receive time instead of time.time() in data_received;
+    preconnect opens the connections before the first request instead of on it."""
 
     uvloop: bool = True
     kernel_stamps: bool = True
+    preconnect: bool = True  # closed loop: open every stream's connection before the level's first send
 
 
 class _CompletionSink:

@@ -29,7 +29,8 @@ def seed_summary() -> pd.DataFrame:
                 "output_tps": float(value), "output_tps_per_gpu": value / 4.0,
                 slo.GOODPUT_REQUESTS: value / 128.0, per_gpu(slo.GOODPUT_REQUESTS): value / 512.0,
                 slo.GOODPUT_TOKENS: value * 0.9, "attainment": 1.0,
-                "ttft_p99_ms": 50.0 * level, "tpot_p99_ms": 20.0 + level / 4, "itl_p99_ms": 25.0 + level / 3,
+                "ttft_p99_ms": 50.0 * level, "tpot_p50_ms": 15.0 + level / 8,
+                "tpot_p99_ms": 20.0 + level / 4, "itl_p99_ms": 25.0 + level / 3,
                 "e2el_p99_ms": 1000.0 + level, "top_error": "",
             })
     return pd.DataFrame(rows)

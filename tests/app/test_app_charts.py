@@ -126,3 +126,19 @@ def test_server_chart_marks_levels_on_the_time_axis():
     marks = pd.DataFrame({"time": pd.to_datetime([2], unit="s"), "label": ["a at 1"]})
     spec = charts.server_chart(frame, "ttft_p99_ms", "TTFT p99", "ms", marks).to_dict()
     assert [layer["mark"]["type"] for layer in spec["layer"]] == ["line", "rule"]
+
+
+def test_a_runs_pareto_view_takes_the_reports_slos_and_draws_every_level():
+    report = CrossoverReport.from_json({**CROSSOVER, "slos_ms": {"tpot": 25.0}, "objective": 0.99})
+    results = view.ResultsView(source="run", out_dir=None, axis="concurrency", summary=seed_summary(),
+                               crossover=report)
+    found = view.pareto(results)
+    assert len(found.points) == 12 and found.interactivity_floor == 40.0
+    # the same TPOT per level for both: tp4x1 gives more per GPU at concurrency 1 (fastest per user)
+    # and 4, tp2x2 from 16 on, so their curves cross between the interactivities of 4 and 16
+    (crossing,) = found.crossings
+    assert (crossing.above, crossing.below) == ("tp4x1", "tp2x2")
+    assert slo.interactivity(0.017) < crossing.interactivity < slo.interactivity(0.0155)
+    assert {p.topology for p in found.points if p.on_front} == {"tp4x1", "tp2x2"}
+    spec = charts.pareto_chart(found).to_dict(validate=False)
+    assert spec["layer"][0]["mark"]["type"] == "rect"  # the TPOT floor is drawn

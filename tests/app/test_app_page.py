@@ -294,6 +294,7 @@ def test_a_folder_of_vllm_bench_results_opens_as_a_past_run(monkeypatch, tmp_pat
     app.button(key="open_run").click().run()
     assert not app.exception and not app.error, [e.value for e in app.error]
     assert len(app.dataframe[0].value) == 2 * len(spec.topologies)
+    assert any(s.value == "Throughput per GPU against interactivity" for s in app.subheader)
 
 
 def test_a_sweep_that_ends_while_the_page_is_drawn_shows_one_state(monkeypatch, tmp_path):

@@ -80,3 +80,15 @@ def test_pareto_front_keeps_the_points_no_other_beats_on_both_axes() -> None:
     points = [(1, 10), (2, 5), (3, 1), (2, 4), (1, 10), (nan, 1), (0.5, 11)]
     assert slo.pareto_front(points) == [6, 0, 1, 2]
     assert slo.pareto_front([]) == []
+
+
+def test_knee_is_the_last_level_worth_its_step() -> None:
+    # 100 -> 180 (+80%) -> 190 (+5.6%, interactivity falls): the knee is the second level.
+    assert slo.knee([(100.0, 50.0), (180.0, 40.0), (190.0, 20.0), (195.0, 10.0)]) == 1
+    # A small gain with interactivity rising is no knee (the curve did not trade anything).
+    assert slo.knee([(100.0, 50.0), (105.0, 55.0), (200.0, 30.0)]) is None
+    # Still gaining more than KNEE_GAIN at every step: not bent in the range.
+    assert slo.knee([(100.0, 50.0), (150.0, 40.0), (200.0, 30.0)]) is None
+    # NaN levels are stepped over.
+    assert slo.knee([(100.0, 50.0), (float("nan"), 45.0), (101.0, 40.0)]) == 0
+    assert slo.knee([]) is None

@@ -69,6 +69,14 @@ def test_sweep_speaks_vllm_bench_flags_and_writes_its_result_files(
     columns = ["topology", "level", "requests", "failed", "attainment", "ttft_p99_ms"]
     pd.testing.assert_frame_equal(imported.summary[columns], run.summary[columns], check_exact=False,
                                   rtol=1e-6)
+    # --plot draws the Pareto view of the same records, a picture or a page that opens offline
+    for name in ("pareto.png", "pareto.html"):
+        assert main(["analyze", str(out / "levels"), "--goodput", "ttft:15", "tpot:3", "--bootstrap", "0",
+                     "--plot", str(tmp_path / name)]) == 0
+        assert f"Pareto view in {tmp_path / name}" in capsys.readouterr().out
+    assert (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "pareto.html").read_text()
+    assert "small2x1c" in page and "cdn.jsdelivr" not in page and "<script src=" not in page
 
 
 def test_analyze_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -79,7 +87,8 @@ def test_analyze_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureF
     cases = [([str(tmp_path / "nope")], "no such file or folder"),
              ([str(tmp_path / "b")], "no result files there"),
              ([str(aggregate)], "--save-detailed"),
-             ([str(aggregate), "--objective", "2"], "--objective")]
+             ([str(aggregate), "--objective", "2"], "--objective"),
+             ([str(aggregate), "--plot", str(tmp_path / "p.svg")], "--plot")]
     for argv, message in cases:
         code = main(["analyze", *argv, "--goodput", "ttft:100"])
         err = capsys.readouterr().err

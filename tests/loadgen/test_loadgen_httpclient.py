@@ -326,3 +326,22 @@ def test_https_works_with_reads_stamped_in_user_space(tmp_path: Path) -> None:
     with ScriptedServer([Reply([OK]), Reply([OK])], tls=server_side) as server:
         sinks = _fetch(server.url, 2, ssl_context=client_side)
     assert [bytes(s.body) for s in sinks] == [b"ok", b"ok"] and server.connections == 1
+
+
+def test_preconnected_connections_carry_the_first_requests_and_a_refused_one_is_left_to_them() -> None:
+    async def go(url: str, closed_url: str) -> tuple[int, int, BufferSink]:
+        async with HTTPClient() as client:
+            await client.preconnect(url, 1)
+            await client.preconnect(url, 1)  # already there: nothing more opened
+            await client.preconnect(closed_url, 2)  # nothing listening: no error here
+            opened = len(client._live)
+            sink = BufferSink()
+            await client.request("POST", url + "/v1/x", b"{}", sink)
+            return opened, len(client._live), sink
+
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        closed_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    with ScriptedServer([Reply([OK])]) as server:
+        opened, live, sink = asyncio.run(go(server.url, closed_url))
+    assert (opened, live, server.connections) == (1, 1, 1)
+    assert (sink.status, bytes(sink.body)) == (200, b"ok")
