@@ -169,7 +169,7 @@ def pod_monitor_yaml(spec: FleetSpec, source: str, name: str, port: str = "http"
 def pod_labels(spec: FleetSpec) -> dict[str, dict[str, str]]:
     """Instance name -> the pod labels the PodMonitor expects on it (for docs and manifests)."""
     return {i.name: {POD_LABEL_PREFIX + "topology": t.name, POD_LABEL_PREFIX + "role": i.role.value,
-                     POD_LABEL_PREFIX + "gpus": str(t.tensor_parallel_size)}
+                     POD_LABEL_PREFIX + "gpus": str(t.tp_of(i))}
             for t in spec.topologies for i in t.instances}
 
 
