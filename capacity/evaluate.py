@@ -27,7 +27,9 @@ from crossover.sim.model import StepLoad
 from crossover.spec import FleetSpec, Topology
 
 DEFAULT_REQUESTS = 400  # per measured level: the attainment's sampling error at 0.99 is +-0.005
-WARMUP_SHARE = 0.1  # open loop: the first arrivals meet an empty fleet; they are not counted
+WARMUP_SHARE = 0.1
+DEFAULT_SPAN_S = 60.0
+MAX_REQUESTS = 5_000  # per level: bounds the cost of a level far past capacity  # open loop: the first arrivals meet an empty fleet; they are not counted
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,15 @@ class Workload:
     mode: Mode
     input_len: int = 512
     output_len: int = 256
-    requests: int = DEFAULT_REQUESTS  # counted per measured level
+    requests: int = DEFAULT_REQUESTS  # counted per measured level, at least
     seed: int = 0
+    # Open loop: arrivals span at least this long, so that a queue that grows is seen growing (a
+    # burst of `requests` alone meets the SLOs at any rate the fleet can hold that many of at once).
+    min_span_s: float = DEFAULT_SPAN_S
+
+    def open_requests(self, rate: float) -> int:
+        """Requests counted at an open-loop rate: `requests`, or more to span min_span_s."""
+        return max(self.requests, min(MAX_REQUESTS, math.ceil(rate * self.min_span_s)))
 
 
 @dataclass(frozen=True)
@@ -124,8 +133,9 @@ def measure(
             spec, topology, int(load), workload.input_len, workload.output_len, measured=workload.requests
         )
         return _closed_point(run, load, slos_ms)
-    warmup = int(workload.requests * WARMUP_SHARE)
-    total = workload.requests + warmup
+    counted_requests = workload.open_requests(load)
+    warmup = int(counted_requests * WARMUP_SHARE)
+    total = counted_requests + warmup
     rng = random.Random(workload.seed)
     arrivals = list(itertools.accumulate(rng.expovariate(load) for _ in range(total)))
     des = truth.FleetDES(spec, topology)
@@ -225,7 +235,6 @@ def find_capacity(
     seen: dict[float, Point] = {}
 
     def at(load: float) -> Point:
-        load = min(max(load, lowest), highest)
         if load not in seen:
             seen[load] = probe(load)
         return seen[load]
@@ -233,7 +242,7 @@ def find_capacity(
     def meets(load: float) -> bool:
         return at(load).attainment >= objective
 
-    x = _level(mode.scale(guess), mode)
+    x = min(max(_level(mode.scale(guess), mode), lowest), highest)
     ok = fail = None
     while len(seen) < max_levels:
         if meets(x):

@@ -68,10 +68,7 @@ def table(plan: Plan) -> list[str]:
     fits = ", ".join(
         f"TP{f.tp} {f.needed_gib:.1f}/{f.usable_gib:.1f} GiB{'' if f.fits else ' (no)'}" for f in plan.fits
     )
-    lines.append(
-        f"memory fit per GPU (weights + KV of one max_model_len request "
-        f"/ usable): {fits}"
-    )
+    lines.append(f"memory fit per GPU (weights + KV of one max_model_len request / usable): {fits}")
     head = f"{'#':>2} {'layout':<28} {'GPUs':>4} {'capacity (' + unit + ')':>22} {'goodput/GPU':>19}"
     user = plan.user_loads[0] if len(plan.user_loads) == 1 else None
     if user is not None:
