@@ -27,9 +27,9 @@ from crossover.sim.model import StepLoad
 from crossover.spec import FleetSpec, Topology
 
 DEFAULT_REQUESTS = 400  # per measured level: the attainment's sampling error at 0.99 is +-0.005
-WARMUP_SHARE = 0.1
+WARMUP_SHARE = 0.1  # open loop: the first arrivals meet an empty fleet; they are not counted
 DEFAULT_SPAN_S = 60.0
-MAX_REQUESTS = 5_000  # per level: bounds the cost of a level far past capacity  # open loop: the first arrivals meet an empty fleet; they are not counted
+MAX_REQUESTS = 5_000  # per level: bounds the cost of a level far past capacity
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,7 @@ def measure(
     """The layout at one load: a closed-loop concurrency or a Poisson rate (req/s)."""
     if workload.mode is Mode.CLOSED:
         run = truth.closed_loop_run(
-            spec, topology, int(load), workload.input_len, workload.output_len, measured=workload.requests
-        )
+            spec, topology, int(load), workload.input_len, workload.output_len, measured=max(workload.requests, 2 * int(load)))
         return _closed_point(run, load, slos_ms)
     counted_requests = workload.open_requests(load)
     warmup = int(counted_requests * WARMUP_SHARE)

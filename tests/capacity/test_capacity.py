@@ -85,7 +85,7 @@ def test_capacity_is_bracketed_then_bisected(guess: float) -> None:
     found = find_capacity(_probe(7.3), 0.99, Mode.OPEN, guess, tolerance=0.01)
     assert found.load is not None and found.low is not None and found.high is not None
     assert found.low <= found.load <= found.high
-    assert found.low <= 7.31 and 7.3 <= found.high and (found.high - found.low) / found.low <= 0.01
+    assert found.low <= 7.31 and found.high >= 7.3 and (found.high - found.low) / found.low <= 0.01
     assert found.at is not None and found.at.attainment >= 0.99
 
 
@@ -242,13 +242,14 @@ def test_the_command_prints_the_ranking_and_writes_specs_the_package_runs_on(
         == 0
     )
     text = capsys.readouterr().out
-    assert "winner: TP=2x2" in text and "assumed, not measured" in text and "crossover map" in text
+    assert "assumed, not measured" in text and "crossover map" in text and "per dollar: " in text
     results = json.loads((out / "capacity.json").read_text())
-    assert [lay["label"] for lay in results["layouts"]][0] == "TP=2x2"
-    assert results["layouts"][0]["price_per_hour"] == 10.0
-    for name in ("spec-tp2x2.yaml", "spec-top.yaml"):
-        spec = load_spec(out / name)
-        assert spec.topologies[0].name == "tp2x2"
+    first, second = results["layouts"][:2]
+    assert first["goodput_per_gpu"] >= second["goodput_per_gpu"] and first["price_per_hour"] == 10.0
+    assert results["verdict"]["sentence"].split(":")[0] in text and results["verdict"]["leaders"][0] == first["key"]
+    spec = load_spec(out / f"spec-{first['key']}.yaml")
+    assert [t.name for t in spec.topologies] == [first["key"]]
+    assert [t.name for t in load_spec(out / "spec-top.yaml").topologies] == [first["key"], second["key"]]
     assert main(["rules", str(out / "spec-top.yaml"), "--out", str(tmp_path / "rules")]) == 0
     assert (out / "plot.html").read_text().startswith("<!DOCTYPE html>")
 
