@@ -130,7 +130,13 @@ def measure(
     """The layout at one load: a closed-loop concurrency or a Poisson rate (req/s)."""
     if workload.mode is Mode.CLOSED:
         run = truth.closed_loop_run(
-            spec, topology, int(load), workload.input_len, workload.output_len, measured=max(workload.requests, 2 * int(load)))
+            spec,
+            topology,
+            int(load),
+            workload.input_len,
+            workload.output_len,
+            measured=max(workload.requests, 2 * int(load)),  # at least two rounds of every client
+        )
         return _closed_point(run, load, slos_ms)
     counted_requests = workload.open_requests(load)
     warmup = int(counted_requests * WARMUP_SHARE)

@@ -72,7 +72,7 @@ def test_a_budget_no_layout_fills_names_the_counts_that_would() -> None:
 # --- the bracket search --------------------------------------------------------------------------
 
 
-def _probe(edge: float):  # type: ignore[no-untyped-def]
+def _probe(edge: float):
     def probe(load: float) -> Point:
         attainment = 1.0 if load <= edge else max(0.0, 1.0 - (load - edge))
         return Point(load, 100, attainment, load * attainment, 0.0, 0, 0, 0, 0, 0, 0)
@@ -104,7 +104,7 @@ def test_closed_loop_capacity_is_a_whole_concurrency_bracket() -> None:
 
 
 def _result(goodput: float, slow: float, fast: float, name: int) -> search.LayoutResult:
-    def cap(value: float):  # type: ignore[no-untyped-def]
+    def cap(value: float):
         point = Point(1.0, 100, 1.0, value * 4, 0.0, 0, 0, 0, 0, 0, 0)
         return search.Capacity(1.0, 1.0, 2.0, "", point, {1.0: 1.0})
 
@@ -121,7 +121,7 @@ def test_a_lead_inside_the_bands_is_a_tie_and_outside_a_winner() -> None:
 # --- per-role TP --------------------------------------------------------------------------------
 
 
-def _pd_spec(prefill_tp: int, decode_tp: int, gpus: int) -> dict:  # type: ignore[type-arg]
+def _pd_spec(prefill_tp: int, decode_tp: int, gpus: int) -> dict:
     import yaml
 
     data = yaml.safe_load(SEED.read_text())
@@ -246,7 +246,8 @@ def test_the_command_prints_the_ranking_and_writes_specs_the_package_runs_on(
     results = json.loads((out / "capacity.json").read_text())
     first, second = results["layouts"][:2]
     assert first["goodput_per_gpu"] >= second["goodput_per_gpu"] and first["price_per_hour"] == 10.0
-    assert results["verdict"]["sentence"].split(":")[0] in text and results["verdict"]["leaders"][0] == first["key"]
+    verdict = results["verdict"]
+    assert verdict["sentence"].split(":")[0] in text and verdict["leaders"][0] == first["key"]
     spec = load_spec(out / f"spec-{first['key']}.yaml")
     assert [t.name for t in spec.topologies] == [first["key"]]
     assert [t.name for t in load_spec(out / "spec-top.yaml").topologies] == [first["key"], second["key"]]
