@@ -10,7 +10,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from crossover.capacity import output, profiles, search
-from crossover.capacity.evaluate import DEFAULT_REQUESTS, Workload
+from crossover.capacity.evaluate import DEFAULT_REQUESTS, DEFAULT_SPAN_S, Workload
 from crossover.capacity.layouts import Layout, Space, enumerate_layouts, fit, layout_of
 from crossover.errors import UserError
 from crossover.loadgen.plan import Mode
@@ -65,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--validate",
         action="store_true",
         help="run the top layouts on the live simulator with the real sweep",
+    )
+    parser.add_argument(
+        "--span",
+        type=float,
+        default=DEFAULT_SPAN_S,
+        help=f"open loop: seconds of arrivals a level spans at least ({DEFAULT_SPAN_S:g})",
     )
     parser.add_argument("--seed", type=int, default=0, help="the arrival draws' seed (0)")
 
@@ -166,7 +172,9 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
     if len({p.name for p in chosen}) != len(chosen):
         raise UserError("--profile: each profile once, please")
     gpus = args.gpus if args.gpus is not None else spec.topologies[0].gpus
-    workload = Workload(mode, args.input_len, args.output_len, args.requests, args.seed)
+    if not args.span > 0:
+        raise UserError(f"--span: must be a positive number of seconds, got {args.span:g}")
+    workload = Workload(mode, args.input_len, args.output_len, args.requests, args.seed, args.span)
     tasks, fits = [], []
     for profile in chosen:
         on_profile = profile.apply(spec)
