@@ -8,7 +8,7 @@ at the user's load, the crossover map), timed from the parsed arguments to the r
 - many: Llama-3.1-8B on 10 L40S (compose/specs/pd-8k-prompts.yaml), every layout (35: TP 1/2/4/8
   colocated and every xPyD mix), open loop at 2 req/s, 512/128 tokens;
 - 70b: Llama-3.1-70B on 8 H100 (compose/specs/seed-70b-h100.yaml), every layout (9), open loop
-  at 4 req/s, 512/256 tokens.
+  at 4 req/s, 512/128 tokens.
 
 Goals (docs/performance.md): many: at least 30 layouts in under 120 s on 2 cores; 70b: under 30 s.
 The machine's load average is printed beside the figures, and the CPU seconds the workers spent, so
@@ -25,21 +25,33 @@ import time
 from pathlib import Path
 from typing import Any
 
+from figures import add_smoke_flag, print_figures
 
-from figures import add_smoke_flag, print_figures  # noqa: E402
-
-from crossover.capacity import cli  # noqa: E402
-from crossover.examples import __file__ as _examples  # noqa: E402
+from crossover.capacity import cli
+from crossover.examples import __file__ as _examples
 
 SPECS = Path(_examples).parent
+LENGTHS = ["--input-len", "512", "--output-len", "128"]
 CASES: dict[str, tuple[str, list[str], float]] = {
     # name: (spec, arguments, goal in wall seconds)
-    "many": ("pd-8k-prompts.yaml", ["--gpus", "10", "--rate", "2", "--input-len", "512", "--output-len", "128"],
-             120.0),
-    "70b": ("seed-70b-h100.yaml", ["--gpus", "8", "--rate", "4", "--input-len", "512", "--output-len", "256"], 30.0),
+    "many": (
+        "pd-8k-prompts.yaml",
+        ["--gpus", "10", "--rate", "2", "--input-len", "512", "--output-len", "128"],
+        120.0,
+    ),
+    "70b": (
+        "seed-70b-h100.yaml",
+        ["--gpus", "8", "--rate", "4", "--input-len", "512", "--output-len", "256"],
+        30.0,
+    ),
 }
-SMOKE = {"smoke": ("seed-70b-h100.yaml", ["--gpus", "4", "--concurrency", "4", "--requests", "40",
-                                          "--input-len", "128", "--output-len", "16"], 120.0)}
+SMOKE = {
+    "smoke": (
+        "seed-70b-h100.yaml",
+        ["--gpus", "4", "--concurrency", "4", "--requests", "40", "--input-len", "128", "--output-len", "16"],
+        120.0,
+    )
+}
 
 
 def _cpu_s() -> float:
@@ -56,8 +68,14 @@ def run_case(spec: str, argv: list[str], workers: int | None) -> dict[str, Any]:
     plan, _ = cli.plan(args)
     wall = time.perf_counter() - wall
     cpu = _cpu_s() - cpu
-    return {"layouts": len(plan.results), "wall_s": wall, "cpu_s": cpu, "busy_cores": cpu / wall,
-            "layouts_per_min": len(plan.results) / wall * 60, "verdict": plan.verdict.sentence}
+    return {
+        "layouts": len(plan.results),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "busy_cores": cpu / wall,
+        "layouts_per_min": len(plan.results) / wall * 60,
+        "verdict": plan.verdict.sentence,
+    }
 
 
 def main() -> int:
@@ -73,9 +91,11 @@ def main() -> int:
         found = run_case(spec, argv, args.workers)
         found["met"] = int(found["wall_s"] < goal)
         figures[name] = found
-        print(f"{name}: {found['layouts']} layouts in {found['wall_s']:.1f} s wall, {found['cpu_s']:.1f} CPU s "
-              f"({found['busy_cores']:.2f} cores busy), goal < {goal:.0f} s: {'met' if found['met'] else 'missed'}; "
-              f"{found['verdict']}")
+        print(
+            f"{name}: {found['layouts']} layouts in {found['wall_s']:.1f} s wall, {found['cpu_s']:.1f} CPU s "
+            f"({found['busy_cores']:.2f} cores busy), goal < {goal:.0f} s: "
+            f"{'met' if found['met'] else 'missed'}; {found['verdict']}"
+        )
     figures["load_after"] = os.getloadavg()[0]
     print_figures(figures)
     return 0

@@ -216,8 +216,9 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
                         slos,
                         map_loads,
                         points_only=True,
+                        ceiling=search.map_ceiling(r),
                     )
-                    for t in tasks
+                    for t, r in zip(tasks, results, strict=True)
                 ],
                 search.run_points,
                 pool,

@@ -28,8 +28,8 @@ from crossover.spec import FleetSpec, Topology
 
 DEFAULT_REQUESTS = 400  # per measured level: the attainment's sampling error at 0.99 is +-0.005
 WARMUP_SHARE = 0.1  # open loop: the first arrivals meet an empty fleet; they are not counted
-DEFAULT_SPAN_S = 60.0
-MAX_REQUESTS = 5_000  # per level: bounds the cost of a level far past capacity
+DEFAULT_SPAN_S = 30.0
+MAX_REQUESTS = 3_000  # per level: bounds the cost of a level far past capacity
 
 
 @dataclass(frozen=True)
@@ -157,9 +157,10 @@ def measure(
     des.on_done = on_done
     des.run(lambda: finished[0] >= total)
     counted = traces[warmup:]
-    # Goodput over the counted requests' arrival span: what the fleet was offered in that time.
-    span = counted[-1].arrival - counted[0].arrival
-    duration = span * len(counted) / max(1, len(counted) - 1) if span > 0 else 1.0 / load
+    # Rates over the sweep's window (loadgen.analysis.summary, as `vllm bench serve` divides by its
+    # duration): from the first counted send to the last end, so a prediction reads like a sweep.
+    end = max(t.finish or t.arrival for t in counted)
+    duration = end - counted[0].arrival if end > counted[0].arrival else 1.0 / load
     return _point(
         load, counted, duration, slos_ms, kv_peak[0], sum(n.scheduler.preemptions for n in des.nodes)
     )
@@ -254,13 +255,20 @@ def find_capacity(
             ok = x
             if fail is not None or x >= highest:
                 break
-            x = max(x + 1, _level(mode.scale(x * step), mode)) if mode is Mode.CLOSED else x * step
+            x = (
+                max(x + 1, _level(mode.scale(x * step), mode))
+                if mode is Mode.CLOSED
+                else _level(x * step, mode)
+            )
             x = min(highest, x)
         else:
             fail = x
             if ok is not None or x <= lowest:
                 break
             x = max(lowest, _level(mode.scale(x / step), mode))
+        # Each step out squares the factor: a short first step near the guess (the band's ends), and
+        # a layout that misses at any load reaches the lowest in a few levels, not a hundred.
+        step *= step
     levels = {k: p.attainment for k, p in sorted(seen.items())}
     if ok is None:
         return Capacity(None, None, min(seen), "below", None, levels)

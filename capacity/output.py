@@ -286,6 +286,7 @@ def plot(plan: Plan, path: Path) -> Path:
         }
         for r in plan.results
         for load, p in zip(plan.map_loads, r.along, strict=False)
+        if p is not None
     ]
     frame = pd.DataFrame(rows)
     scale = alt.Scale(type="log", base=2) if plan.mode is Mode.CLOSED else alt.Scale()

@@ -38,6 +38,7 @@ class Task:
     slos_ms: dict[str, float]
     user_loads: tuple[float, ...]  # the user's load, or the range's levels
     points_only: bool = False  # the second pass: only the figures at user_loads (the map's levels)
+    ceiling: float | None = None  # the second pass measures no load above this (past the capacity)
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class LayoutResult:
     slow: Capacity  # every step (1 + error) times as long: the band's low end
     fast: Capacity  # (1 - error) times as long: its high end
     at_user: tuple[Point, ...]  # at each of the user's loads
-    along: tuple[Point, ...] = ()  # at each of the crossover map's loads
+    along: tuple[Point | None, ...] = ()  # at each of the crossover map's loads (None: past capacity)
 
     @property
     def gpus(self) -> int:
@@ -68,9 +69,24 @@ class LayoutResult:
         return values[0], values[-1]
 
 
-def run_points(task: Task) -> tuple[Point, ...]:
+def run_points(task: Task) -> tuple[Point | None, ...]:
+    """The figures at each of user_loads; None above the ceiling (a layout past its capacity is out
+    of the running there: measuring how far it misses would cost the most of any level)."""
     topology = task.layout.topology()
-    return tuple(measure(task.spec, topology, task.workload, load, task.slos_ms) for load in task.user_loads)
+    return tuple(
+        None
+        if task.ceiling is not None and load > task.ceiling
+        else measure(task.spec, topology, task.workload, load, task.slos_ms)
+        for load in task.user_loads
+    )
+
+
+def map_ceiling(result: LayoutResult) -> float | None:
+    """The highest map load worth measuring for a layout: a quarter past its band's high end."""
+    if result.capacity.censored == "above":
+        return None
+    top = max((c.load or c.high or 0.0) for c in (result.capacity, result.fast, result.slow))
+    return 1.25 * top
 
 
 def run_task(task: Task) -> LayoutResult:
@@ -94,8 +110,12 @@ def run_task(task: Task) -> LayoutResult:
     start = nominal.load or guess
     width = 1 + max(task.step_error, TOLERANCE)
     slow = search(scaled(task.spec, 1 + task.step_error), start / (1 + task.step_error), width)
-    fast = search(scaled(task.spec, 1 - task.step_error), start * (1 + task.step_error), width)
-    return LayoutResult(task.profile, task.layout, nominal, slow, fast, run_points(task))
+    if nominal.censored == "below":  # misses at the lowest load already: faster steps may not
+        fast = search(scaled(task.spec, 1 - task.step_error), guess, 2.0)
+    else:
+        fast = search(scaled(task.spec, 1 - task.step_error), start * (1 + task.step_error), width)
+    at_user = tuple(measure(task.spec, topology, workload, load, task.slos_ms) for load in task.user_loads)
+    return LayoutResult(task.profile, task.layout, nominal, slow, fast, at_user)
 
 
 def run_all(
@@ -210,7 +230,12 @@ def crossover_map(
     out = []
     for i, load in enumerate(loads):
         values = sorted(
-            ((r.along[i].goodput_rps / r.gpus, r) for r in results if len(r.along) > i), key=lambda v: -v[0]
+            (
+                (p.goodput_rps / r.gpus, r)
+                for r in results
+                if len(r.along) > i and (p := r.along[i]) is not None
+            ),
+            key=lambda v: -v[0],
         )
         if not values or values[0][0] <= 0:
             out.append(MapEntry(load, ()))
@@ -236,7 +261,7 @@ def pareto(results: Sequence[LayoutResult], loads: Sequence[float], profiles: in
         (key(r, profiles), loads[i], p.output_tps / r.gpus, p.interactivity)
         for r in results
         for i, p in enumerate(r.along)
-        if p.attainment >= 0 and math.isfinite(p.interactivity)
+        if p is not None and math.isfinite(p.interactivity)
     ]
     front = slo.pareto_front([(x, y) for _, _, x, y in candidates])
     return Front([candidates[i] for i in front])

@@ -287,8 +287,24 @@ def test_a_rate_beyond_every_capacity_says_so() -> None:
 def test_measure_counts_the_asked_requests() -> None:
     spec = load_spec(SEED)
     point = measure(spec, spec.topologies[0], Workload(Mode.OPEN, 128, 16, 50), 1.0, {"ttft": 2500})
-    assert point.counted == 60 and point.attainment == 1.0  # 50 asked, 60 to span a minute at 1 req/s
+    assert point.counted == 50 and point.attainment == 1.0  # 50 asked: more than 30 s at 1 req/s
     point = measure(
-        spec, spec.topologies[0], Workload(Mode.OPEN, 128, 16, 50, min_span_s=10), 1.0, {"ttft": 2500}
+        spec, spec.topologies[0], Workload(Mode.OPEN, 128, 16, 50, min_span_s=80), 1.0, {"ttft": 2500}
     )
-    assert point.counted == 50
+    assert point.counted == 80  # 80 s at 1 req/s
+
+
+# --- validation against the live simulator ------------------------------------------------------
+
+@pytest.mark.slow
+def test_validate_predicts_the_live_sweeps_capacity_and_goodput_within_ten_percent(tmp_path: Path) -> None:
+    from crossover.capacity import validate
+
+    plan, spec = cli.plan(_args(str(SEED), "--rate", "4", "--input-len", "512", "--output-len", "64",
+                                "--requests", "150", "--span", "8", "--layouts", "colocated", "--tp", "4",
+                                "--workers", "1"))
+    check = validate.check_layout(plan, spec, plan.results[0], tmp_path)
+    assert check.layout == "TP=4x1" and check.measured_censored == ""
+    assert check.capacity_error is not None and abs(check.capacity_error) <= validate.GOAL
+    assert check.goodput_error is not None and abs(check.goodput_error) <= validate.GOAL
+    assert "capacity predicted" in validate.line(check, plan.mode)
