@@ -26,8 +26,10 @@ def run(args: argparse.Namespace) -> int:
             source = {"entrypoint": f"; entrypoint metrics {topology.entrypoint.metrics_url}",
                       "decode": "; decode-side request figures (no entrypoint metrics)",
                       "instances": ""}[topology.configured_requests_source]
-            print(f"  {topology.name}: {topology.gpus} GPUs, TP={topology.tensor_parallel_size} x "
-                  f"{len(topology.instances)} ({roles}), traffic to {target}{source}")
+            shape = (f"TP={topology.tensor_parallel_size} x {len(topology.instances)}"
+                     if len(topology.tp_sizes) == 1  # else each instance's own (P/D roles' own TP)
+                     else "TP=" + "+".join(str(topology.tp_of(i)) for i in topology.instances))
+            print(f"  {topology.name}: {topology.gpus} GPUs, {shape} ({roles}), traffic to {target}{source}")
         slos = ", ".join(f"{k} {v:g} ms" for k, v in spec.slos.thresholds_ms.items())
         print(f"  SLOs: {slos}; objective {spec.slos.objective} over {spec.slos.period}")
     return 0
