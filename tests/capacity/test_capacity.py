@@ -264,6 +264,7 @@ def test_the_command_prints_the_ranking_and_writes_specs_the_package_runs_on(
         (["--rate", "1", "--profile", "nope"], "--profile: 'nope' is neither a shipped profile"),
         (["--rate", "1", "--gpus", "1"], "fits no layout of 1 GPU(s)"),
         (["--rate", "1", "--tp", "x"], "--tp: want TP sizes such as 2,4"),
+        (["--rate", "1", "--profile", "h200"], "profile h200: model.intermediate_size: needed"),
     ],
 )
 def test_bad_input_is_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
