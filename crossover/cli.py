@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "find the crossover in vllm bench, GuideLLM, AIPerf or inference-perf results"),
     "rules": ("crossover.rules.cli", "generate Prometheus scrape config, recording rules and alerts"),
     "dashboards": ("crossover.dashboards.cli", "generate Grafana dashboards"),
+    "capacity": ("crossover.capacity.cli", "rank every layout a GPU budget allows by goodput per GPU"),
     "app": ("crossover.app.cli", "start the Streamlit app"),
     "pdproxy": ("crossover.pdproxy.cli", "serve a topology's P/D entrypoint in front of vLLM servers"),
     "demo": ("crossover.demo.cli", "run the whole stack on the simulator"),

@@ -200,6 +200,9 @@ class Instance(_Strict):
     name: Name
     url: str
     role: Role = Role.COLOCATED
+    # A P/D topology's prefill and decode roles may shard the model differently (DistServe's point):
+    # None takes the topology's tensor_parallel_size.
+    tensor_parallel_size: PositiveInt | None = None
 
     _url = field_validator("url")(check_http_url)
 
@@ -284,10 +287,14 @@ class Topology(_Strict):
                              f"and no colocated ones (has {sorted(r.value for r in roles)})")
         if disaggregated and self.entrypoint.url is None:
             raise ValueError("a P/D topology needs entrypoint.url (the P/D proxy)")
-        used = len(self.instances) * self.tensor_parallel_size
+        used = sum(self.tp_of(i) for i in self.instances)
         if used != self.gpus:
-            raise ValueError(f"gpus is {self.gpus} but {len(self.instances)} instance(s) x "
-                             f"tensor_parallel_size {self.tensor_parallel_size} use {used}")
+            sizes = sorted({self.tp_of(i) for i in self.instances})
+            if len(sizes) == 1:
+                raise ValueError(f"gpus is {self.gpus} but {len(self.instances)} instance(s) x "
+                                 f"tensor_parallel_size {sizes[0]} use {used}")
+            raise ValueError(f"gpus is {self.gpus} but the instances' tensor_parallel_size "
+                             f"({' + '.join(str(self.tp_of(i)) for i in self.instances)}) use {used}")
         names = [i.name for i in self.instances]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate instance names in {names}")
@@ -318,9 +325,23 @@ class Topology(_Strict):
         return requests_source(entrypoint_counts=self.entrypoint.metrics_url is not None,
                                has_decode=self.disaggregated)
 
+    def tp_of(self, instance: Instance) -> int:
+        """An instance's tensor-parallel size: its own, else the topology's."""
+        return instance.tensor_parallel_size or self.tensor_parallel_size
+
+    def tp_for(self, instance_name: str, role: str) -> int:
+        """The TP size of a target found outside the spec (file service discovery): the spec
+        instance of that name's, else the one its role's instances share, else the topology's."""
+        for instance in self.instances:
+            if instance.name == instance_name:
+                return self.tp_of(instance)
+        sizes = {self.tp_of(i) for i in self.instances if i.role.value == role}
+        return sizes.pop() if len(sizes) == 1 else self.tensor_parallel_size
+
     @property
-    def gpus_per_instance(self) -> int:
-        return self.tensor_parallel_size
+    def tp_sizes(self) -> list[int]:
+        """The distinct tensor-parallel sizes of the instances, smallest first."""
+        return sorted({self.tp_of(i) for i in self.instances})
 
 
 class Slos(_Strict):
@@ -639,7 +660,7 @@ class FleetSpec(_Strict):
         """Each TP shard's weights must leave room for KV blocks in the GPU memory vLLM may use."""
         usable = self.hardware.memory_gib * 1024**3 * self.hardware.gpu_memory_utilization
         for index, topology in enumerate(self.topologies):
-            tp = topology.tensor_parallel_size
+            tp = topology.tp_sizes[0]  # the smallest shard holds the most weights
             shard = self.model.weight_bytes / tp
             if shard >= usable:
                 raise ValueError(
@@ -798,7 +819,7 @@ def spec_targets(spec: FleetSpec) -> list[Target]:
     out = []
     for topology in spec.topologies:
         out += [Target(topology.name, instance.name, instance.role.value, instance.url + "/metrics",
-                       topology.tensor_parallel_size) for instance in topology.instances]
+                       topology.tp_of(instance)) for instance in topology.instances]
         if topology.entrypoint.metrics_url is not None:
             out.append(Target(topology.name, entrypoint_replica(topology.name), ENTRYPOINT_ROLE,
                               topology.entrypoint.metrics_url, 0, topology.entrypoint.dialect))

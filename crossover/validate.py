@@ -33,8 +33,10 @@ def run(args: argparse.Namespace) -> int:
                 shape = (f"pods of {selector} in {spec.kubernetes.namespace} ({kind}) x "
                          f"TP={topology.tensor_parallel_size} GPUs")
             else:
-                shape = (f"{topology.gpus} GPUs, TP={topology.tensor_parallel_size} x "
-                         f"{len(topology.instances)} ({roles})")
+                tp = (f"TP={topology.tensor_parallel_size} x {len(topology.instances)}"
+                      if len(topology.tp_sizes) == 1  # else each instance's own (P/D roles' own TP)
+                      else "TP=" + "+".join(str(topology.tp_of(i)) for i in topology.instances))
+                shape = f"{topology.gpus} GPUs, {tp} ({roles})"
             print(f"  {topology.name}: {shape}, traffic to {target}{source}")
         slos = ", ".join(f"{k} {v:g} ms" for k, v in spec.slos.thresholds_ms.items())
         print(f"  SLOs: {slos}; objective {spec.slos.objective} over {spec.slos.period}")

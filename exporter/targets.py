@@ -66,8 +66,9 @@ def parse_file_sd(text: str, spec: FleetSpec, source: str) -> list[Target]:
                 raise UserError(f"{where}: target {address!r} has a bad port") from None
             if not parts.hostname:
                 raise UserError(f"{where}: target {address!r} is not host:port")
-            out.append(Target(topology.name, labels.get("instance", address), role, url,
-                              0 if role == ENTRYPOINT_ROLE else topology.tensor_parallel_size))
+            instance = labels.get("instance", address)
+            out.append(Target(topology.name, instance, role, url,
+                              0 if role == ENTRYPOINT_ROLE else topology.tp_for(instance, role)))
     return out
 
 

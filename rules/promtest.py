@@ -111,7 +111,7 @@ def _fixed_shape(metric: Metric, value: float, per_s: float) -> _Shape:
 
 def _instance_labels(topology: Topology, instance: Instance, index: int) -> dict[str, str]:
     return {"job": m.JOB_NAME, "instance": f"127.0.0.1:{9100 + index}", "topology": topology.name,
-            "role": instance.role.value, "gpus": str(topology.tensor_parallel_size), "replica": instance.name}
+            "role": instance.role.value, "gpus": str(topology.tp_of(instance)), "replica": instance.name}
 
 
 def _series_name(name: str, labels: dict[str, str]) -> str:

@@ -132,7 +132,7 @@ class SimFleet:
         for topology in self.spec.topologies:
             for instance in topology.instances:
                 out.append(f"{instance.name:<14} {instance.url:<28} topology={topology.name} "
-                           f"role={instance.role.value} tp={topology.tensor_parallel_size}")
+                           f"role={instance.role.value} tp={topology.tp_of(instance)}")
             if topology.entrypoint.url is not None:
                 kind = "pd-proxy" if topology.disaggregated else "balancer"
                 out.append(f"{topology.name + '-entry':<14} {topology.entrypoint.url:<28} "

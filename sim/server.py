@@ -212,7 +212,7 @@ class SimInstance:
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
         self.model_name = spec.model.name
-        self.perf = PerfModel.for_instance(spec, topology.tensor_parallel_size)
+        self.perf = PerfModel.for_instance(spec, topology.tp_of(instance))
         self.metrics = InstanceMetrics(spec.model.name, spec.model.max_model_len, self._queue_state,
                                        kv_connector=None if instance.role is Role.COLOCATED
                                        else catalog.KV_CONNECTORS[spec.simulator.kv_connector])
@@ -364,7 +364,7 @@ class SimInstance:
                 "do_remote_prefill": True, "do_remote_decode": False,
                 "remote_block_ids": list(range(self.perf.blocks_for(prompt_tokens))),
                 "remote_engine_id": self.name, "remote_host": self.host, "remote_port": self.port,
-                "tp_size": self.topology.tensor_parallel_size}
+                "tp_size": self.topology.tp_of(self.instance)}
         return web.json_response(response)
 
     async def _stream(self, http: web.Request, sim: SimRequest, record: dict[str, Any], *, chat: bool,

@@ -64,11 +64,12 @@ class FleetDES:
     instance -> KV transfer (on the decoder) -> decode instance, as the live proxy routes them."""
 
     def __init__(self, spec: FleetSpec, topology: Topology) -> None:
-        model = PerfModel.for_instance(spec, topology.tensor_parallel_size)
-        self.model = model
-        self.nodes = [_Node(i.name, i.role, Scheduler(model)) for i in topology.instances]
+        # One model per TP size: a P/D topology's roles may shard the model differently.
+        models = {tp: PerfModel.for_instance(spec, tp) for tp in topology.tp_sizes}
+        self.nodes = [_Node(i.name, i.role, Scheduler(models[topology.tp_of(i)])) for i in topology.instances]
         self.prefill = [n for n in self.nodes if n.role is Role.PREFILL]
         self.serving = [n for n in self.nodes if n.role is not Role.PREFILL]  # colocated or decode
+        self.model = self.serving[0].scheduler.model  # the serving side's (closed_loop's pacing)
         self._events: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = itertools.count()
         self._ids = itertools.count()
@@ -158,6 +159,23 @@ def _topology(spec: FleetSpec, topology: Topology | str) -> Topology:
 def closed_loop(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,
                 output_len: int) -> ClosedLoopPoint:
     """Closed-loop steady state from the model alone (virtual time, deterministic)."""
+    return closed_loop_run(spec, topology, concurrency, input_len, output_len).point
+
+
+@dataclass(frozen=True)
+class ClosedLoopRun:
+    """A closed-loop run's steady state and the requests it counted (those finished in its window)."""
+
+    point: ClosedLoopPoint
+    traces: tuple[RequestTrace, ...]
+    preemptions: int  # over every instance, warm-up included
+    kv_usage_peak: float  # the highest KV-block share any instance held at a request's end
+
+
+def closed_loop_run(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,
+                    output_len: int, measured: int | None = None) -> ClosedLoopRun:
+    """closed_loop with the counted requests kept (per-request SLO checks); `measured` requests are
+    counted after 2 x concurrency warm-up ones (default: 4 x concurrency, at least 40)."""
     topo = _topology(spec, topology)
     if concurrency < 1 or input_len < 1 or output_len < 1:
         raise ValueError("concurrency, input_len and output_len must be positive")
@@ -169,10 +187,11 @@ def closed_loop(spec: FleetSpec, topology: Topology | str, concurrency: int, inp
     decode_step = des.model.step_seconds(StepLoad(per_instance, per_instance * (input_len + output_len // 2)))
     life = output_len * decode_step
     warmup = 2 * concurrency
-    measured = max(4 * concurrency, 40)
+    measured = max(4 * concurrency, 40) if measured is None else measured
     done: list[tuple[float, RequestTrace]] = []
     entries = des.prefill or serving
     client_entry = {}
+    kv_peak = [0.0]
 
     def issue(client: int, at: float) -> None:
         trace = RequestTrace(at, input_len, output_len)
@@ -181,6 +200,7 @@ def closed_loop(spec: FleetSpec, topology: Topology | str, concurrency: int, inp
 
     def on_done(trace: RequestTrace, now: float) -> None:
         done.append((now, trace))
+        kv_peak[0] = max(kv_peak[0], *(n.scheduler.kv_usage for n in des.nodes))
         issue(client_entry.pop(id(trace)), now)
 
     des.on_done = on_done
@@ -197,13 +217,15 @@ def closed_loop(spec: FleetSpec, topology: Topology | str, concurrency: int, inp
                   for r in (*node.scheduler.running, *node.scheduler.waiting, *node.scheduler.transferring)
                   if isinstance((trace := r.sink), RequestTrace))
     duration = end - start
-    return ClosedLoopPoint(
+    point = ClosedLoopPoint(
         concurrency=concurrency,
         output_tokens_per_s=tokens / duration,
         ttft_s=sum(t.ttft for _, t in window) / len(window),
         tpot_s=sum(t.tpot for _, t in window) / len(window),
         requests_per_s=len(window) / duration,
     )
+    return ClosedLoopRun(point, tuple(t for _, t in window), sum(n.scheduler.preemptions for n in des.nodes),
+                         kv_peak[0])
 
 
 def throughput(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,

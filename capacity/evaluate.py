@@ -1,0 +1,294 @@
+"""One layout on the discrete-event ground truth (crossover.sim.truth): its figures at a load, and
+its capacity, the highest load whose SLO attainment meets the objective.
+
+The capacity is found by bracketing: from a first guess the load doubles (or halves) until one
+measured level meets the objective and another misses it, then the bracket is bisected on the load
+axis's scale (Mode.scale: log2 concurrency, linear rate) until it is narrower than `tolerance`;
+the estimate interpolates the attainment between the bracket's ends, and the ends reported are
+loadgen's one bracket search (crossings.bracket) over the levels measured, as the sweep reports
+its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from crossover import slo
+from crossover.loadgen.analysis.crossings import bracket
+from crossover.loadgen.plan import Mode
+from crossover.sim import truth
+from crossover.sim.model import StepLoad
+from crossover.spec import FleetSpec, Topology
+
+DEFAULT_REQUESTS = 400  # per measured level: the attainment's sampling error at 0.99 is +-0.005
+WARMUP_SHARE = 0.1  # open loop: the first arrivals meet an empty fleet; they are not counted
+DEFAULT_SPAN_S = 30.0
+MAX_REQUESTS = 3_000  # per level: bounds the cost of a level far past capacity
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the users send: fixed prompt and output lengths, on one load axis."""
+
+    mode: Mode
+    input_len: int = 512
+    output_len: int = 256
+    requests: int = DEFAULT_REQUESTS  # counted per measured level, at least
+    seed: int = 0
+    # Open loop: arrivals span at least this long, so that a queue that grows is seen growing (a
+    # burst of `requests` alone meets the SLOs at any rate the fleet can hold that many of at once).
+    min_span_s: float = DEFAULT_SPAN_S
+
+    def open_requests(self, rate: float) -> int:
+        """Requests counted at an open-loop rate: `requests`, or more to span min_span_s."""
+        return max(self.requests, min(MAX_REQUESTS, math.ceil(rate * self.min_span_s)))
+
+
+@dataclass(frozen=True)
+class Point:
+    """A layout's ground-truth figures at one load (latencies in ms, rates per second)."""
+
+    load: float
+    counted: int
+    attainment: float
+    goodput_rps: float  # good requests per second, whole layout
+    output_tps: float  # output tokens per second, whole layout
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    itl_p99_ms: float
+    tpot_median_ms: float
+    kv_usage_peak: float
+    preemptions: int
+
+    def per_gpu(self, gpus: int) -> tuple[float, float]:
+        """(goodput, output tokens/s) per GPU."""
+        return self.goodput_rps / gpus, self.output_tps / gpus
+
+    @property
+    def interactivity(self) -> float:
+        """One user's decode rate (slo.interactivity of the median TPOT)."""
+        return slo.interactivity(self.tpot_median_ms / 1000.0)
+
+
+def sampling_error(objective: float, counted: int) -> float:
+    """The standard error of an attainment of `objective` estimated from `counted` requests."""
+    return math.sqrt(objective * (1 - objective) / max(1, counted))
+
+
+def _quantile_ms(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q * 100)) * 1000.0 if values else math.nan
+
+
+def _point(
+    load: float,
+    traces: tuple[truth.RequestTrace, ...],
+    duration: float,
+    slos_ms: Mapping[str, float],
+    kv_peak: float,
+    preemptions: int,
+) -> Point:
+    thresholds = {kind: ms / 1000.0 for kind, ms in slos_ms.items()}
+    good = tokens = 0
+    itls: list[float] = []
+    for trace in traces:
+        request_itls = trace.itls
+        itls += request_itls
+        # The sweep's per-request values (summary.SOURCE_COLUMN): ITL is a request's largest gap.
+        values = {
+            "ttft": trace.ttft,
+            "tpot": trace.tpot,
+            "itl": max(request_itls, default=0.0),
+            "e2el": (trace.finish or 0.0) - trace.arrival,
+        }
+        good += slo.is_good(True, values, thresholds)
+        tokens += len(trace.token_times)
+    tpots = [t.tpot for t in traces if len(t.token_times) > 1]
+    return Point(
+        load,
+        len(traces),
+        good / len(traces),
+        good / duration,
+        tokens / duration,
+        _quantile_ms([t.ttft for t in traces], slo.TAIL_QUANTILE),
+        _quantile_ms(tpots, slo.TAIL_QUANTILE),
+        _quantile_ms(itls, slo.TAIL_QUANTILE),
+        _quantile_ms(tpots, 0.5),
+        kv_peak,
+        preemptions,
+    )
+
+
+def measure(
+    spec: FleetSpec, topology: Topology, workload: Workload, load: float, slos_ms: Mapping[str, float]
+) -> Point:
+    """The layout at one load: a closed-loop concurrency or a Poisson rate (req/s)."""
+    if workload.mode is Mode.CLOSED:
+        run = truth.closed_loop_run(
+            spec,
+            topology,
+            int(load),
+            workload.input_len,
+            workload.output_len,
+            measured=max(workload.requests, 2 * int(load)),  # at least two rounds of every client
+        )
+        return _closed_point(run, load, slos_ms)
+    counted_requests = workload.open_requests(load)
+    warmup = int(counted_requests * WARMUP_SHARE)
+    total = counted_requests + warmup
+    rng = random.Random(workload.seed)
+    arrivals = list(itertools.accumulate(rng.expovariate(load) for _ in range(total)))
+    des = truth.FleetDES(spec, topology)
+    traces = tuple(truth.RequestTrace(at, workload.input_len, workload.output_len) for at in arrivals)
+    for trace in traces:
+        des.submit(trace)
+    finished = [0]
+    kv_peak = [0.0]
+
+    def on_done(trace: truth.RequestTrace, now: float) -> None:
+        finished[0] += 1
+        kv_peak[0] = max(kv_peak[0], *(n.scheduler.kv_usage for n in des.nodes))
+
+    des.on_done = on_done
+    des.run(lambda: finished[0] >= total)
+    counted = traces[warmup:]
+    # Rates over the sweep's window (loadgen.analysis.summary, as `vllm bench serve` divides by its
+    # duration): from the first counted send to the last end, so a prediction reads like a sweep.
+    end = max(t.finish or t.arrival for t in counted)
+    duration = end - counted[0].arrival if end > counted[0].arrival else 1.0 / load
+    return _point(
+        load, counted, duration, slos_ms, kv_peak[0], sum(n.scheduler.preemptions for n in des.nodes)
+    )
+
+
+def _closed_point(run: truth.ClosedLoopRun, load: float, slos_ms: Mapping[str, float]) -> Point:
+    point = run.point
+    duration = len(run.traces) / point.requests_per_s
+    out = _point(load, run.traces, duration, slos_ms, run.kv_usage_peak, run.preemptions)
+    # Tokens of requests still in flight count too (truth.closed_loop's own throughput).
+    return replace(out, output_tps=point.output_tokens_per_s)
+
+
+def scaled(spec: FleetSpec, factor: float) -> FleetSpec:
+    """The spec with every step `factor` times as long (GPU, all-reduce and host time): the band's
+    ends, from the profile's step-time error."""
+    sim = spec.simulator
+    knobs = {
+        "gpu_time_scale": sim.gpu_time_scale * factor,
+        "host_overhead_step_us": sim.host_overhead_step_us * factor,
+        "host_overhead_per_seq_us": sim.host_overhead_per_seq_us * factor,
+        "host_overhead_per_seq_per_rank_us": sim.host_overhead_per_seq_per_rank_us * factor,
+    }
+    return spec.model_copy(update={"simulator": sim.model_copy(update=knobs)})
+
+
+def first_guess(spec: FleetSpec, topology: Topology, workload: Workload) -> float:
+    """A load near capacity from the step model alone: the serving instances' decode rate at a
+    batch of 32, as requests per second (open) or the concurrency that keeps it busy (closed)."""
+    des = truth.FleetDES(spec, topology)
+    batch = 32
+    rate = 0.0
+    for node in des.serving:
+        model = node.scheduler.model
+        step = model.step_seconds(StepLoad(batch, batch * (workload.input_len + workload.output_len // 2)))
+        rate += batch / (workload.output_len * step)
+    if workload.mode is Mode.CLOSED:
+        return float(max(1, batch * len(des.serving)))
+    return float(f"{rate:.3g}")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The highest load meeting the objective, its bracket (crossings.bracket of the levels
+    measured) and the figures at the highest level that met it."""
+
+    load: float | None  # None: misses the objective already at the lowest load tried
+    low: float | None
+    high: float | None
+    censored: str  # "", "below" (misses at the lowest load), "above" (meets at the highest)
+    at: Point | None  # the highest measured level that met the objective
+    levels: dict[float, float]  # load -> attainment, every level measured
+
+
+def _level(u: float, mode: Mode) -> float:
+    level = mode.unscale(u)
+    return float(max(1, round(level))) if mode is Mode.CLOSED else float(f"{level:.3g}")
+
+
+def find_capacity(
+    probe: Callable[[float], Point],
+    objective: float,
+    mode: Mode,
+    guess: float,
+    *,
+    tolerance: float = 0.03,
+    step: float = 2.0,
+    lowest: float | None = None,
+    highest: float | None = None,
+    max_levels: int = 24,
+) -> Capacity:
+    """Bracket then bisect the load where `probe`'s attainment falls below `objective`: from `guess`
+    the load is multiplied (divided) by `step` until the objective is met at one level and missed at
+    another, then bisected until the bracket is narrower than `tolerance` of its low end (a
+    concurrency: or one apart)."""
+    lowest = lowest if lowest is not None else (1.0 if mode is Mode.CLOSED else 1e-3)
+    highest = highest if highest is not None else (4096.0 if mode is Mode.CLOSED else 1e5)
+    seen: dict[float, Point] = {}
+
+    def at(load: float) -> Point:
+        if load not in seen:
+            seen[load] = probe(load)
+        return seen[load]
+
+    def meets(load: float) -> bool:
+        return at(load).attainment >= objective
+
+    x = min(max(_level(mode.scale(guess), mode), lowest), highest)
+    ok = fail = None
+    while len(seen) < max_levels:
+        if meets(x):
+            ok = x
+            if fail is not None or x >= highest:
+                break
+            x = (
+                max(x + 1, _level(mode.scale(x * step), mode))
+                if mode is Mode.CLOSED
+                else _level(x * step, mode)
+            )
+            x = min(highest, x)
+        else:
+            fail = x
+            if ok is not None or x <= lowest:
+                break
+            x = max(lowest, _level(mode.scale(x / step), mode))
+        # Each step out squares the factor: a short first step near the guess (the band's ends), and
+        # a layout that misses at any load reaches the lowest in a few levels, not a hundred.
+        step *= step
+    levels = {k: p.attainment for k, p in sorted(seen.items())}
+    if ok is None:
+        return Capacity(None, None, min(seen), "below", None, levels)
+    if fail is None:
+        return Capacity(ok, ok, None, "above", seen[ok], levels)
+    while len(seen) < max_levels:
+        if fail - ok <= (1 if mode is Mode.CLOSED else 0) or (fail - ok) / ok <= tolerance:
+            break
+        middle = _level((mode.scale(ok) + mode.scale(fail)) / 2, mode)
+        if middle in (ok, fail):
+            break
+        if meets(middle):
+            ok = middle
+        else:
+            fail = middle
+    levels = {k: p.attainment for k, p in sorted(seen.items())}
+    # Between the bracket's ends, where the attainment crosses the objective (linear on the scale).
+    a_ok, a_fail = seen[ok].attainment, seen[fail].attainment
+    share = (a_ok - objective) / (a_ok - a_fail) if a_ok > a_fail else 0.0
+    estimate = mode.unscale(mode.scale(ok) + share * (mode.scale(fail) - mode.scale(ok)))
+    ends = bracket(list(levels), estimate)
+    low, high = ends if ends is not None else (ok, fail)
+    return Capacity(estimate, low, high, "", seen[ok], levels)
