@@ -131,12 +131,24 @@ def relabelings(spec: FleetSpec, topology: Topology) -> list[Relabel]:
             out.append(Relabel("replace", source, _literal(value), "role", role))
         out.append(Relabel("keep", ("role",), "|".join(PD_ROLES)))
     out.append(Relabel("replace", target_label="gpus", replacement=str(topology.tensor_parallel_size)))
+    for role, size in sorted(_role_tp_sizes(topology).items()):
+        if size != topology.tensor_parallel_size:  # a P/D role on its own TP size (spec instances)
+            out.append(Relabel("replace", ("role",), _literal(role), "gpus", str(size)))
     if k8s.tp_label is not None:
         out.append(Relabel("replace", (pod_label(k8s.tp_label),), "([1-9][0-9]*)", "gpus", "$1"))
     out.append(Relabel("replace", ("role",), ENTRYPOINT_ROLE, "gpus", "0"))
     out.append(Relabel("replace", (POD_NAME,), "(.+)", "replica", "$1"))
     out.append(Relabel("replace", target_label="job", replacement=JOB_NAME))
     return out
+
+
+def _role_tp_sizes(topology: Topology) -> dict[str, int]:
+    """Role -> the TP size all its listed instances share (roles whose instances differ are left to
+    kubernetes.tp_label)."""
+    sizes: dict[str, set[int]] = {}
+    for instance in topology.instances:
+        sizes.setdefault(instance.role.value, set()).add(topology.tp_of(instance))
+    return {role: next(iter(found)) for role, found in sizes.items() if len(found) == 1}
 
 
 def _go_template(replacement: str, match: re.Match[str]) -> str:

@@ -340,8 +340,9 @@ class Topology(_Strict):
 
     @property
     def tp_sizes(self) -> list[int]:
-        """The distinct tensor-parallel sizes of the instances, smallest first."""
-        return sorted({self.tp_of(i) for i in self.instances})
+        """The distinct tensor-parallel sizes of the instances, smallest first (a selector
+        topology's pods, not listed, all take the topology's)."""
+        return sorted({self.tp_of(i) for i in self.instances}) or [self.tensor_parallel_size]
 
 
 class Slos(_Strict):

@@ -14,8 +14,8 @@ from crossover.capacity.evaluate import Point, Workload, find_capacity, measure
 from crossover.capacity.layouts import Layout, Space, enumerate_layouts, layout_of
 from crossover.cli import main
 from crossover.errors import UserError
+from crossover.kube import POD_NAME, pod_label, pod_label_present, relabel, relabelings
 from crossover.loadgen.plan import Mode
-from crossover.rules.render import pod_labels
 from crossover.sim import truth
 from crossover.spec import SpecError, load_spec, parse_spec, spec_targets
 from tests.helpers import SPECS
@@ -150,12 +150,12 @@ def test_a_pd_topology_gives_each_role_its_tp_and_counts_gpus_per_instance() -> 
     topology = spec.topologies[0]
     assert [topology.tp_of(i) for i in topology.instances] == [4, 2]
     assert [t.gpus for t in spec_targets(spec)] == [4, 2]
-    assert [
-        labels["crossover.vllm/gpus"]
-        if "crossover.vllm/gpus" in labels
-        else next(v for k, v in labels.items() if k.endswith("gpus"))
-        for labels in pod_labels(spec).values()
-    ] == ["4", "2"]
+    k8s = spec.kubernetes
+    assert k8s.topology_label is not None and k8s.role_label is not None
+    pods = [{pod_label(k8s.topology_label): "pd", pod_label_present(k8s.role_label): "true",
+             pod_label(k8s.role_label): role, POD_NAME: name} for name, role in (("p0", "prefill"), ("d0", "decode"))]
+    relabelled = [relabel(pod, relabelings(spec, topology)) for pod in pods]
+    assert [labels["gpus"] for labels in relabelled if labels] == ["4", "2"]
     assert layout_of(topology) == Layout(4, 1, 2, 1)
     with pytest.raises(
         SpecError, match=r"gpus is 4 but the instances' tensor_parallel_size \(4 \+ 2\) use 6"
