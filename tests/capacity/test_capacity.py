@@ -153,7 +153,8 @@ def test_a_pd_topology_gives_each_role_its_tp_and_counts_gpus_per_instance() -> 
     k8s = spec.kubernetes
     assert k8s.topology_label is not None and k8s.role_label is not None
     pods = [{pod_label(k8s.topology_label): "pd", pod_label_present(k8s.role_label): "true",
-             pod_label(k8s.role_label): role, POD_NAME: name} for name, role in (("p0", "prefill"), ("d0", "decode"))]
+             pod_label(k8s.role_label): role, POD_NAME: name}
+            for name, role in (("p0", "prefill"), ("d0", "decode"))]
     relabelled = [relabel(pod, relabelings(spec, topology)) for pod in pods]
     assert [labels["gpus"] for labels in relabelled if labels] == ["4", "2"]
     assert layout_of(topology) == Layout(4, 1, 2, 1)
