@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -138,12 +139,19 @@ def test_analyze_an_aiperf_folder_gives_the_table_crossover_and_a_run_folder_the
     assert (run.summary["attainment"] == 1.0).all()
 
 
-def test_a_guidellm_sweep_per_topology_says_why_no_crossing_comes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_guidellm_sweeps_at_each_topologys_own_rates_cross(capsys: pytest.CaptureFixture[str]) -> None:
+    # each run at its achieved rate, no rate shared: compared between each topology's own levels
     assert main(["analyze", str(PEERS / "guidellm-0.8.1" / "sweep"), "--goodput", "ttft:1000",
-                 "--bootstrap", "0"]) == 0
+                 "--bootstrap", "50"]) == 0
     out = capsys.readouterr().out
     assert "guidellm 0.8.1: 6 level(s) of tp2x2, tp4x1 on the rate axis" in out
-    assert "note: the topologies share fewer than two levels, so no crossing can be computed" in out
+    assert "note: the topologies were measured at different levels, so the crossings compare them" in out
+    assert "fewer than two common levels" not in out
+    crossing = re.search(r"tp2x2 overtakes tp4x1 in p99 TPOT at rate about ([\d.]+) \(95% CI [\d.]+-[\d.]+, "
+                         r"between levels ([\d.]+) and ([\d.]+)\)", out)
+    assert crossing is not None, out
+    x, low, high = (float(v) for v in crossing.groups())
+    assert low < x < high
 
 
 def _copy(source: str, target: Path) -> Path:
