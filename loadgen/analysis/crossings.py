@@ -2,8 +2,11 @@
 
 Each topology's metric-vs-load curve is interpolated with monotone PCHIP (scipy) on a log2
 concurrency axis (or a linear rate axis); the difference of two curves is scanned on a fine grid
-and every sign change refined with brentq. A bootstrap resamples each (topology, level)'s
-requests with replacement, recomputes the metric and the crossing, and gives the interval.
+and every sign change refined with brentq. Two topologies measured at other levels (GuideLLM's
+sweep: each run at its own achieved rate) are compared at the union of their levels inside both
+ranges, each curve taken linearly between its own neighbouring levels (see Curves). A bootstrap
+resamples each (topology, level)'s requests with replacement, recomputes the metric and the
+crossing, and gives the interval.
 Throughput and goodput are compared per GPU, so topologies of different sizes compare fairly.
 `analyze` gathers it all in a CrossoverReport (loadgen.report: crossover.json). Pure functions of
 DataFrames: no I/O.
@@ -149,7 +152,7 @@ def _lead_sign(ya: np.ndarray, yb: np.ndarray) -> int:
 
 def _curve_sentence(metric: ComparedMetric, mode: Mode, a: str, b: str, roots: list[tuple[float, int]],
                     ci: list[tuple[float | None, float | None]], lead: int,
-                    span: tuple[float, float], levels: Sequence[float], split: Set[float]) -> list[str]:
+                    span: tuple[float, float], brackets: Sequence[tuple[float, float] | None]) -> list[str]:
     better_when = 1 if metric.higher_is_better else -1
     axis = mode.axis
     lo, hi = format_load(span[0], mode), format_load(span[1], mode)
@@ -160,10 +163,10 @@ def _curve_sentence(metric: ComparedMetric, mode: Mode, a: str, b: str, roots: l
         return [f"{leader} stays ahead of {other} in {metric.label} over {axis} {lo}-{hi} "
                 f"(no crossing in range)"]
     sentences = []
-    for n, ((u, sign_after), (c_lo, c_hi)) in enumerate(zip(roots, ci, strict=True), 1):
+    for n, ((u, sign_after), (c_lo, c_hi), between) in enumerate(zip(roots, ci, brackets, strict=True), 1):
         winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
         x = mode.unscale(u)
-        interval = _interval_text((c_lo, c_hi), bracket(levels, x, split), mode)
+        interval = _interval_text((c_lo, c_hi), between, mode)
         text = (f"{winner} overtakes {loser} in {metric.label} at {axis} about "
                 f"{format_load(x, mode)}{interval}")
         if len(roots) > 1:
@@ -245,11 +248,70 @@ def _bootstrap(marked: pd.DataFrame, summary: pd.DataFrame, topology: str, metri
 _ATTAINMENT = ComparedMetric(slo.ATTAINMENT, slo.attainment_column(), True, "SLO attainment")
 
 
-def _curves(summary: pd.DataFrame, a: str, b: str, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    left = summary[summary["topology"] == a].set_index("level")[column]
-    right = summary[summary["topology"] == b].set_index("level")[column]
-    joined = pd.concat([left.rename("a"), right.rename("b")], axis=1, join="inner").dropna().sort_index()
-    return joined.index.to_numpy(float), joined["a"].to_numpy(float), joined["b"].to_numpy(float)
+@dataclass(frozen=True)
+class Curves:
+    """Two topologies' metric on the levels they are compared at, and the levels each was measured
+    at. Where both measured the same levels inside the range they share, `levels` are those and the
+    values are as measured (own_a and own_b are `levels`). Otherwise `levels` is the union of both
+    topologies' levels inside both ranges and each curve is linear on the axis between its own
+    neighbouring levels: a level one topology lacks is an estimate from its neighbours, and a
+    crossing's bracket reaches to the levels each topology was seen at (Curves.between)."""
+
+    levels: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    own_a: np.ndarray
+    own_b: np.ndarray
+
+    @property
+    def shared(self) -> bool:
+        return self.own_a is self.levels and self.own_b is self.levels
+
+    def onto(self, mode: Mode, own: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """`values` at `own` levels (rows; columns are bootstrap replicates) at the compared levels:
+        the same rows when shared, else each column linear between its finite neighbours."""
+        if own is self.levels:
+            return values
+        at, have = mode.scale(self.levels), mode.scale(own)
+        out = np.full((len(self.levels), values.shape[1]), np.nan)
+        for r in range(values.shape[1]):
+            keep = np.isfinite(values[:, r])
+            if keep.sum() >= 2 and have[keep][0] <= at[0] and at[-1] <= have[keep][-1]:
+                out[:, r] = np.interp(at, have[keep], values[keep, r])
+        return out
+
+    def between(self, x: float, split: Set[float]) -> tuple[float, float] | None:
+        """The bracket of x: crossings.bracket of the levels measured, reaching to both
+        topologies' when they differ (either curve may step anywhere between its own levels)."""
+        if self.shared:
+            return bracket(list(self.levels), x, split)
+        ends = [bracket(list(own), x, split) for own in (self.own_a, self.own_b)]
+        if ends[0] is None or ends[1] is None:
+            return None
+        return (min(ends[0][0], ends[1][0]), max(ends[0][1], ends[1][1]))
+
+
+def _curves(summary: pd.DataFrame, a: str, b: str, column: str, mode: Mode) -> Curves:
+    left = summary[summary["topology"] == a].set_index("level")[column].sort_index()
+    right = summary[summary["topology"] == b].set_index("level")[column].sort_index()
+    lo = max(left.index.min(), right.index.min()) if len(left) and len(right) else math.inf
+    hi = min(left.index.max(), right.index.max()) if len(left) and len(right) else -math.inf
+    inside = [{float(v) for v in side.index if lo <= v <= hi} for side in (left, right)]
+    if inside[0] == inside[1]:
+        # the same levels: compared as measured, a level either lacks data at left out
+        joined = pd.concat([left.rename("a"), right.rename("b")], axis=1, join="inner").dropna().sort_index()
+        levels = joined.index.to_numpy(float)
+        return Curves(levels, joined["a"].to_numpy(float), joined["b"].to_numpy(float), levels, levels)
+    left, right = left.dropna(), right.dropna()
+    own_a, own_b = left.index.to_numpy(float), right.index.to_numpy(float)
+    if not len(own_a) or not len(own_b):
+        empty = np.array([], dtype=float)
+        return Curves(empty, empty, empty, own_a, own_b)
+    lo, hi = max(own_a[0], own_b[0]), min(own_a[-1], own_b[-1])
+    levels = np.array(sorted({float(v) for v in (*own_a, *own_b) if lo <= v <= hi}), dtype=float)
+    at = mode.scale(levels)
+    return Curves(levels, np.interp(at, mode.scale(own_a), left.to_numpy(float)),
+                  np.interp(at, mode.scale(own_b), right.to_numpy(float)), own_a, own_b)
 
 
 def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric: str, *,
@@ -274,7 +336,8 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
     results: list[Crossover] = []
     tail = (1 - confidence) / 2 * 100
     for a, b in pair_list:
-        levels, ya, yb = _curves(summary, a, b, spec.column)
+        curves = _curves(summary, a, b, spec.column, mode)
+        levels, ya, yb = curves.levels, curves.a, curves.b
         span = (float(levels[0]), float(levels[-1])) if len(levels) else (math.nan, math.nan)
         if len(levels) < 2:
             results.append(Crossover(a, b, metric, mode, "insufficient", None, None, None, "", "", "", 0,
@@ -288,8 +351,11 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
         supports = [math.nan] * len(roots)
         if marked is not None:
             rng = np.random.default_rng(seed)
-            boot_a = _bootstrap(marked, summary, a, spec, levels, n_boot, rng, mode is Mode.CLOSED)
-            boot_b = _bootstrap(marked, summary, b, spec, levels, n_boot, rng, mode is Mode.CLOSED)
+            closed = mode is Mode.CLOSED
+            boot_a = curves.onto(mode, curves.own_a,
+                                 _bootstrap(marked, summary, a, spec, curves.own_a, n_boot, rng, closed))
+            boot_b = curves.onto(mode, curves.own_b,
+                                 _bootstrap(marked, summary, b, spec, curves.own_b, n_boot, rng, closed))
             found: list[list[float]] = [[] for _ in roots]
             for r in range(n_boot):
                 ra, rb = boot_a[:, r], boot_b[:, r]
@@ -310,7 +376,8 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
                     root = roots[k][0]
                     intervals[k] = (mode.unscale(min(float(lo), root)), mode.unscale(max(float(hi), root)))
         split = split_levels(by_repeat, spec.column, a, b)
-        sentences = _curve_sentence(spec, mode, a, b, roots, intervals, lead, span, list(levels), split)
+        brackets = [curves.between(mode.unscale(root), split) for root, _ in roots]
+        sentences = _curve_sentence(spec, mode, a, b, roots, intervals, lead, span, brackets)
         better_when = 1 if spec.higher_is_better else -1
         if not roots:
             winner, loser = (a, b) if lead * better_when >= 0 else (b, a)
@@ -322,7 +389,7 @@ def find_crossovers(summary: pd.DataFrame, requests: pd.DataFrame | None, metric
                                                                         strict=True):
             winner, loser = (a, b) if sign_after * better_when > 0 else (b, a)
             x = mode.unscale(root)
-            between = bracket(list(levels), x, split) or (None, None)
+            between = curves.between(x, split) or (None, None)
             results.append(Crossover(a, b, metric, mode, "crossing", x, c_lo, c_hi,
                                      "a_overtakes_b" if winner == a else "b_overtakes_a", winner, loser,
                                      len(roots), support, span, sentence, *between))

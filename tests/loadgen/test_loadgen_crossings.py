@@ -186,3 +186,57 @@ def test_a_level_whose_repeats_read_both_sides_bounds_no_answer() -> None:
                       slos_ms=slos, n_boot=20, metrics=["output_tps"])
     (alone,) = [c for c in unsplit.crossovers if c.kind == "crossing"]
     assert (alone.bracket_low, alone.bracket_high) == (4.0, 8.0)
+
+
+def _rate_summary(curves: dict[str, dict[float, float]]) -> pd.DataFrame:
+    return pd.DataFrame([{"topology": name, "level": level, "output_tps_per_gpu": value, "gpus": 4,
+                          "duration_s": 1.0}
+                         for name, values in curves.items() for level, value in values.items()])
+
+
+def test_topologies_measured_at_other_levels_cross_between_their_own_levels() -> None:
+    # each at its own achieved rates (a GuideLLM sweep): a = 10 + 2r, b = 3.5 + 3r cross at 6.5,
+    # where b was measured at 6 and 8 and a at 5 and 7
+    a = {r: 10 + 2 * r for r in (1.0, 3.0, 5.0, 7.0, 9.0)}
+    b = {r: 3.5 + 3 * r for r in (2.0, 4.0, 6.0, 8.0, 10.0)}
+    (found,) = find_crossovers(_rate_summary({"a": a, "b": b}), None, "output_tps", mode=Mode.OPEN)
+    assert found.kind == "crossing" and found.winner == "b"
+    assert found.x == pytest.approx(6.5, rel=1e-9)
+    assert found.level_range == (2.0, 9.0)  # the union of levels inside both ranges
+    # either curve may step anywhere between its own levels: the bracket reaches to both
+    assert (found.bracket_low, found.bracket_high) == (5.0, 8.0)
+    assert found.sentence.endswith("(between levels 5 and 8)"), found.sentence
+    # ranges that overlap at fewer than two levels still give no crossing
+    (apart,) = find_crossovers(_rate_summary({"a": {1.0: 1, 2.0: 2}, "b": {2.0: 3, 3.0: 4}}), None,
+                               "output_tps", mode=Mode.OPEN)
+    assert apart.kind == "insufficient"
+
+
+def test_a_bootstrap_over_other_levels_interpolates_each_replicate() -> None:
+    # the closed-loop pair of the coverage test, b measured only between a's levels
+    lat_a = {c: 0.5 * (1 + c / 8) for c in LEVELS}
+    lat_b = {c: 0.8 * (1 + c / 40) for c in (1.5, 3.0, 6.0, 12.0, 24.0)}
+    rng = np.random.default_rng(1)
+    requests = pd.DataFrame(_closed_loop_requests("a", lat_a, rng) + _closed_loop_requests("b", lat_b, rng))
+    summary = summarize(requests, {"ttft": 1e6}, {"a": 2, "b": 2})
+    (result,) = find_crossovers(summary, requests, "output_tps", slos_ms={"ttft": 1e6}, n_boot=100, seed=1)
+    assert result.kind == "crossing" and result.winner == "b" and result.x is not None
+    assert result.ci_low is not None and result.ci_high is not None
+    assert result.ci_low <= 0.3 / 0.0425 <= result.ci_high and result.support > 0.8
+    assert (result.bracket_low, result.bracket_high) == (4.0, 12.0)  # a saw 4 and 8, b 6 and 12
+
+
+def test_shared_levels_give_exactly_what_they_gave_before_other_levels_were_compared() -> None:
+    # pinned from crossings.py as of bb9bf71 (before Curves): topologies measured at the same
+    # levels are compared as measured, bootstrap and all, to the last bit
+    lat_a = {c: 0.5 * (1 + c / 8) for c in LEVELS}
+    lat_b = {c: 0.8 * (1 + c / 40) for c in LEVELS}
+    rng = np.random.default_rng(3)
+    requests = pd.DataFrame(_closed_loop_requests("a", lat_a, rng) + _closed_loop_requests("b", lat_b, rng))
+    summary = summarize(requests, {"ttft": 1e6}, {"a": 2, "b": 2})
+    pinned = {"output_tps": (5.969905570511821, 4.896349010356934, 6.906903864611949),
+              "ttft_p99": (6.678947021506517, 5.476109431334745, 6.939841649980741)}
+    for metric, (x, low, high) in pinned.items():
+        (found,) = find_crossovers(summary, requests, metric, slos_ms={"ttft": 1e6}, n_boot=50, seed=3)
+        assert (found.x, found.ci_low, found.ci_high, found.support) == (x, low, high, 1.0)
+        assert (found.bracket_low, found.bracket_high) == (4.0, 8.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,52 @@ def test_every_captured_fixture_imports_and_agrees_with_the_tools_own_aggregates
     CHECKS[results.levels[0].tool_name](results.levels)
 
 
+# captured against one real vLLM CPU server (the tiny BPE model, devkit/realvllm.py) at
+# concurrency 2 and 4: tool -> its name in the results
+REAL_VLLM = {"guidellm-0.8.1": "guidellm 0.8.1", "guidellm-0.7.1": "guidellm 0.7.1",
+             "aiperf-0.13.0": "aiperf 0.13.0", "inference-perf-0.7.0": "inference-perf"}
+
+
+@pytest.mark.parametrize("folder", sorted(REAL_VLLM))
+def test_every_real_vllm_fixture_imports_and_agrees_with_the_tools_own_aggregates(folder: str) -> None:
+    results = read_results([str(PEERS / "real-vllm" / folder)])
+    assert {level.tool for level in results.levels} == {REAL_VLLM[folder]}
+    assert results.mode is Mode.CLOSED and results.warnings == []
+    assert {level.topology for level in results.levels} == {"tp1x1"}  # the folder right under it
+    assert sorted(level.level for level in results.levels) == [2.0, 4.0]
+    for level in results.levels:
+        assert len(level.requests) == 6 and level.requests["ok"].all()
+        # the server's usage (max_tokens 16, ignore_eos) is what the figures count; the tool's own
+        # count of the same text with the model's tokenizer is kept beside it
+        assert (level.requests["output_tokens"] == 16).all()
+        assert level.requests[CLIENT_OUTPUT_TOKENS].notna().all()
+    CHECKS[results.levels[0].tool_name](results.levels)
+
+
+def test_real_vllm_token_counts_differ_between_tool_and_server_and_both_are_said(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # re-tokenizing a dummy model's random tokens as text does not give them back: AIPerf and
+    # inference-perf count more output tokens than the server generated, and analyze says so
+    for folder, counted in (("aiperf-0.13.0", "63 input and 23.7 output"),
+                            ("inference-perf-0.7.0", "64 input and 34.6 output")):
+        assert main(["analyze", str(PEERS / "real-vllm" / folder), "--goodput", "ttft:1000",
+                     "--bootstrap", "0"]) == 0
+        out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+        assert f"(per request the tool counted {counted} tokens, the figures 64 and 16)" in out, out
+
+
+def test_aiperf_keeps_a_stream_that_came_in_one_read_as_it_timed_it() -> None:
+    # at concurrency 4 the CPU server's 16-token streams reached AIPerf in one read each
+    # (http_req_chunks_received 1): its ITLs are 0 and TTFT is the whole request. Imported as the
+    # tool timed them, so its aggregates still agree (see _check_aiperf).
+    results = read_results([str(PEERS / "real-vllm" / "aiperf-0.13.0" / "tp1x1" / "c4")], ["tp1x1"])
+    (level,) = results.levels
+    records = [json.loads(line) for line in (level.path / "profile_export.jsonl").read_text().splitlines()]
+    assert all(r["metrics"]["http_req_chunks_received"]["value"] == 1 for r in records)
+    assert (level.requests["ttft"] == level.requests["e2e"]).all()
+    assert all(not any(itls) for itls in level.requests["itl"])
+
+
 def test_analyze_an_aiperf_folder_gives_the_table_crossover_and_a_run_folder_the_app_opens(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", str(PEERS / "aiperf-0.13.0"), "--goodput", "ttft:1000", "tpot:100",
@@ -138,12 +185,19 @@ def test_analyze_an_aiperf_folder_gives_the_table_crossover_and_a_run_folder_the
     assert (run.summary["attainment"] == 1.0).all()
 
 
-def test_a_guidellm_sweep_per_topology_says_why_no_crossing_comes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_guidellm_sweeps_at_each_topologys_own_rates_cross(capsys: pytest.CaptureFixture[str]) -> None:
+    # each run at its achieved rate, no rate shared: compared between each topology's own levels
     assert main(["analyze", str(PEERS / "guidellm-0.8.1" / "sweep"), "--goodput", "ttft:1000",
-                 "--bootstrap", "0"]) == 0
+                 "--bootstrap", "50"]) == 0
     out = capsys.readouterr().out
     assert "guidellm 0.8.1: 6 level(s) of tp2x2, tp4x1 on the rate axis" in out
-    assert "note: the topologies share fewer than two levels, so no crossing can be computed" in out
+    assert "note: the topologies were measured at different levels, so the crossings compare them" in out
+    assert "fewer than two common levels" not in out
+    crossing = re.search(r"tp2x2 overtakes tp4x1 in p99 TPOT at rate about ([\d.]+) \(95% CI [\d.]+-[\d.]+, "
+                         r"between levels ([\d.]+) and ([\d.]+)\)", out)
+    assert crossing is not None, out
+    x, low, high = (float(v) for v in crossing.groups())
+    assert low < x < high
 
 
 def _copy(source: str, target: Path) -> Path:

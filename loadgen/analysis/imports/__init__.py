@@ -245,11 +245,12 @@ def describe(results: Results) -> list[str]:
     by_topology = {t: {lv.level for lv in results.levels if lv.topology == t}
                    for t in {lv.topology for lv in results.levels}}
     if len(by_topology) > 1 and len(set.intersection(*by_topology.values())) < 2:
-        # achieved rates (GuideLLM's sweep and throughput runs) differ between topologies, and the
-        # crossings compare the curves at the levels they share
-        lines.append("note: the topologies share fewer than two levels, so no crossing can be computed; "
-                     "measure them at the same levels (GuideLLM: --profile kind=constant with "
-                     "--override profile.rate R1,R2,...; or kind=concurrent)")
+        # achieved rates (GuideLLM's sweep and throughput runs) differ between topologies: the
+        # crossings read each curve between its own levels (crossings.Curves)
+        lines.append("note: the topologies were measured at different levels, so the crossings compare them "
+                     "at the union of their levels inside both ranges, each curve linear between its own "
+                     "levels (same levels for every topology are exact: GuideLLM --profile kind=constant "
+                     "with --override profile.rate R1,R2,...; or kind=concurrent)")
     return lines
 
 
