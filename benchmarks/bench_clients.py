@@ -6,7 +6,7 @@ and ITL against the server's own histograms read before and after it.
         [--output-len 32] [--clients crossover,floor,vllm,guidellm,aiperf] [--peers DIR] [--smoke]
 
 Per client: mean and p99 TTFT and ITL as the client reports them and as the server's histograms
-(vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds, the difference of /metrics
+(vLLM's TTFT and inter-token latency histograms, the difference of /metrics
 before and after the client ran) saw the same requests; the bias (client mean minus server mean);
 the client's CPU seconds per request (its whole process tree, sampled from /proc, while the server
 was busy: start-up and reporting left out); and the server's ITL while that client ran (a client
