@@ -52,7 +52,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen and devkit; the package itself as installed
 
-from figures import add_smoke_flag, print_figures, skipped  # noqa: E402
+from figures import add_smoke_flag, finish, loadavg, skipped  # noqa: E402
 
 from crossover import catalog  # noqa: E402
 from crossover.exporter.quantile import histogram_quantile  # noqa: E402
@@ -577,7 +577,7 @@ def main() -> int:
                                "requests": args.requests,
                                "concurrency": args.concurrency, "input_len": args.input_len,
                                "output_len": args.output_len, "cores": os.cpu_count(),
-                               "loadavg_start": Path("/proc/loadavg").read_text().strip(), "clients": {}}
+                               "loadavg_start": loadavg(), "clients": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         server = sim_server(folder) if args.sim else real_server(folder, args.server_cpus, args.server_log)
@@ -591,13 +591,8 @@ def main() -> int:
                     figures["clients"][name] = row = measure(name, runners[name], load, pid, folder / name)
                     _print_row(name, row)
     figures["goals"] = goals(figures)
-    figures["loadavg_end"] = Path("/proc/loadavg").read_text().strip()
     print(f"goals: {figures['goals']}")
-    print(f"load average: start {figures['loadavg_start']}, end {figures['loadavg_end']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
-    print_figures(figures)
-    return 0
+    return finish(figures, args.json)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen and devkit; the package itself as installed
 
-from figures import add_smoke_flag, print_figures, skipped  # noqa: E402
+from figures import add_smoke_flag, finish, loadavg, skipped  # noqa: E402
 
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import run_sweep  # noqa: E402
@@ -239,7 +239,7 @@ def main() -> int:
     requests = max(1, int(args.rounds * args.streams))
     figures: dict = {"cores": os.cpu_count(), "streams": args.streams, "requests": requests,
                      "output_len": args.output_len,
-                     "loadavg_start": Path("/proc/loadavg").read_text().strip()}
+                     "loadavg_start": loadavg()}
     figures["parser_events_per_s"] = bench_parser(parser_events)
     print(f"parser: {figures['parser_events_per_s']:,.0f} SSE events/s on one core")
     spec = spec_on_free_ports(load_spec(args.spec))
@@ -254,7 +254,7 @@ def main() -> int:
                 print(f"crossover sweep client ({name}: {VARIANTS[name]}), {args.streams} streams: "
                       f"{run['ok']}/{run['requests']} ok, {run['events']} events in {run['wall_s']:.1f} s, "
                       f"{run['events_per_cpu_s']:,.0f} events per CPU-second; "
-                      f"load {Path('/proc/loadavg').read_text().split()[0]}")
+                      f"load {loadavg().split()[0]}")
                 _print_errors(figures[name])
                 if number == 0:
                     ours = figures[name]
@@ -277,12 +277,7 @@ def main() -> int:
             else:
                 why = "--no-vllm" if args.no_vllm else f"not found at {their_python}"
                 skipped(f"vllm bench serve side by side ({why})")
-    figures["loadavg_end"] = Path("/proc/loadavg").read_text().strip()
-    print(f"load average: start {figures['loadavg_start']}, end {figures['loadavg_end']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
-    print_figures(figures)
-    return 0
+    return finish(figures, args.json)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 PREFIX = "figures: "
@@ -43,6 +44,23 @@ def _finite(value: Any) -> Any:
 def print_figures(figures: Mapping[str, Any]) -> None:
     """The benchmark's figures as one JSON line, the last thing it prints."""
     print(PREFIX + json.dumps(_finite(figures), default=str), flush=True)
+
+
+def loadavg() -> str:
+    """The machine's load average as /proc says it: runs on a shared machine print it beside
+    their figures, so a reader can tell a slow run from a busy machine."""
+    return Path("/proc/loadavg").read_text().strip()
+
+
+def finish(figures: dict[str, Any], json_path: str | None) -> int:
+    """A load-aware benchmark's ending: the load at its end beside the one at its start (the key
+    `loadavg_start`), the figures written to `json_path` if given, and the `figures:` line."""
+    figures["loadavg_end"] = loadavg()
+    print(f"load average: start {figures['loadavg_start']}, end {figures['loadavg_end']}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(figures, indent=2) + "\n")
+    print_figures(figures)
+    return 0
 
 
 def parse(output: str) -> dict[str, Any] | None:
