@@ -88,7 +88,7 @@ class Derived:
     running: float | None = None  # mean over the window, summed over targets
     waiting: float | None = None
     preemptions_per_second: float | None = None
-    # Mean preemptions per request its instances finished (vllm:request_num_preemptions; None where
+    # Mean preemptions per request its instances finished (catalog.REQUEST_NUM_PREEMPTIONS; None where
     # no target serves it, NaN with no request finished). A P/D request finishes on its prefill and
     # its decode instance: at topology level each counts, so this is per instance-request.
     preemptions_per_request: float | None = None

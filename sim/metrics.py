@@ -63,7 +63,7 @@ class InstanceMetrics:
     def __init__(self, model_name: str, max_model_len: int, queue_state: Callable[[], QueueState],
                  kv_connector: catalog.KvConnector | None = None, request_preemptions: bool = True) -> None:
         self.labels = {"model_name": model_name, "engine": "0"}
-        # vllm:request_num_preemptions, served by the versions it was checked in (catalog)
+        # catalog.REQUEST_NUM_PREEMPTIONS, served by the versions it was checked in (catalog)
         self.request_preemptions = request_preemptions
         self.max_model_len = max_model_len
         self.queue_state = queue_state

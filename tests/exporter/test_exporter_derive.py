@@ -415,7 +415,7 @@ def test_real_vllm_payloads_give_every_colocated_series_finite():
     assert all(0 <= g.ratio <= 1 for g in derived.attainment.values())
     assert derived.requests_per_second_by_reason["length"] > 0
     assert derived.kv_transfer is None  # a colocated server exposes no NIXL families
-    # vLLM 0.32.0 serves vllm:request_num_preemptions: its requests were never preempted.
+    # vLLM 0.32.0 serves catalog.REQUEST_NUM_PREEMPTIONS: its requests were never preempted.
     assert derived.preemptions_per_request == 0.0
 
 

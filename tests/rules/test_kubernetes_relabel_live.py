@@ -143,7 +143,7 @@ def test_the_operator_resources_carry_the_same_relabelling() -> None:
             assert spelled(endpoint["relabelings"]) == plain[job]
             assert spelled(endpoint["metricRelabelings"]) == metric[job]
             assert any(r.get("target_label") == "__name__" and r.get("replacement") ==
-                       "vllm:time_to_first_token_seconds_${1}" for r in metric[job])
+                       catalog.TTFT.name + "_${1}" for r in metric[job])
 
 
 def test_llm_d_routers_pods_are_the_topologys_entrypoint_read_in_vllms_families(tmp_path: Path) -> None:
@@ -181,9 +181,10 @@ def test_llm_d_routers_pods_are_the_topologys_entrypoint_read_in_vllms_families(
                   file_sd_group("plain-epp-0", "metrics", 9103, {"llm-d-router-gateway": "llama-8b-epp"})]
         with running_prometheus(prometheus_config(tmp_path, groups)) as prometheus:
             where = '{topology="pd",role="entrypoint"}'
+            success = catalog.REQUEST_SUCCESS.promql_name
 
             def scraped() -> Any:
-                return prometheus.query(f"vllm:request_success_total{where}") or None
+                return prometheus.query(f"{success}{where}") or None
 
             wait_for(scraped, 60, "the router pod scraped")
             targets = prometheus.get_json("/api/v1/targets")
@@ -198,14 +199,14 @@ def test_llm_d_routers_pods_are_the_topologys_entrypoint_read_in_vllms_families(
                 return sum(s.value for s in prometheus.query(f"sum({expr})"))
 
             # Routed 5: 3 streamed, 1 unstreamed, 1 failed by the instance; the 400 never routed.
-            assert total('vllm:request_success_total{topology="pd",finished_reason="routed"}') == 5
-            assert total('vllm:request_success_total{topology="pd",finished_reason="error"}') == 1
+            assert total(f'{success}{{topology="pd",finished_reason="routed"}}') == 5
+            assert total(f'{success}{{topology="pd",finished_reason="error"}}') == 1
             # BadRequest is the client's own mistake: dropped
-            assert prometheus.query('vllm:admission_rejections_total{topology="pd"}') == []
+            assert prometheus.query(f'{catalog.ADMISSION_REJECTIONS.promql_name}{{topology="pd"}}') == []
             # TTFT of streamed answers only, in vLLM's name; llm-d's own TTFT series are gone.
-            assert total(f"vllm:time_to_first_token_seconds_count{where}") == 3
-            assert abs(total(f"vllm:time_to_first_token_seconds_sum{where}") - 0.6) < 1e-9
-            assert total(f"vllm:inter_token_latency_seconds_count{where}") == 6
+            assert total(f"{catalog.TTFT.name}_count{where}") == 3
+            assert abs(total(f"{catalog.TTFT.name}_sum{where}") - 0.6) < 1e-9
+            assert total(f"{catalog.ITL.name}_count{where}") == 6
             own = "llm_d_epp_request_(ttft|streaming_itl)_seconds_(bucket|sum|count)"
             assert prometheus.query(f'{{__name__=~"{own}"}}') == []
             # The filter's mark never stays on a stored series.

@@ -90,7 +90,7 @@ def test_version_switch_emits_legacy_names(version: str, current: bool, legacy: 
 
 
 def test_a_finished_request_observes_its_preemptions() -> None:
-    """vllm:request_num_preemptions observes each finished request's own count (0 when never
+    """catalog.REQUEST_NUM_PREEMPTIONS observes each finished request's own count (0 when never
     preempted), in vLLM's buckets."""
     from crossover.sim.metrics import InstanceMetrics, QueueState, render
 
