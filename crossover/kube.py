@@ -151,6 +151,21 @@ def _role_tp_sizes(topology: Topology) -> dict[str, int]:
     return {role: next(iter(found)) for role, found in sizes.items() if len(found) == 1}
 
 
+def router_relabelings(spec: FleetSpec, topology: Topology) -> list[Relabel]:
+    """Keep the pods of the topology's router (`entrypoint.selector`) and label them as its
+    entrypoint: no GPUs, the pod name as replica. Empty when the router is not found on Kubernetes."""
+    selector = topology.entrypoint.selector
+    if not selector:
+        return []
+    keys = sorted(selector)
+    return [Relabel("keep", tuple(pod_label(k) for k in keys), ";".join(_literal(selector[k]) for k in keys)),
+            Relabel("replace", target_label="topology", replacement=topology.name),
+            Relabel("replace", target_label="role", replacement=ENTRYPOINT_ROLE),
+            Relabel("replace", target_label="gpus", replacement="0"),
+            Relabel("replace", (POD_NAME,), "(.+)", "replica", "$1"),
+            Relabel("replace", target_label="job", replacement=JOB_NAME)]
+
+
 def _go_template(replacement: str, match: re.Match[str]) -> str:
     """Prometheus expands $1 / ${1} in a replacement (Go's Regexp.Expand)."""
     return re.sub(r"\$\{?(\d+)\}?", lambda m: match.group(int(m.group(1))) or "", replacement)
@@ -174,6 +189,19 @@ def relabel(labels: Mapping[str, str], rules: list[Relabel]) -> dict[str, str] |
     return out
 
 
+def _router_target(spec: FleetSpec, labels: Mapping[str, str], url: str) -> Target | None:
+    """The entrypoint target of the topology whose router pods (`entrypoint.selector`, on its metrics
+    port) these discovered labels are, if any."""
+    for topology in spec.topologies:
+        entrypoint = topology.entrypoint
+        if not entrypoint.selector or labels.get(CONTAINER_PORT_NAME, entrypoint.port) != entrypoint.port:
+            continue
+        final = relabel(labels, router_relabelings(spec, topology))
+        if final is not None:
+            return Target(topology.name, final["replica"], ENTRYPOINT_ROLE, url, 0, entrypoint.dialect)
+    return None
+
+
 def pod_targets(spec: FleetSpec, discovered: list[tuple[Mapping[str, str], str]]
                 ) -> tuple[list[Target], list[str]]:
     """Targets of the pods among `discovered` ((discovered labels, metrics URL) pairs, as Prometheus's
@@ -185,8 +213,15 @@ def pod_targets(spec: FleetSpec, discovered: list[tuple[Mapping[str, str], str]]
     problems: list[str] = []
     seen: set[str] = set()
     for labels, url in discovered:
-        if labels.get(CONTAINER_PORT_NAME, k8s.ports[0]) not in k8s.ports or labels.get(
-                POD_NAMESPACE, k8s.namespace) != k8s.namespace:
+        if labels.get(POD_NAMESPACE, k8s.namespace) != k8s.namespace:
+            continue
+        router = _router_target(spec, labels, url)
+        if router is not None:
+            if url not in seen:
+                seen.add(url)
+                out.append(router)
+            continue
+        if labels.get(CONTAINER_PORT_NAME, k8s.ports[0]) not in k8s.ports:
             continue
         for topology in spec.topologies:
             if not topology.discovered and k8s.topology_label is None:

@@ -35,6 +35,9 @@ from crossover.slo import SLO_HISTOGRAMS, boundary_index, not_a_boundary
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9_.-]*$")
+# The container port name of llm-d's endpoint picker's /metrics (9090): llm-d/llm-d-router
+# config/charts/routerlib/templates/_deployment.yaml at 2200bfc (its Service names it http-metrics).
+ROUTER_METRICS_PORT = "metrics"
 
 
 class SpecError(UserError):
@@ -217,6 +220,11 @@ class Entrypoint(_Strict):
     dialect: str | None = Field(default=None, description="the metric families the router serves: one of "
                                 "catalog.DIALECTS (vllm, llm-d, llm-d-legacy, production-stack); "
                                 "detected from what it serves when left out")
+    selector: dict[str, str] | None = Field(
+        default=None, description="on Kubernetes, instead of metrics_url: the router's pod labels (a "
+        "matchLabels); its pods are the topology's entrypoint targets (docs/kubernetes.md)")
+    port: str = Field(default=ROUTER_METRICS_PORT, description="with selector: the container port name "
+                      "serving the router's /metrics (llm-d's endpoint picker: metrics)")
 
     @field_validator("dialect")
     @classmethod
@@ -237,9 +245,22 @@ class Entrypoint(_Strict):
                              "(round_robin or least_outstanding over the instances)")
         if self.metrics_url is not None and self.url is None:
             raise ValueError("metrics_url needs url: client-side balancing has no router to scrape")
-        if self.dialect is not None and self.metrics_url is None:
-            raise ValueError("dialect needs metrics_url: it names what the router's /metrics serves")
+        if self.selector is not None and self.url is None:
+            raise ValueError("selector needs url: client-side balancing has no router to scrape")
+        if self.selector is not None and self.metrics_url is not None:
+            raise ValueError("give metrics_url (a fixed address) or selector (the router's pods on "
+                             "Kubernetes), not both: the router would be scraped twice")
+        if self.selector == {}:
+            raise ValueError("selector: give at least one pod label of the router's pods")
+        if self.dialect is not None and not self.scraped:
+            raise ValueError("dialect needs metrics_url or selector: it names what the router's "
+                             "/metrics serves")
         return self
+
+    @property
+    def scraped(self) -> bool:
+        """Whether the router's own metrics are scraped (at a fixed address or as discovered pods)."""
+        return self.metrics_url is not None or self.selector is not None
 
 
 class Topology(_Strict):
@@ -322,7 +343,7 @@ class Topology(_Strict):
     def configured_requests_source(self) -> str:
         """requests_source as the spec sets it up (the exporter falls back to the decode role when
         the entrypoint's metrics turn out to count no requests)."""
-        return requests_source(entrypoint_counts=self.entrypoint.metrics_url is not None,
+        return requests_source(entrypoint_counts=self.entrypoint.scraped,
                                has_decode=self.disaggregated)
 
     def tp_of(self, instance: Instance) -> int:

@@ -24,7 +24,10 @@ def run(args: argparse.Namespace) -> int:
             target = topology.entrypoint.url or f"client-side {topology.entrypoint.balance.value}"  # type: ignore[union-attr]
             # where its request figures come from (docs/routers.md)
             dialect = topology.entrypoint.dialect or "dialect detected"
-            source = {"entrypoint": f"; entrypoint metrics {topology.entrypoint.metrics_url} ({dialect})",
+            router_pods = topology.entrypoint.selector or {}
+            entrypoint_metrics = topology.entrypoint.metrics_url or "pods " + ",".join(
+                f"{k}={v}" for k, v in sorted(router_pods.items())) + f" port {topology.entrypoint.port}"
+            source = {"entrypoint": f"; entrypoint metrics {entrypoint_metrics} ({dialect})",
                       "decode": "; decode-side request figures (no entrypoint metrics)",
                       "instances": ""}[topology.configured_requests_source]
             if topology.discovered:

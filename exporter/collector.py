@@ -44,6 +44,7 @@ def derived_rows(derived: Derived) -> Iterator[Row]:
         "requests_running": derived.running,
         "requests_waiting": derived.waiting,
         "preemptions_per_second": derived.preemptions_per_second,
+        "preemptions_per_request": derived.preemptions_per_request,
         f"{slo.ATTAINMENT}_lower_ratio": derived.attainment_lower,
         f"{slo.ATTAINMENT}_upper_ratio": derived.attainment_upper,
         f"{slo.GOODPUT_REQUESTS}_lower": derived.goodput_requests_per_second_lower,

@@ -88,6 +88,10 @@ class Derived:
     running: float | None = None  # mean over the window, summed over targets
     waiting: float | None = None
     preemptions_per_second: float | None = None
+    # Mean preemptions per request its instances finished (catalog.REQUEST_NUM_PREEMPTIONS; None where
+    # no target serves it, NaN with no request finished). A P/D request finishes on its prefill and
+    # its decode instance: at topology level each counts, so this is per instance-request.
+    preemptions_per_request: float | None = None
     attainment: dict[str, SloAttainment] = field(default_factory=dict)  # SLO name -> attainment
     joint_slos: tuple[str, ...] = ()
     attainment_lower: float | None = None  # every joint SLO met: Fréchet bounds
@@ -717,6 +721,8 @@ def derive_rows(sums: WindowSums, gpus: Sequence[int], *, slos_seconds: Mapping[
     shares = _slo_share_rows(sums, slos_seconds, monotonic)
     kv_transfer = _kv_transfer_rows(sums)
     columns = _per_second_rows(sums)
+    preempted = sums.histograms.get(catalog.REQUEST_NUM_PREEMPTIONS.name)
+    per_request = None if preempted is None else [latency.mean for latency in _latency_rows(preempted, None)]
     reasons = sorted(sums.reason_rates)
     reason_lists = [sums.reason_rates[r].tolist() for r in reasons]
     targets = [int(count) for count in sums.targets.tolist()]
@@ -747,6 +753,7 @@ def derive_rows(sums: WindowSums, gpus: Sequence[int], *, slos_seconds: Mapping[
             failures_counted=outcomes.counted if counted else None,
             kv_cache_usage_max=at["kv_max"], kv_cache_usage_mean=at["kv_mean"],
             running=at["running"], waiting=at["waiting"], preemptions_per_second=at["preemptions"],
+            preemptions_per_request=None if per_request is None else per_request[row],
             attainment=row_attainment, kv_transfer=None if kv_transfer is None else kv_transfer[row],
             **_joint(row_attainment, slos_seconds, outcomes, requests, at["generation"]),
         ))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crossover import slo
+from crossover import catalog, slo
 
 PREFIX = "crossover"
 
@@ -73,6 +73,9 @@ DERIVED_SERIES: tuple[DerivedSeries, ...] = (
     DerivedSeries("requests_running", "Requests running, mean over the window, summed over instances."),
     DerivedSeries("requests_waiting", "Requests waiting, mean over the window, summed over instances."),
     DerivedSeries("preemptions_per_second", "Preemptions per second."),
+    DerivedSeries("preemptions_per_request", "Preemptions per finished request, mean over the window: "
+                  f"increase(sum)/increase(count) of {catalog.REQUEST_NUM_PREEMPTIONS.name} (a P/D "
+                  "request counts on its prefill and its decode instance)."),
     DerivedSeries(slo.FAILED_REQUESTS, "Requests the fleet should have served and did not, per "
                   "second, by reason: abort and error (finished_reason), rejected (admission).", ("reason",)),
     DerivedSeries(slo.FAILURES_COUNTED, "1 when attainment counts failed requests (the targets expose "

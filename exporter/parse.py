@@ -61,7 +61,7 @@ class ParsedSeries(NamedTuple):
 DERIVED_FAMILIES: tuple[catalog.Metric, ...] = (
     catalog.NUM_REQUESTS_RUNNING, catalog.NUM_REQUESTS_WAITING, catalog.KV_CACHE_USAGE,
     catalog.NUM_PREEMPTIONS, catalog.PROMPT_TOKENS, catalog.GENERATION_TOKENS, catalog.REQUEST_SUCCESS,
-    catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY,
+    catalog.TTFT, catalog.TPOT, catalog.ITL, catalog.E2E_LATENCY, catalog.REQUEST_NUM_PREEMPTIONS,
     *(metric for connector in catalog.KV_CONNECTORS.values()
       for metric in (connector.xfer_time, connector.bytes, connector.failed_transfers)),
 )

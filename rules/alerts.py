@@ -223,7 +223,7 @@ class Alerts:
                         "computed there. Regenerate the rules for the target's buckets.")
 
     def entrypoint_alerts(self) -> tuple[AlertRule, ...]:
-        if not any(t.entrypoint.metrics_url for t in self.spec.topologies):
+        if not any(t.entrypoint.scraped for t in self.spec.topologies):
             return ()
         return (self.alert(
             "VllmEntrypointMetricsAbsent",

@@ -271,7 +271,7 @@ def _topology_series(data: _Input, rules: RuleSet, topology: Topology, load: _Lo
         index += 1
         engine = {**labels, **model, "engine": "0"}
         _serving_instance(data, rules, instance.role, labels, engine, load.good, spell, failed=load.failed)
-    if topology.entrypoint.metrics_url is not None:
+    if topology.entrypoint.scraped:
         first = topology.nominal_instances()[0]
         labels = {**_instance_labels(topology, first, index), "role": ENTRYPOINT_ROLE,
                   "gpus": "0", "replica": entrypoint_replica(topology.name)}
@@ -338,7 +338,7 @@ def _expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) 
 
 def _role_expectations(rules: RuleSet, topology: Topology, load: _Load, window: str) -> list[Expectation]:
     roles = Counter(i.role.value for i in topology.nominal_instances())
-    if topology.entrypoint.metrics_url is not None:
+    if topology.entrypoint.scraped:
         roles[ENTRYPOINT_ROLE] = 1
     expectations: list[Expectation] = []
     for role, count in roles.items():

@@ -12,7 +12,15 @@ import yaml
 
 from crossover import catalog, slo
 from crossover.catalog import Dialect
-from crossover.kube import CONTAINER_PORT_NAME, JOB_NAME, Relabel, object_name, pod_selector, relabelings
+from crossover.kube import (
+    CONTAINER_PORT_NAME,
+    JOB_NAME,
+    Relabel,
+    object_name,
+    pod_selector,
+    relabelings,
+    router_relabelings,
+)
 from crossover.rules.alerts import AlertRule
 from crossover.rules.model import RuleSet
 from crossover.rules.recording import RecordingRule
@@ -105,55 +113,55 @@ def _address(metrics_url: str) -> tuple[str, str, str]:
 _KEEP = "__tmp_crossover_keep"  # marks the series a dialect's label filter keeps, for one step
 
 
-def dialect_relabels(topology: str, dialect: Dialect) -> list[dict[str, Any]]:
+def dialect_relabels(topology: str, dialect: Dialect) -> list[Relabel]:
     """metric_relabel_configs that turn a topology's entrypoint series in a router's dialect into
     vLLM's entrypoint families as crossover.exporter.dialect reads them (docs/routers.md): histograms
     renamed (and filtered, llm-d's TTFT to streamed responses), the request counter as
     REQUEST_SUCCESS{finished_reason=slo.ROUTED_REASON}, errors as finished_reason "error" or an
     admission rejection, the client's own mistakes and vLLM-named router gauges dropped. The extra
-    labels stay on the series; the rules sum them away per topology."""
+    labels stay on the series; the rules sum them away per topology. One list for every spelling:
+    prometheus.yml's static and kubernetes_sd jobs (`plain`), the router's PodMonitor (`operator`)."""
     head = f"{ENTRYPOINT_ROLE};{re.escape(topology)};"
-    where = ["role", "topology", "__name__"]
-    out: list[dict[str, Any]] = []
+    where = ("role", "topology", "__name__")
+    out: list[Relabel] = []
     if dialect in catalog.ROUTER_ONLY_DIALECTS:  # its gauges carry vLLM's names: never an engine's
         names = sorted({n for m in catalog.CATALOG.metrics for name in m.all_names
                         for n in (name, *(name + s for s in ("_total", "_bucket", "_sum", "_count")))})
-        out.append({"source_labels": where, "regex": head + "(" + "|".join(map(re.escape, names)) + ")",
-                    "action": "drop"})
+        out.append(Relabel("drop", where, head + "(" + "|".join(map(re.escape, names)) + ")"))
     only = dict(dialect.only)
     for vllm, mine in dialect.histograms:
         series = f"{re.escape(mine.name)}_(bucket|sum|count)"
         if mine.name in only:
             label, value = only[mine.name]
-            out.append({"source_labels": [*where, label], "regex": f"{head}{series};{re.escape(value)}",
-                        "target_label": _KEEP, "replacement": "1"})
-            out.append({"source_labels": [*where, _KEEP], "regex": f"{head}{series};",
-                        "action": "drop"})
-        out.append({"source_labels": where, "regex": head + series, "target_label": "__name__",
-                    "replacement": vllm.name + "_${1}"})
+            out.append(Relabel("replace", (*where, label), f"{head}{series};{re.escape(value)}", _KEEP, "1"))
+            out.append(Relabel("drop", (*where, _KEEP), f"{head}{series};"))
+        out.append(Relabel("replace", where, head + series, "__name__", vllm.name + "_${1}"))
     success, rejections = catalog.REQUEST_SUCCESS.promql_name, catalog.ADMISSION_REJECTIONS.promql_name
     if dialect.requests is not None:
         requests = head + re.escape(dialect.requests.promql_name)
-        out.append({"source_labels": where, "regex": requests, "target_label": "finished_reason",
-                    "replacement": slo.ROUTED_REASON})
-        out.append({"source_labels": where, "regex": requests, "target_label": "__name__",
-                    "replacement": success})
+        out.append(Relabel("replace", where, requests, "finished_reason", slo.ROUTED_REASON))
+        out.append(Relabel("replace", where, requests, "__name__", success))
     if dialect.errors is not None:
         errors = head + re.escape(dialect.errors.promql_name)
-        code = [*where, dialect.error_label]
+        code = (*where, dialect.error_label)
         if dialect.client_errors:
-            out.append({"source_labels": code, "regex": f"{errors};({'|'.join(dialect.client_errors)})",
-                        "action": "drop"})
+            out.append(Relabel("drop", code, f"{errors};({'|'.join(dialect.client_errors)})"))
         failed = ".*" if dialect.errors_in_requests is None else "|".join(dialect.errors_in_requests)
-        out.append({"source_labels": code, "regex": f"{errors};({failed})", "target_label": "finished_reason",
-                    "replacement": "error"})
-        out.append({"source_labels": [*where, "finished_reason"], "regex": f"{errors};error",
-                    "target_label": "__name__", "replacement": success})
-        out.append({"source_labels": code, "regex": f"{errors};(.*)", "target_label": "reason",
-                    "replacement": "${1}"})
-        out.append({"source_labels": where, "regex": errors, "target_label": "__name__",
-                    "replacement": rejections})
+        out.append(Relabel("replace", code, f"{errors};({failed})", "finished_reason", "error"))
+        out.append(Relabel("replace", (*where, "finished_reason"), f"{errors};error", "__name__", success))
+        out.append(Relabel("replace", code, f"{errors};(.*)", "reason", "${1}"))
+        out.append(Relabel("replace", where, errors, "__name__", rejections))
     return out
+
+
+def metric_relabels(spec: FleetSpec, topologies: list[Topology] | None = None) -> list[Relabel]:
+    """The dialect relabelling of the given topologies' entrypoints (all by default), with the
+    filters' mark dropped so it never stays on a stored series; empty when none speaks another
+    dialect than vLLM's."""
+    relabels = [r for t in (spec.topologies if topologies is None else topologies)
+                if t.entrypoint.dialect not in (None, catalog.VLLM_DIALECT.name)
+                for r in dialect_relabels(t.name, catalog.DIALECTS[t.entrypoint.dialect or ""])]
+    return [*relabels, Relabel("labeldrop", regex=_KEEP)] if relabels else []
 
 
 def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str | None = None,
@@ -171,11 +179,9 @@ def scrape_config(spec: FleetSpec, rule_files: list[str], exporter_target: str |
         groups.append({"targets": [address], "labels": labels})
     job: dict[str, Any] = {"job_name": JOB_NAME, "honor_labels": False,
                            "body_size_limit": f"{spec.scrape.max_body_bytes}B", "static_configs": groups}
-    relabels = [r for t in spec.topologies if t.entrypoint.dialect not in (None, catalog.VLLM_DIALECT.name)
-                for r in dialect_relabels(t.name, catalog.DIALECTS[t.entrypoint.dialect or ""])]
+    relabels = metric_relabels(spec)
     if relabels:
-        # The mark the filters above set (dialect_relabels) never stays on a stored series.
-        job["metric_relabel_configs"] = [*relabels, {"action": "labeldrop", "regex": _KEEP}]
+        job["metric_relabel_configs"] = [r.plain() for r in relabels]
     # Selector topologies have no addresses in the spec: a Prometheus in the cluster finds their pods.
     jobs = ([job] if groups else []) + kubernetes_sd_jobs(spec, discovered_only=True)
     if spec.scrape.bearer_token_file:
@@ -228,6 +234,29 @@ def _monitor(spec: FleetSpec, name: str, topology: Topology, kind: str) -> dict[
     }
 
 
+def _router_monitor(spec: FleetSpec, name: str, topology: Topology) -> dict[str, Any]:
+    """A PodMonitor for the topology's router pods (`entrypoint.selector`): labelled as its entrypoint,
+    its series turned into vLLM's entrypoint families by the same dialect relabelling as
+    prometheus.yml's (metricRelabelings)."""
+    selector = topology.entrypoint.selector or {}
+    endpoint: dict[str, Any] = {
+        "port": topology.entrypoint.port, "path": spec.kubernetes.path, "interval": spec.scrape.interval,
+        "scrapeTimeout": spec.scrape.timeout,
+        "relabelings": [r.operator() for r in router_relabelings(spec, topology)]}
+    relabels = metric_relabels(spec, [topology])
+    if relabels:
+        endpoint["metricRelabelings"] = [r.operator() for r in relabels]
+    return {
+        "apiVersion": CRD_API,
+        "kind": "PodMonitor",
+        "metadata": _metadata(object_name("vllm-crossover", name, topology.name, "router"),
+                              spec.kubernetes.namespace, "scrape"),
+        "spec": {"selector": {"matchLabels": dict(sorted(selector.items()))},
+                 "namespaceSelector": {"matchNames": [spec.kubernetes.namespace]},
+                 "podMetricsEndpoints": [endpoint]},
+    }
+
+
 def _kubernetes_topologies(spec: FleetSpec) -> list[Topology]:
     """The topologies whose pods can be found on Kubernetes: those with a selector, and the listed
     ones when kubernetes.topology_label names their pods' topology label."""
@@ -238,7 +267,8 @@ def pod_monitor_yaml(spec: FleetSpec, source: str, name: str) -> str:
     """One PodMonitor per topology: its pods by their own labels (the spec's kubernetes section),
     relabelled into the labels and job name of the static config, so the same rules and dashboards
     work unchanged. Field names: the Prometheus Operator's PodMonitor CRD (v0.93.0)."""
-    return _documents([_monitor(spec, name, t, "PodMonitor") for t in _kubernetes_topologies(spec)],
+    routers = [_router_monitor(spec, name, t) for t in spec.topologies if t.entrypoint.selector]
+    return _documents([_monitor(spec, name, t, "PodMonitor") for t in _kubernetes_topologies(spec)] + routers,
                       source, "crossover rules --format operator")
 
 
@@ -265,6 +295,23 @@ def kubernetes_sd_jobs(spec: FleetSpec, discovered_only: bool = False) -> list[d
             "metrics_path": k8s.path, "body_size_limit": f"{spec.scrape.max_body_bytes}B",
             "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [k8s.namespace]}}],
             "relabel_configs": [r.plain() for r in rules]}
+        jobs.append(job)
+    for topology in spec.topologies:
+        if not topology.entrypoint.selector:
+            continue
+        # The router's pods: its own port, labelled as the topology's entrypoint, its series read in
+        # its dialect (the static job's metric relabelling, confined to this topology's entrypoint).
+        port = topology.entrypoint.port
+        job = {
+            "job_name": f"{JOB_NAME}-{topology.name}-{ENTRYPOINT_ROLE}", "honor_labels": False,
+            "scrape_interval": spec.scrape.interval, "scrape_timeout": spec.scrape.timeout,
+            "metrics_path": k8s.path, "body_size_limit": f"{spec.scrape.max_body_bytes}B",
+            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [k8s.namespace]}}],
+            "relabel_configs": [r.plain() for r in [Relabel("keep", (CONTAINER_PORT_NAME,), port),
+                                                    *router_relabelings(spec, topology)]]}
+        relabels = metric_relabels(spec, [topology])
+        if relabels:
+            job["metric_relabel_configs"] = [r.plain() for r in relabels]
         jobs.append(job)
     return jobs
 

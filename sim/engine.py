@@ -221,7 +221,8 @@ class LiveEngine:
                 reason=request.finish_reason, arrival=request.arrival,
                 scheduled=request.scheduled_time if request.scheduled_time is not None else request.arrival,
                 first_token=request.first_token_time or end, last_token=end,
-                prompt_tokens=request.prompt_tokens, generated=request.generated)
+                prompt_tokens=request.prompt_tokens, generated=request.generated,
+                preemptions=request.preemptions)
             if request.sink is not None:
                 request.sink.on_finish(request)
 

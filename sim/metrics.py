@@ -33,14 +33,18 @@ class QueueState:
     preemptions: int
 
 
+def _major_minor(vllm_version: str) -> tuple[int, int]:
+    parts = vllm_version.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        raise ValueError(f"not a vLLM version: {vllm_version!r} (want e.g. 0.32.0)") from None
+
+
 def legacy_mode(vllm_version: str) -> tuple[bool, bool]:
     """(emit current names, emit legacy names) for a vLLM version: 0.10 only the old names of renamed
     families, 0.11 both (old ones deprecated), 0.12 and later only the current ones."""
-    parts = vllm_version.split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        raise ValueError(f"not a vLLM version: {vllm_version!r} (want e.g. 0.32.0)") from None
+    major, minor = _major_minor(vllm_version)
     if (major, minor) < (0, 11):
         return False, True
     if (major, minor) == (0, 11):
@@ -48,12 +52,19 @@ def legacy_mode(vllm_version: str) -> tuple[bool, bool]:
     return True, False
 
 
+def version_at_least(vllm_version: str, since: str) -> bool:
+    """Whether a simulated vLLM version serves a family first checked in `since` (major.minor)."""
+    return _major_minor(vllm_version) >= _major_minor(since)
+
+
 class InstanceMetrics:
     """Counters and histograms of one simulated vLLM engine (engine="0")."""
 
     def __init__(self, model_name: str, max_model_len: int, queue_state: Callable[[], QueueState],
-                 kv_connector: catalog.KvConnector | None = None) -> None:
+                 kv_connector: catalog.KvConnector | None = None, request_preemptions: bool = True) -> None:
         self.labels = {"model_name": model_name, "engine": "0"}
+        # catalog.REQUEST_NUM_PREEMPTIONS, served by the versions it was checked in (catalog)
+        self.request_preemptions = request_preemptions
         self.max_model_len = max_model_len
         self.queue_state = queue_state
         self.kv_connector = kv_connector
@@ -82,6 +93,7 @@ class InstanceMetrics:
         self.inference = Hist(catalog.INFERENCE_TIME.buckets, now)
         self.request_prompt = Hist(token_buckets, now)
         self.request_generation = Hist(token_buckets, now)
+        self.request_num_preemptions = Hist(catalog.REQUEST_NUM_PREEMPTIONS.buckets, now)
         connector = self.kv_connector or catalog.NIXL
         self.kv_xfer = Hist(connector.xfer_time.buckets, now)
         self.kv_post = Hist(connector.post_time.buckets if connector.post_time else (), now)
@@ -100,8 +112,9 @@ class InstanceMetrics:
         self.prompt_by_source["local_compute"] += prompt_tokens - cached_tokens - remote_tokens
 
     def on_finished(self, *, reason: str, arrival: float, scheduled: float, first_token: float,
-                    last_token: float, prompt_tokens: int, generated: int) -> None:
+                    last_token: float, prompt_tokens: int, generated: int, preemptions: int = 0) -> None:
         self.success[reason] += 1
+        self.request_num_preemptions.observe(preemptions)
         self.e2e.observe(last_token - arrival)
         self.queue.observe(scheduled - arrival)
         self.prefill.observe(first_token - scheduled)
@@ -152,6 +165,8 @@ class InstanceMetrics:
             (catalog.HTTP_REQUESTS, {k: float(v) for k, v in self.http.items()}),
             (catalog.REQUEST_PROMPT_TOKENS, self.request_prompt),
             (catalog.REQUEST_GENERATION_TOKENS, self.request_generation),
+            *([(catalog.REQUEST_NUM_PREEMPTIONS, self.request_num_preemptions)]
+              if self.request_preemptions else []),
             (catalog.TTFT, self.ttft),
             (catalog.ITL, self.itl),
             (catalog.TPOT, self.tpot),

@@ -27,7 +27,7 @@ from crossover import catalog
 from crossover.exposition import http_counter
 from crossover.sim import tokenizer
 from crossover.sim.engine import GAP_RING, LiveEngine
-from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render
+from crossover.sim.metrics import InstanceMetrics, legacy_mode, malformed, render, version_at_least
 from crossover.sim.model import PerfModel
 from crossover.sim.scheduler import SimRequest, chained_block_hashes
 from crossover.sim.writer import WritePath
@@ -215,7 +215,10 @@ class SimInstance:
         self.perf = PerfModel.for_instance(spec, topology.tp_of(instance))
         self.metrics = InstanceMetrics(spec.model.name, spec.model.max_model_len, self._queue_state,
                                        kv_connector=None if instance.role is Role.COLOCATED
-                                       else catalog.KV_CONNECTORS[spec.simulator.kv_connector])
+                                       else catalog.KV_CONNECTORS[spec.simulator.kv_connector],
+                                       request_preemptions=version_at_least(
+                                           spec.simulator.vllm_version,
+                                           catalog.REQUEST_NUM_PREEMPTIONS_SINCE))
         self.engine = LiveEngine(self.perf, self.metrics, spec.simulator.time_scale)
         self.path = WritePath()  # the write path, from start
         self.current_names, self.legacy_names = legacy_mode(spec.simulator.vllm_version)

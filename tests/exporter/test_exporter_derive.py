@@ -168,6 +168,25 @@ def test_group_sums_buckets_before_taking_quantiles_and_ratios():
     assert type(derived.generation_tokens_per_second) is float  # plain floats, not numpy's, in every Derived
 
 
+def test_preemptions_per_request_is_the_groups_sum_over_its_count():
+    """Instance a finished 10 requests preempted 3 times in all, b 30 requests preempted 1 time:
+    4 preemptions over 40 requests (not the mean of 0.3 and 0.033)."""
+    windows = []
+    for preemptions, total in (({1.0: 8.0, 2.0: 9.0, 20.0: 10.0, INF: 10.0}, 3.0),
+                               ({1.0: 30.0, 2.0: 30.0, 20.0: 30.0, INF: 30.0}, 1.0)):
+        series = dict(_instance(TTFT_A, TPOT_A, 100)[0].increase)
+        series.update(_histogram(catalog.REQUEST_NUM_PREEMPTIONS.name, preemptions, total))
+        windows.append(_window(series))
+    derived = derive(windows, gpus=2, slos_seconds={"ttft": 0.5}, window_seconds=60)
+    assert derived.preemptions_per_request == pytest.approx(4 / 40)
+    idle = _histogram(catalog.REQUEST_NUM_PREEMPTIONS.name, {1.0: 0.0, INF: 0.0}, 0.0)
+    quiet = derive([_window(idle)], gpus=1, slos_seconds={}, window_seconds=60)
+    assert quiet.preemptions_per_request is not None and math.isnan(quiet.preemptions_per_request)
+    # A vLLM that does not serve the family gives no figure rather than zero.
+    assert derive([_instance(TTFT_A, TPOT_A, 100)[0]], gpus=1, slos_seconds={},
+                  window_seconds=60).preemptions_per_request is None
+
+
 def _failing(ttft: dict[float, float], tpot: dict[float, float], errors: float, cut: float, rejected: float,
              bad_input: float) -> SeriesWindow:
     """An instance that served ttft[INF] requests and failed others as vLLM 0.32 counts them: engine
@@ -396,6 +415,8 @@ def test_real_vllm_payloads_give_every_colocated_series_finite():
     assert all(0 <= g.ratio <= 1 for g in derived.attainment.values())
     assert derived.requests_per_second_by_reason["length"] > 0
     assert derived.kv_transfer is None  # a colocated server exposes no NIXL families
+    # vLLM 0.32.0 serves catalog.REQUEST_NUM_PREEMPTIONS: its requests were never preempted.
+    assert derived.preemptions_per_request == 0.0
 
 
 @settings(max_examples=100, deadline=None)

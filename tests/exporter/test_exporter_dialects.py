@@ -246,3 +246,24 @@ def test_the_bucket_warning_uses_the_dialects_buckets() -> None:
     assert len(warnings) == 1, warnings  # 100 ms is one of llm-d's TPOT boundaries, 250 ms no TTFT one
     assert catalog.LLMD_TTFT.name in warnings[0] and "dialect llm-d" in warnings[0]
     assert "200 ms and 400 ms" in warnings[0]
+
+
+@pytest.mark.parametrize(("entrypoint", "message"), [
+    ({"metrics_url": "http://epp:9090/metrics", "selector": {"app": "epp"}},
+     "give metrics_url (a fixed address) or selector"),
+    ({"metrics_url": None, "selector": {}}, "selector: give at least one pod label"),
+    ({"metrics_url": None, "dialect": "llm-d"}, "dialect needs metrics_url or selector"),
+])
+def test_a_router_found_on_kubernetes_is_one_target(tmp_path: Path, entrypoint: dict[str, object],
+                                                     message: str) -> None:
+    """A router's pods (entrypoint.selector) replace its fixed address, never add to it: both would
+    scrape it twice and count each request twice."""
+    data = load_spec(SPECS / "pd-8k-prompts.yaml").model_dump(mode="json")
+    for topology in data["topologies"]:
+        if topology["name"] == "pd1p1d":
+            topology["entrypoint"].update(entrypoint)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert "entrypoint" in str(info.value) and message in str(info.value) and "\n" not in str(info.value)

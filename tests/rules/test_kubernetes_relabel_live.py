@@ -13,12 +13,14 @@ exactly as it would against the API server, only its discovery differs.
 from __future__ import annotations
 
 import json
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from crossover import catalog
 from crossover.exporter.targets import discovered_pods
 from crossover.kube import (
     CONTAINER_PORT_NAME,
@@ -28,10 +30,11 @@ from crossover.kube import (
     pod_label_present,
     pod_targets,
 )
+from crossover.pdproxy.proxy import ERROR, EntrypointMetrics
 from crossover.rules.prom import running_prometheus
 from crossover.rules.render import kubernetes_sd_jobs
-from crossover.spec import load_spec
-from tests.helpers import SPECS, wait_for
+from crossover.spec import ENTRYPOINT_ROLE, Target, load_spec
+from tests.helpers import SPECS, serving_http, wait_for
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -81,7 +84,8 @@ def test_pods_labelled_as_llm_d_labels_them_get_the_rules_labels(tmp_path: Path)
         def settled() -> Any:
             data = prometheus.get_json("/api/v1/targets")["data"]
             seen = len(data["activeTargets"]) + len(data["droppedTargets"])
-            return data if seen == len(PODS) * len(SPEC.topologies) else None  # each job sees each pod
+            # each job (a topology's pods, a router's) sees each pod
+            return data if seen == len(PODS) * len(kubernetes_sd_jobs(SPEC)) else None
 
         body = {"status": "success", "data": wait_for(settled, 60, "every pod discovered by both jobs")}
     active = {t["labels"]["replica"]: t["labels"] for t in body["data"]["activeTargets"]}
@@ -113,11 +117,104 @@ def test_the_operator_resources_carry_the_same_relabelling() -> None:
     files = outputs(SPEC, build_rules(SPEC), Format.OPERATOR, "k8s", "k8s")
     plain = {job["job_name"]: job["relabel_configs"][1:] for job in kubernetes_sd_jobs(SPEC)}
     names = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    metric = {job["job_name"]: job["metric_relabel_configs"] for job in kubernetes_sd_jobs(SPEC)
+              if "metric_relabel_configs" in job}
+
+    def spelled(relabels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{names.get(k, k): v for k, v in r.items()} for r in relabels]
+
     for file, endpoints in (("podmonitor.yaml", "podMetricsEndpoints"), ("servicemonitor.yaml", "endpoints")):
         monitors = list(yaml.safe_load_all(files[file]))
-        assert len(monitors) == len(SPEC.topologies)
-        for monitor, topology in zip(monitors, SPEC.topologies, strict=True):
+        engines = monitors[:len(SPEC.topologies)]
+        for monitor, topology in zip(engines, SPEC.topologies, strict=True):
             assert [e["port"] for e in monitor["spec"][endpoints]] == SPEC.kubernetes.ports
             for endpoint in monitor["spec"][endpoints]:
-                spelled = [{names.get(k, k): v for k, v in r.items()} for r in endpoint["relabelings"]]
-                assert spelled == plain[f"vllm-{topology.name}"]
+                assert spelled(endpoint["relabelings"]) == plain[f"vllm-{topology.name}"]
+                assert "metricRelabelings" not in endpoint  # the engines' series are vLLM's own
+        # The routers: one PodMonitor each (llm-d's Service carries other labels than its pods, so
+        # no ServiceMonitor), relabelled and metric-relabelled exactly as the plain job.
+        routers = monitors[len(SPEC.topologies):]
+        assert len(routers) == (len(SPEC.topologies) if file == "podmonitor.yaml" else 0)
+        for monitor, topology in zip(routers, SPEC.topologies if routers else [], strict=True):
+            assert monitor["spec"]["selector"] == {"matchLabels": topology.entrypoint.selector}
+            (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+            assert endpoint["port"] == "metrics"
+            job = f"vllm-{topology.name}-entrypoint"
+            assert spelled(endpoint["relabelings"]) == plain[job]
+            assert spelled(endpoint["metricRelabelings"]) == metric[job]
+            assert any(r.get("target_label") == "__name__" and r.get("replacement") ==
+                       catalog.TTFT.name + "_${1}" for r in metric[job])
+
+
+def test_llm_d_routers_pods_are_the_topologys_entrypoint_read_in_vllms_families(tmp_path: Path) -> None:
+    """The endpoint picker's pods, found by the label llm-d's chart gives them, on its `metrics` port:
+    scraped as the topology's entrypoint, their llm_d_epp_ series turned into vLLM's entrypoint
+    families by the generated job's metric relabelling (the rules, alerts and dashboards read those),
+    and the exporter's discovery takes the same pod as the entrypoint, read in llm-d's dialect."""
+    router = EntrypointMetrics(SPEC.model.name, catalog.LLMD_DIALECT.name)
+    for _ in range(4):
+        router.arrived()
+    for start in (0.0, 1.0, 2.0):  # three streamed answers: TTFT 0.2 s each
+        router.finished("stop", start, start + 0.5, [start + 0.2, start + 0.3, start + 0.4])
+    router.finished(ERROR, 3.0, 3.1, [])  # an instance failed it (ModelServerError)
+    router.refused(400)  # bad input: the client's own mistake, never routed
+    router.finished("stop", 4.0, 4.7, [], streamed=False)  # not streamed: no TTFT (llm-d's streaming="false")
+    router.arrived()
+    body = router.render()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    epp = {"llm-d-router-gateway": "llama-8b-pd-epp", "llm-d.ai/igw-mode": "llm-d-router-gateway"}
+    with serving_http(Handler) as address:
+        port = int(address.rsplit(":", 1)[1])
+        groups = [file_sd_group("pd-epp-0", "metrics", port, epp),
+                  file_sd_group("pd-epp-0", "grpc", 9102, epp),  # its ext-proc port: not metrics
+                  # another pool's router: the colocated topology's entrypoint, nothing served here
+                  file_sd_group("plain-epp-0", "metrics", 9103, {"llm-d-router-gateway": "llama-8b-epp"})]
+        with running_prometheus(prometheus_config(tmp_path, groups)) as prometheus:
+            where = '{topology="pd",role="entrypoint"}'
+            success = catalog.REQUEST_SUCCESS.promql_name
+
+            def scraped() -> Any:
+                return prometheus.query(f"{success}{where}") or None
+
+            wait_for(scraped, 60, "the router pod scraped")
+            targets = prometheus.get_json("/api/v1/targets")
+            active = {t["labels"]["replica"]: t["labels"] for t in targets["data"]["activeTargets"]}
+            assert active == {  # the grpc port is not scraped; each router is its own topology's
+                "pd-epp-0": {"instance": address, "job": "vllm", "topology": "pd", "role": ENTRYPOINT_ROLE,
+                             "gpus": "0", "replica": "pd-epp-0"},
+                "plain-epp-0": {"instance": "127.0.0.1:9103", "job": "vllm", "topology": "colocated",
+                                "role": ENTRYPOINT_ROLE, "gpus": "0", "replica": "plain-epp-0"}}
+
+            def total(expr: str) -> float:
+                return sum(s.value for s in prometheus.query(f"sum({expr})"))
+
+            # Routed 5: 3 streamed, 1 unstreamed, 1 failed by the instance; the 400 never routed.
+            assert total(f'{success}{{topology="pd",finished_reason="routed"}}') == 5
+            assert total(f'{success}{{topology="pd",finished_reason="error"}}') == 1
+            # BadRequest is the client's own mistake: dropped
+            assert prometheus.query(f'{catalog.ADMISSION_REJECTIONS.promql_name}{{topology="pd"}}') == []
+            # TTFT of streamed answers only, in vLLM's name; llm-d's own TTFT series are gone.
+            assert total(f"{catalog.TTFT.name}_count{where}") == 3
+            assert abs(total(f"{catalog.TTFT.name}_sum{where}") - 0.6) < 1e-9
+            assert total(f"{catalog.ITL.name}_count{where}") == 6
+            own = "llm_d_epp_request_(ttft|streaming_itl)_seconds_(bucket|sum|count)"
+            assert prometheus.query(f'{{__name__=~"{own}"}}') == []
+            # The filter's mark never stays on a stored series.
+            marked = prometheus.get_json("/api/v1/labels")["data"]
+            assert not [name for name in marked if name.startswith("__tmp")]
+
+    found, problems = pod_targets(SPEC, discovered_pods(targets, SPEC.kubernetes.path))
+    assert problems == []
+    assert sorted(found, key=lambda t: t.topology) == [
+        Target("colocated", "plain-epp-0", ENTRYPOINT_ROLE, "http://127.0.0.1:9103/metrics", 0, "llm-d"),
+        Target("pd", "pd-epp-0", ENTRYPOINT_ROLE, f"http://{address}/metrics", 0, "llm-d")]

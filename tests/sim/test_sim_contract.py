@@ -85,6 +85,25 @@ def test_version_switch_emits_legacy_names(version: str, current: bool, legacy: 
         assert (metric.name in names) is current, (version, metric.name)
         assert (metric.aliases[0] in names) is legacy, (version, metric.aliases[0])
     assert catalog.TTFT.name in names  # never renamed
+    # Checked in 0.32.0 (catalog.REQUEST_NUM_PREEMPTIONS_SINCE): served from there on only.
+    assert (catalog.REQUEST_NUM_PREEMPTIONS.name in names) is (version == "0.32.0")
+
+
+def test_a_finished_request_observes_its_preemptions() -> None:
+    """catalog.REQUEST_NUM_PREEMPTIONS observes each finished request's own count (0 when never
+    preempted), in vLLM's buckets."""
+    from crossover.sim.metrics import InstanceMetrics, QueueState, render
+
+    metrics = InstanceMetrics("m", 4096, lambda: QueueState(0, 0, 0, 0.0, 0))
+    for preemptions in (0, 0, 2):
+        metrics.on_finished(reason="stop", arrival=0.0, scheduled=0.1, first_token=0.2, last_token=0.5,
+                            prompt_tokens=8, generated=4, preemptions=preemptions)
+    family = _families(render(metrics).decode())[catalog.REQUEST_NUM_PREEMPTIONS.name]
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}  # type: ignore[attr-defined]
+    assert samples[(family.name + "_count", None)] == 3  # type: ignore[attr-defined]
+    assert samples[(family.name + "_sum", None)] == 2  # type: ignore[attr-defined]
+    assert samples[(family.name + "_bucket", "1.0")] == 2  # type: ignore[attr-defined]
+    assert samples[(family.name + "_bucket", "2.0")] == 3  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("outcome", ["bad_input", "cut_stream", "engine_error"])
