@@ -112,6 +112,7 @@ def table(plan: Plan) -> list[str]:
             f"({best.goodput_per_gpu() * best.gpus * 3600 / (plan.price_per_hour(best) or 1):.0f})"
         )
     counted = plan.workload.requests
+    lines.append(f"workload: {plan.workload.describe()}")
     lines.append(
         f"capacity: the highest {mode.axis} whose SLO attainment ({_slos(plan.slos_ms)}) meets "
         f"{plan.objective:.0%}, bracketed and bisected; goodput/GPU: good requests/s per GPU there; "
@@ -181,7 +182,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "spec": plan.spec_source,
         "gpus": plan.gpus,
         "axis": plan.mode.axis,
-        "workload": {**asdict(plan.workload), "mode": plan.mode.value},
+        "workload": {**plan.workload.summary(), "mode": plan.mode.value},
         "objective": plan.objective,
         "slos_ms": plan.slos_ms,
         "user_loads": list(plan.user_loads),
