@@ -21,6 +21,7 @@ from crossover.loadgen.plan import Mode
 from crossover.spec import FleetSpec, load_spec
 
 RESULTS = "capacity.json"  # in --out DIR, with plot.html and spec-*.yaml
+KIND = "crossover-capacity"  # RESULTS' "kind": how the app tells a plan from a run
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         }
 
     return {
-        "kind": "crossover-capacity",
+        "kind": KIND,
         "spec": plan.spec_source,
         "gpus": plan.gpus,
         "axis": plan.mode.axis,
