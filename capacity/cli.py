@@ -293,7 +293,7 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
         tuple(chosen),
         tuple(fits),
         tuple(order),
-        search.verdict(order, n),
+        search.verdict(order, n, price),
         map_loads,
         tuple(search.crossover_map(order, map_loads, n, error)),
         search.pareto(order, map_loads, n),

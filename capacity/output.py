@@ -15,7 +15,7 @@ import yaml
 from crossover.capacity.evaluate import Point, Workload, sampling_error
 from crossover.capacity.layouts import Fit, Layout
 from crossover.capacity.profiles import Profile
-from crossover.capacity.search import Front, LayoutResult, MapEntry, Verdict, key, label
+from crossover.capacity.search import Front, LayoutResult, MapEntry, Verdict, key, label, per_usd
 from crossover.loadgen.analysis.crossings import format_load
 from crossover.loadgen.plan import Mode
 from crossover.spec import FleetSpec, load_spec
@@ -103,15 +103,9 @@ def table(plan: Plan) -> list[str]:
             )
         if plan.prices:
             price = plan.price_per_hour(r)
-            line += f" {r.goodput_per_gpu() * r.gpus * 3600 / price:>8.0f}" if price else f" {'-':>8}"
+            line += f" {per_usd(r, plan.price_per_hour):>8.0f}" if price else f" {'-':>8}"
         lines.append(line)
     lines.append(plan.verdict.sentence)
-    if plan.prices and all(plan.price_per_hour(r) for r in plan.results):
-        best = max(plan.results, key=lambda r: r.goodput_per_gpu() * r.gpus / (plan.price_per_hour(r) or 1))
-        lines.append(
-            f"per dollar: {label(best, n)} serves the most good requests per USD "
-            f"({best.goodput_per_gpu() * best.gpus * 3600 / (plan.price_per_hour(best) or 1):.0f})"
-        )
     counted = plan.workload.requests
     lines.append(f"workload: {plan.workload.describe()}")
     lines.append(
@@ -164,6 +158,13 @@ def _point_json(point: Point | None) -> dict[str, Any] | None:
     return {
         k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(point).items()
     }
+
+
+def _verdict_json(found: Verdict | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    lead = found.lead if math.isfinite(found.lead) else None
+    return {"leaders": list(found.leaders), "lead": lead, "sentence": found.sentence}
 
 
 def to_json(plan: Plan) -> dict[str, Any]:
@@ -222,6 +223,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
             "leaders": list(plan.verdict.leaders),
             "lead": plan.verdict.lead if math.isfinite(plan.verdict.lead) else None,
             "sentence": plan.verdict.sentence,
+            "per_dollar": _verdict_json(plan.verdict.per_dollar),
         },
         "crossover_map": [{"load": e.load, "leaders": list(e.leaders)} for e in plan.crossover_map],
         "pareto_front": [
