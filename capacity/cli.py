@@ -209,11 +209,12 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
             args.output_len,
             spec.model.max_model_len,
             args.tokenizer,
+            spec.simulator.block_size,
         )
         workload = replace(
             workload,
-            input_len=max(1, round(sum(n for n, _ in lengths) / len(lengths))),
-            output_len=max(1, round(sum(n for _, n in lengths) / len(lengths))),
+            input_len=max(1, round(sum(n for n, _, _ in lengths) / len(lengths))),
+            output_len=max(1, round(sum(n for _, n, _ in lengths) / len(lengths))),
             lengths=lengths,
             source=str(args.workload),
             dataset=workload_file.dataset_kind(args.workload, args.dataset_name).value,

@@ -45,23 +45,27 @@ class Workload:
     # Open loop: arrivals span at least this long, so that a queue that grows is seen growing (a
     # burst of `requests` alone meets the SLOs at any rate the fleet can hold that many of at once).
     min_span_s: float = DEFAULT_SPAN_S
-    lengths: tuple[tuple[int, int], ...] = ()  # a workload file's (prompt, output) tokens; () fixed
+    # a workload file's (prompt tokens, output tokens, prefix-cache block hashes); () fixed lengths
+    lengths: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
     source: str = ""  # the workload file, for the output and --validate's sweep
     # its format (loadgen.plan.DatasetKind), endpoint and tokenizer, as the sweep takes them
     dataset: str = ""
     endpoint: str = "completions"
     tokenizer: str | None = None
 
-    def draw(self, rng: random.Random) -> tuple[int, int]:
-        """One request's (prompt, output) tokens."""
-        return rng.choice(self.lengths) if self.lengths else (self.input_len, self.output_len)
+    def draw(self, rng: random.Random, at: float = 0.0) -> truth.RequestTrace:
+        """One request arriving at `at`: fixed lengths, or a file entry drawn with `rng`."""
+        if not self.lengths:
+            return truth.RequestTrace(at, self.input_len, self.output_len)
+        prompt, output, hashes = rng.choice(self.lengths)
+        return truth.RequestTrace(at, prompt, output, block_hashes=hashes)
 
     def describe(self) -> str:
         """The lengths in words: fixed, or the file's distribution (mean and p50/p99)."""
         if not self.lengths:
             return f"{self.input_len} prompt and {self.output_len} output tokens per request"
-        prompts = np.array([n for n, _ in self.lengths])
-        outputs = np.array([n for _, n in self.lengths])
+        prompts = np.array([n for n, _, _ in self.lengths])
+        outputs = np.array([n for _, n, _ in self.lengths])
 
         def dist(values: np.ndarray) -> str:
             p50, p99 = np.percentile(values, [50, 99])
@@ -178,7 +182,7 @@ def measure(
     arrivals = list(itertools.accumulate(rng.expovariate(load) for _ in range(total)))
     des = truth.FleetDES(spec, topology)
     draw = random.Random(f"{workload.seed}/lengths")  # apart from the arrivals: a file moves no arrival
-    traces = tuple(truth.RequestTrace(at, *workload.draw(draw)) for at in arrivals)
+    traces = tuple(workload.draw(draw, at) for at in arrivals)
     for trace in traces:
         des.submit(trace)
     finished = [0]
@@ -200,11 +204,11 @@ def measure(
     )
 
 
-def _drawer(workload: Workload) -> Callable[[], tuple[int, int]] | None:
+def _drawer(workload: Workload) -> Callable[[float], truth.RequestTrace] | None:
     if not workload.lengths:
         return None
     rng = random.Random(f"{workload.seed}/lengths")
-    return lambda: workload.draw(rng)
+    return lambda at: workload.draw(rng, at)
 
 
 def _closed_point(run: truth.ClosedLoopRun, load: float, slos_ms: Mapping[str, float]) -> Point:
