@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from crossover.capacity.output import RESULTS as CAPACITY_RESULTS
 from crossover.loadgen.analysis.results import LIST_COLUMNS, RUN_FILE, SUMMARY_FILE, RunInfo, level_done
 
 FORMATS = ("csv", "parquet", "json")
@@ -30,8 +31,9 @@ class PastRun:
 
 
 def list_runs(results_dir: Path) -> list[PastRun]:
-    """Sweep folders directly under results_dir (those with a run.json), and folders of
-    `vllm bench serve` result files (JSON files and no run.json), newest first."""
+    """Sweep folders directly under results_dir (those with a run.json), `crossover capacity --out`
+    folders (a capacity.json), and folders of `vllm bench serve` result files (JSON files and no
+    run.json), newest first."""
     if not results_dir.is_dir():
         return []
     found = []
@@ -39,8 +41,11 @@ def list_runs(results_dir: Path) -> list[PastRun]:
         if not child.is_dir():
             continue
         marker = child / RUN_FILE
+        plan = child / CAPACITY_RESULTS
         if marker.is_file():
             found.append(PastRun(child, child.name, marker.stat().st_mtime))
+        elif plan.is_file():
+            found.append(PastRun(child, f"{child.name} (capacity plan)", plan.stat().st_mtime))
         elif (changed := _bench_change(child)) is not None:
             found.append(PastRun(child, f"{child.name} (vllm bench results)", changed))
     return sorted(found, key=lambda run: (-run.modified, run.name))
@@ -50,7 +55,7 @@ def _bench_change(folder: Path) -> float | None:
     """For a folder of result files the app imports (crossover analyze's reading) rather than a
     sweep, when its newest JSON file changed (one walk); None for a sweep folder or one without
     JSON files."""
-    if (folder / RUN_FILE).exists():
+    if (folder / RUN_FILE).exists() or (folder / CAPACITY_RESULTS).exists():
         return None
     return max((path.stat().st_mtime for path in folder.rglob("*.json")), default=None)
 
@@ -58,6 +63,7 @@ def _bench_change(folder: Path) -> float | None:
 class FolderChange(NamedTuple):
     modified: float  # unix time
     bench: bool  # a folder of vllm bench result files, not a sweep
+    capacity: bool = False  # a `crossover capacity --out` folder, not a sweep
 
 
 def last_change(run_dir: Path) -> FolderChange:
@@ -66,6 +72,9 @@ def last_change(run_dir: Path) -> FolderChange:
     bench = _bench_change(run_dir)
     if bench is not None:
         return FolderChange(bench, bench=True)
+    plan = run_dir / CAPACITY_RESULTS
+    if plan.is_file() and not (run_dir / RUN_FILE).exists():
+        return FolderChange(plan.stat().st_mtime, bench=False, capacity=True)
     files = [run_dir / name for name in (RUN_FILE, SUMMARY_FILE)]
     times = [path.stat().st_mtime for path in files if path.exists()]
     if not times:

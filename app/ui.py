@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from crossover.app import charts, form, runs, serverview, view
+from crossover.app import capacity_view, charts, form, runs, serverview, view
 from crossover.app.config import AppConfig, parse_page_args
 from crossover.app.preflight import unreachable_targets
 from crossover.app.runner import RunState, RunStatus, SweepRunner, in_child_process, jobs_in, sweep_spec_plan
@@ -255,6 +255,29 @@ def show_pareto(results: view.ResultsView) -> None:
         st.markdown(f"- {line}")
 
 
+@st.cache_resource(show_spinner=False, max_entries=4)
+def open_capacity(path: str, modified: float) -> capacity_view.CapacityView:
+    """A `crossover capacity --out` folder; `modified` makes a rewritten one a new entry."""
+    return capacity_view.load_capacity(Path(path))
+
+
+def show_capacity(plan: capacity_view.CapacityView) -> None:
+    """A capacity plan: the verdict, the ranked layouts, the crossover map and the Pareto chart."""
+    st.caption(f"Showing the capacity plan {plan.source} (predicted on the simulator's ground truth)")
+    st.subheader("Which layout")
+    st.markdown(plan.verdict)
+    if plan.workload:
+        st.caption(f"workload: {plan.workload}")
+    st.dataframe(plan.ranked, hide_index=True, width="stretch")
+    st.subheader(f"Crossover map: the most goodput per GPU at each {plan.axis}")
+    st.dataframe(plan.crossover_map, hide_index=True, width="stretch")
+    if plan.pareto.points:
+        st.subheader("Throughput per GPU against interactivity")
+        st.vega_lite_chart(spec=charts.pareto_chart(plan.pareto).to_dict(validate=False), width="stretch")
+        for line in plan.pareto.sentences:
+            st.markdown(f"- {line}")
+
+
 def show_table_and_downloads(results: view.ResultsView, downloads: bool) -> None:
     st.subheader("Results")
     st.dataframe(view.summary_table(results.summary), hide_index=True, width="stretch")
@@ -338,6 +361,9 @@ def results_area(runner: SweepRunner, spec: FleetSpec, config: AppConfig, page_a
         else:
             path = Path(chosen)
             change = runs.last_change(path)
+            if change.capacity:
+                show_capacity(open_capacity(str(path), change.modified))
+                return
             results = open_past_run(str(path), change.modified, change.bench, str(config.spec_path))
             st.caption(f"Showing the past run {path.name}")
     except (UserError, OSError) as exc:

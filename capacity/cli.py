@@ -7,13 +7,14 @@ import argparse
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
-from crossover.capacity import output, profiles, search
+from crossover.capacity import output, profiles, search, workload_file
 from crossover.capacity.evaluate import DEFAULT_REQUESTS, DEFAULT_SPAN_S, Workload
 from crossover.capacity.layouts import Layout, Space, enumerate_layouts, fit, layout_of
 from crossover.errors import UserError
-from crossover.loadgen.plan import Mode
+from crossover.loadgen.plan import Endpoint, Mode
 from crossover.spec import FleetSpec, load_spec
 
 
@@ -25,6 +26,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--concurrency", help="closed loop: requests in flight, or a range LOW-HIGH")
     parser.add_argument("--input-len", type=int, default=512, help="prompt tokens (512)")
     parser.add_argument("--output-len", type=int, default=256, help="output tokens (256)")
+    parser.add_argument(
+        "--workload",
+        type=Path,
+        metavar="FILE",
+        help="prompt and output lengths from a sweep dataset (JSONL or ShareGPT) instead of "
+        "--input-len; entries without an answer's length get --output-len",
+    )
+    parser.add_argument(
+        "--dataset-name",
+        choices=("jsonl", "sharegpt"),
+        help="the --workload file's format (default: .jsonl is JSONL, .json ShareGPT)",
+    )
+    parser.add_argument(
+        "--endpoint",
+        choices=("completions", "chat"),
+        default="completions",
+        help="count --workload prompts as /v1/completions text or chat messages (completions)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="count --workload tokens with this tokenizer folder (default: the simulator's)",
+    )
     parser.add_argument(
         "--requests",
         type=int,
@@ -158,7 +182,9 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
     ):
         if value < 1:
             raise UserError(f"{flag}: must be at least 1, got {value}")
-    if args.input_len + args.output_len > spec.model.max_model_len:
+    if args.workload is not None and not args.workload.is_file():
+        raise UserError(f"--workload {args.workload}: no such file")
+    if args.workload is None and args.input_len + args.output_len > spec.model.max_model_len:
         raise UserError(
             f"--input-len + --output-len: {args.input_len + args.output_len} tokens exceed "
             f"model.max_model_len {spec.model.max_model_len}"
@@ -175,6 +201,26 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
     if not args.span > 0:
         raise UserError(f"--span: must be a positive number of seconds, got {args.span:g}")
     workload = Workload(mode, args.input_len, args.output_len, args.requests, args.seed, args.span)
+    if args.workload is not None:
+        lengths = workload_file.read_lengths(
+            args.workload,
+            workload_file.dataset_kind(args.workload, args.dataset_name),
+            Endpoint(args.endpoint),
+            args.output_len,
+            spec.model.max_model_len,
+            args.tokenizer,
+            spec.simulator.block_size,
+        )
+        workload = replace(
+            workload,
+            input_len=max(1, round(sum(n for n, _, _ in lengths) / len(lengths))),
+            output_len=max(1, round(sum(n for _, n, _ in lengths) / len(lengths))),
+            lengths=lengths,
+            source=str(args.workload),
+            dataset=workload_file.dataset_kind(args.workload, args.dataset_name).value,
+            endpoint=args.endpoint,
+            tokenizer=args.tokenizer,
+        )
     tasks, fits = [], []
     for profile in chosen:
         on_profile = profile.apply(spec)
@@ -248,7 +294,7 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
         tuple(chosen),
         tuple(fits),
         tuple(order),
-        search.verdict(order, n),
+        search.verdict(order, n, price),
         map_loads,
         tuple(search.crossover_map(order, map_loads, n, error)),
         search.pareto(order, map_loads, n),

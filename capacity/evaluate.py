@@ -15,7 +15,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -34,16 +34,52 @@ MAX_REQUESTS = 3_000  # per level: bounds the cost of a level far past capacity
 
 @dataclass(frozen=True)
 class Workload:
-    """What the users send: fixed prompt and output lengths, on one load axis."""
+    """What the users send: fixed prompt and output lengths, or a workload file's (prompt, output)
+    pairs drawn with the seed, on one load axis."""
 
     mode: Mode
-    input_len: int = 512
+    input_len: int = 512  # with a file: its mean, for first_guess's step model
     output_len: int = 256
     requests: int = DEFAULT_REQUESTS  # counted per measured level, at least
     seed: int = 0
     # Open loop: arrivals span at least this long, so that a queue that grows is seen growing (a
     # burst of `requests` alone meets the SLOs at any rate the fleet can hold that many of at once).
     min_span_s: float = DEFAULT_SPAN_S
+    # a workload file's (prompt tokens, output tokens, prefix-cache block hashes); () fixed lengths
+    lengths: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
+    source: str = ""  # the workload file, for the output and --validate's sweep
+    # its format (loadgen.plan.DatasetKind), endpoint and tokenizer, as the sweep takes them
+    dataset: str = ""
+    endpoint: str = "completions"
+    tokenizer: str | None = None
+
+    def draw(self, rng: random.Random, at: float = 0.0) -> truth.RequestTrace:
+        """One request arriving at `at`: fixed lengths, or a file entry drawn with `rng`."""
+        if not self.lengths:
+            return truth.RequestTrace(at, self.input_len, self.output_len)
+        prompt, output, hashes = rng.choice(self.lengths)
+        return truth.RequestTrace(at, prompt, output, block_hashes=hashes)
+
+    def describe(self) -> str:
+        """The lengths in words: fixed, or the file's distribution (mean and p50/p99)."""
+        if not self.lengths:
+            return f"{self.input_len} prompt and {self.output_len} output tokens per request"
+        prompts = np.array([n for n, _, _ in self.lengths])
+        outputs = np.array([n for _, n, _ in self.lengths])
+
+        def dist(values: np.ndarray) -> str:
+            p50, p99 = np.percentile(values, [50, 99])
+            return f"mean {values.mean():.0f}, p50 {p50:.0f}, p99 {p99:.0f}"
+
+        return (
+            f"{self.source}: {len(self.lengths)} entries, drawn with the seed; prompt tokens "
+            f"{dist(prompts)}; output tokens {dist(outputs)}"
+        )
+
+    def summary(self) -> dict[str, object]:
+        """The workload for capacity.json: the file's pairs left out (the file holds them)."""
+        out = {k: v for k, v in asdict(self).items() if k != "lengths"}
+        return out | {"entries": len(self.lengths), "lengths": self.describe()}
 
     def open_requests(self, rate: float) -> int:
         """Requests counted at an open-loop rate: `requests`, or more to span min_span_s."""
@@ -136,6 +172,7 @@ def measure(
             workload.input_len,
             workload.output_len,
             measured=max(workload.requests, 2 * int(load)),  # at least two rounds of every client
+            draw=_drawer(workload),
         )
         return _closed_point(run, load, slos_ms)
     counted_requests = workload.open_requests(load)
@@ -144,7 +181,8 @@ def measure(
     rng = random.Random(workload.seed)
     arrivals = list(itertools.accumulate(rng.expovariate(load) for _ in range(total)))
     des = truth.FleetDES(spec, topology)
-    traces = tuple(truth.RequestTrace(at, workload.input_len, workload.output_len) for at in arrivals)
+    draw = random.Random(f"{workload.seed}/lengths")  # apart from the arrivals: a file moves no arrival
+    traces = tuple(workload.draw(draw, at) for at in arrivals)
     for trace in traces:
         des.submit(trace)
     finished = [0]
@@ -164,6 +202,13 @@ def measure(
     return _point(
         load, counted, duration, slos_ms, kv_peak[0], sum(n.scheduler.preemptions for n in des.nodes)
     )
+
+
+def _drawer(workload: Workload) -> Callable[[float], truth.RequestTrace] | None:
+    if not workload.lengths:
+        return None
+    rng = random.Random(f"{workload.seed}/lengths")
+    return lambda at: workload.draw(rng, at)
 
 
 def _closed_point(run: truth.ClosedLoopRun, load: float, slos_ms: Mapping[str, float]) -> Point:

@@ -15,12 +15,13 @@ import yaml
 from crossover.capacity.evaluate import Point, Workload, sampling_error
 from crossover.capacity.layouts import Fit, Layout
 from crossover.capacity.profiles import Profile
-from crossover.capacity.search import Front, LayoutResult, MapEntry, Verdict, key, label
+from crossover.capacity.search import Front, LayoutResult, MapEntry, Verdict, key, label, per_usd
 from crossover.loadgen.analysis.crossings import format_load
 from crossover.loadgen.plan import Mode
 from crossover.spec import FleetSpec, load_spec
 
 RESULTS = "capacity.json"  # in --out DIR, with plot.html and spec-*.yaml
+KIND = "crossover-capacity"  # RESULTS' "kind": how the app tells a plan from a run
 
 
 @dataclass(frozen=True)
@@ -102,16 +103,11 @@ def table(plan: Plan) -> list[str]:
             )
         if plan.prices:
             price = plan.price_per_hour(r)
-            line += f" {r.goodput_per_gpu() * r.gpus * 3600 / price:>8.0f}" if price else f" {'-':>8}"
+            line += f" {per_usd(r, plan.price_per_hour):>8.0f}" if price else f" {'-':>8}"
         lines.append(line)
     lines.append(plan.verdict.sentence)
-    if plan.prices and all(plan.price_per_hour(r) for r in plan.results):
-        best = max(plan.results, key=lambda r: r.goodput_per_gpu() * r.gpus / (plan.price_per_hour(r) or 1))
-        lines.append(
-            f"per dollar: {label(best, n)} serves the most good requests per USD "
-            f"({best.goodput_per_gpu() * best.gpus * 3600 / (plan.price_per_hour(best) or 1):.0f})"
-        )
     counted = plan.workload.requests
+    lines.append(f"workload: {plan.workload.describe()}")
     lines.append(
         f"capacity: the highest {mode.axis} whose SLO attainment ({_slos(plan.slos_ms)}) meets "
         f"{plan.objective:.0%}, bracketed and bisected; goodput/GPU: good requests/s per GPU there; "
@@ -164,6 +160,13 @@ def _point_json(point: Point | None) -> dict[str, Any] | None:
     }
 
 
+def _verdict_json(found: Verdict | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    lead = found.lead if math.isfinite(found.lead) else None
+    return {"leaders": list(found.leaders), "lead": lead, "sentence": found.sentence}
+
+
 def to_json(plan: Plan) -> dict[str, Any]:
     n = len(plan.profiles)
 
@@ -177,11 +180,11 @@ def to_json(plan: Plan) -> dict[str, Any]:
         }
 
     return {
-        "kind": "crossover-capacity",
+        "kind": KIND,
         "spec": plan.spec_source,
         "gpus": plan.gpus,
         "axis": plan.mode.axis,
-        "workload": {**asdict(plan.workload), "mode": plan.mode.value},
+        "workload": {**plan.workload.summary(), "mode": plan.mode.value},
         "objective": plan.objective,
         "slos_ms": plan.slos_ms,
         "user_loads": list(plan.user_loads),
@@ -220,6 +223,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
             "leaders": list(plan.verdict.leaders),
             "lead": plan.verdict.lead if math.isfinite(plan.verdict.lead) else None,
             "sentence": plan.verdict.sentence,
+            "per_dollar": _verdict_json(plan.verdict.per_dollar),
         },
         "crossover_map": [{"load": e.load, "leaders": list(e.leaders)} for e in plan.crossover_map],
         "pareto_front": [

@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from crossover import slo
@@ -166,6 +166,7 @@ class Verdict:
     leaders: tuple[str, ...]  # layout keys; one: a winner
     lead: float  # the leader's goodput per GPU over the runner-up's, minus 1 (0 without a runner-up)
     sentence: str
+    per_dollar: Verdict | None = None  # with --price: the same judgement on good requests per USD
 
 
 def key(result: LayoutResult, profiles: int) -> str:
@@ -181,27 +182,35 @@ def ranked(
 ) -> list[LayoutResult]:
     """Best first: goodput per GPU at capacity (per dollar when every layout has a price)."""
     if price is not None and all(price(r) for r in results):
-        return sorted(results, key=lambda r: -r.goodput_per_gpu() * r.gpus / (price(r) or 1.0))
+        return sorted(results, key=lambda r: -per_usd(r, price))
     return sorted(results, key=lambda r: -r.goodput_per_gpu())
 
 
-def verdict(order: Sequence[LayoutResult], profiles: int) -> Verdict:
+def _judge(
+    order: Sequence[LayoutResult],
+    profiles: int,
+    value: Callable[[LayoutResult], float],
+    band: Callable[[LayoutResult], tuple[float, float]],
+    unit: str,
+) -> Verdict:
+    """A winner when the leader's band's low end is above every other layout's high end; otherwise
+    the layouts whose bands reach the leader's, said as a tie. `order` is best first by `value`."""
     if not order:
         return Verdict((), 0.0, "no layout")
     best = order[0]
     if best.capacity.at is None:
         return Verdict((), 0.0, "no layout meets the SLO objective at any load tried")
-    low = best.band[0]
-    tied = [r for r in order[1:] if r.band[1] >= low and r.capacity.at is not None]
-    runner = order[1].goodput_per_gpu() if len(order) > 1 else 0.0
-    lead = best.goodput_per_gpu() / runner - 1 if runner > 0 else math.inf
+    low = band(best)[0]
+    tied = [r for r in order[1:] if band(r)[1] >= low and r.capacity.at is not None]
+    runner = value(order[1]) if len(order) > 1 else 0.0
+    lead = value(best) / runner - 1 if runner > 0 else math.inf
     if not tied:
         if len(order) == 1:
             return Verdict((key(best, profiles),), 0.0, f"{label(best, profiles)} is the only layout")
         return Verdict(
             (key(best, profiles),),
             lead,
-            f"winner: {label(best, profiles)}, {lead:+.0%} goodput per GPU over "
+            f"winner: {label(best, profiles)}, {lead:+.0%} {unit} over "
             f"{label(order[1], profiles)}, more than the step-time bands",
         )
     names = [label(r, profiles) for r in (best, *tied)]
@@ -209,8 +218,36 @@ def verdict(order: Sequence[LayoutResult], profiles: int) -> Verdict:
         tuple(key(r, profiles) for r in (best, *tied)),
         lead,
         f"tie: {', '.join(names)} are within each other's bands "
-        f"(the leader's lead {lead:+.1%} is inside the step-time error)",
+        f"(the leader's lead {lead:+.1%} {unit} is inside the step-time error)",
     )
+
+
+def per_usd(result: LayoutResult, price: Callable[[LayoutResult], float | None]) -> float:
+    """Good requests per US dollar at capacity, from the layout's price per hour."""
+    return result.goodput_per_gpu() * result.gpus * 3600 / (price(result) or math.inf)
+
+
+def verdict(
+    order: Sequence[LayoutResult],
+    profiles: int,
+    price: Callable[[LayoutResult], float | None] | None = None,
+) -> Verdict:
+    """Per GPU; with a price for every layout, per dollar as well (its own winner or tie, the bands
+    scaled by the same price), in one sentence."""
+    per_gpu = _judge(
+        ranked(order), profiles, LayoutResult.goodput_per_gpu, lambda r: r.band, "goodput per GPU"
+    )
+    if price is None or not order or not all(price(r) for r in order):
+        return per_gpu
+    scale = {id(r): r.gpus * 3600 / (price(r) or math.inf) for r in order}
+    dollar = _judge(
+        ranked(order, price),
+        profiles,
+        lambda r: per_usd(r, price),
+        lambda r: (r.band[0] * scale[id(r)], r.band[1] * scale[id(r)]),
+        "good requests per USD",
+    )
+    return replace(per_gpu, sentence=f"{per_gpu.sentence}; per dollar: {dollar.sentence}", per_dollar=dollar)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from crossover.capacity.output import Plan, fleet_spec
 from crossover.capacity.search import LayoutResult, label
 from crossover.loadgen.analysis.crossings import format_load
 from crossover.loadgen.analysis.summary import per_gpu
-from crossover.loadgen.plan import LengthDist, Mode, SweepPlan
+from crossover.loadgen.plan import DatasetKind, Endpoint, LengthDist, Mode, SweepPlan
 from crossover.loadgen.sweep import run_sweep
 from crossover.netutil import spec_on_free_ports
 from crossover.sim.fleet import running_fleet
@@ -76,6 +76,14 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
         "objective": plan.objective,
         "timeout_s": 600.0,
     }
+    if workload.source:
+        # The live sweep sends the file itself: its prompts, counted by the simulator's /tokenize.
+        common |= {
+            "dataset": DatasetKind(workload.dataset),
+            "dataset_path": workload.source,
+            "endpoint": Endpoint(workload.endpoint),
+            "tokenizer": workload.tokenizer,
+        }
     if mode is Mode.CLOSED:
         # As the ground truth's closed loop: two rounds of warm-up, then the counted requests (at
         # least four rounds); a round lasts about concurrency / predicted requests per second.

@@ -173,9 +173,12 @@ class ClosedLoopRun:
 
 
 def closed_loop_run(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,
-                    output_len: int, measured: int | None = None) -> ClosedLoopRun:
+                    output_len: int, measured: int | None = None,
+                    draw: Callable[[float], RequestTrace] | None = None) -> ClosedLoopRun:
     """closed_loop with the counted requests kept (per-request SLO checks); `measured` requests are
-    counted after 2 x concurrency warm-up ones (default: 4 x concurrency, at least 40)."""
+    counted after 2 x concurrency warm-up ones (default: 4 x concurrency, at least 40). `draw(at)` makes
+    each request sent at `at` when they vary (a workload file's lengths and prefix hashes); input_len
+    and output_len then only pace the clients' first sends (their means)."""
     topo = _topology(spec, topology)
     if concurrency < 1 or input_len < 1 or output_len < 1:
         raise ValueError("concurrency, input_len and output_len must be positive")
@@ -194,7 +197,7 @@ def closed_loop_run(spec: FleetSpec, topology: Topology | str, concurrency: int,
     kv_peak = [0.0]
 
     def issue(client: int, at: float) -> None:
-        trace = RequestTrace(at, input_len, output_len)
+        trace = draw(at) if draw else RequestTrace(at, input_len, output_len)
         client_entry[id(trace)] = client
         des.submit(trace, entries[client % len(entries)])
 

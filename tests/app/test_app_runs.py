@@ -33,10 +33,10 @@ def test_last_change_follows_the_summary_rewritten_after_each_level(tmp_path):
         runs.last_change(tmp_path)
     (tmp_path / "run.json").write_text("{}")
     os.utime(tmp_path / "run.json", (1_000, 1_000))
-    assert runs.last_change(tmp_path) == (1_000, False)
+    assert runs.last_change(tmp_path) == runs.FolderChange(1_000, False)
     (tmp_path / "summary.parquet").write_bytes(b"")
     os.utime(tmp_path / "summary.parquet", (2_000, 2_000))
-    assert runs.last_change(tmp_path) == (2_000, False)
+    assert runs.last_change(tmp_path) == runs.FolderChange(2_000, False)
 
 
 def test_a_folder_is_walked_at_most_once_per_look(tmp_path, monkeypatch):
@@ -61,8 +61,8 @@ def test_a_folder_is_walked_at_most_once_per_look(tmp_path, monkeypatch):
         ("bench (vllm bench results)", 3_000), ("sweep", 2_000)]
     assert walked == [bench]
     walked.clear()
-    assert runs.last_change(bench) == (3_000, True)
-    assert runs.last_change(sweep) == (2_000, False)
+    assert runs.last_change(bench) == runs.FolderChange(3_000, True)
+    assert runs.last_change(sweep) == runs.FolderChange(2_000, False)
     assert walked == [bench]
 
 

@@ -313,3 +313,22 @@ def test_validate_sweeps_the_layout_live_and_compares(tmp_path: Path) -> None:
     assert check.capacity_error is not None and abs(check.capacity_error) <= 0.30
     assert check.goodput_error is not None and abs(check.goodput_error) <= 0.45
     assert "capacity predicted" in validate.line(check, plan.mode)
+
+
+def test_with_prices_the_verdict_is_said_per_dollar_as_well() -> None:
+    results = [_result(1.0, 0.9, 1.1, 4), _result(1.5, 1.4, 1.6, 2)]
+    prices = {"tp4x1": 10.0, "tp2x2": 30.0}  # per hour, whole layout: tp2x2 leads per GPU, not per USD
+    found = search.verdict(search.ranked(results), 1, lambda r: prices[r.layout.name])
+    assert found.leaders == ("tp2x2",) and found.per_dollar is not None
+    assert found.per_dollar.leaders == ("tp4x1",)
+    # 4 req/s x 3600 / 10 USD = 1440 against 6 x 3600 / 30 = 720: +100%, outside the scaled bands.
+    assert found.per_dollar.lead == pytest.approx(1.0)
+    assert found.sentence == (
+        "winner: TP=2x2, +50% goodput per GPU over TP=4x1, more than the step-time bands; "
+        "per dollar: winner: TP=4x1, +100% good requests per USD over TP=2x2, more than the step-time bands"
+    )
+    close = {"tp4x1": 10.0, "tp2x2": 14.0}  # 1440 against 1543 per USD: inside the bands
+    tie = search.verdict(results, 1, lambda r: close[r.layout.name])
+    assert tie.leaders == ("tp2x2",) and tie.per_dollar is not None
+    assert tie.per_dollar.sentence.startswith("tie: TP=2x2, TP=4x1") and "per dollar: tie:" in tie.sentence
+    assert search.verdict(results, 1, lambda r: None).per_dollar is None  # a layout without a price
