@@ -270,22 +270,21 @@ def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, 
             if fell_back and topology.name not in silent:
                 silent.append(topology.name)
         topologies.append(((topology.name, None, None, gpus, tickets), sources))
-        entry = [t for t in members if t.role == ENTRYPOINT_ROLE]
+        by_role: dict[str, list[Target]] = {}
+        for target in members:
+            by_role.setdefault(target.role, []).append(target)
+        entry = by_role.get(ENTRYPOINT_ROLE, [])
         for label in dict.fromkeys(label for t in entry for label in t.split_by):
             values = sorted({v for d in derivations.values() for v in d.split_values(entry, label)})
             for value in values:
                 tickets = {}
                 for name, derivation in derivations.items():
-                    split = derivation.split_sums(entry, label, value)
-
-                    def sums_of(group: Sequence[Target], derivation: _WindowDerivation = derivation,
-                                split: WindowSums = split) -> WindowSums:
-                        # The entrypoint's split series stand for the entrypoint; the rest as they are.
-                        if group and all(t.role == ENTRYPOINT_ROLE for t in group):
-                            return split
-                        return derivation.sums(group)
-
-                    sums, _, _ = topology_sums(members, sums_of)
+                    # Request families from the split alone: a family the router does not serve
+                    # stays absent rather than the decode side's, which knows no router label.
+                    engines = derivation.sums([t for t in members if t.role != ENTRYPOINT_ROLE])
+                    decode, prefill = (derivation.sums(by_role[r]) if r in by_role else engines
+                                       for r in (Role.DECODE.value, Role.PREFILL.value))
+                    sums = user_facing(engines, [derivation.split_sums(entry, label, value)], decode, prefill)
                     tickets[name] = derivation.want(sums, gpus)
                 splits.append(((topology.name, None, None, gpus, tickets), (label, value)))
         present_roles = sorted({t.role for t in members})

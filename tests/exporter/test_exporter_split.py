@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from crossover import catalog, slo
+from crossover import catalog
 from crossover.exporter import dialect
 from crossover.exporter.collector import SnapshotCollector
 from crossover.exporter.parse import ParsedSeries, Parser
@@ -21,6 +21,7 @@ from tests.helpers import SPECS
 
 # Two priorities' traffic, different in size so that a swapped or doubled split shows.
 TOKENS = catalog.GENERATION_TOKENS.name
+ITL = catalog.ITL.name  # an engine's, decode-side
 TRAFFIC = {"0": (60, 3, 2, 7), "1": (25, 5, 1, 11)}
 
 
@@ -37,7 +38,10 @@ def _scrapes() -> tuple[ParsedSeries, ParsedSeries]:
         after.append(Parser().parse(go_exposition(metrics).replace('priority="0"', labelled)))
 
     def joined(parts: list[ParsedSeries]) -> ParsedSeries:
-        return ParsedSeries(tuple(k for p in parts for k in p.keys), [v for p in parts for v in p.values])
+        # priority "1" without ITL: a split lacks what its own series lack (see the test)
+        pairs = [(k, v) for p in parts for k, v in zip(p.keys, p.values, strict=True)
+                 if not (k[0].startswith(catalog.LLMD_ITL.name) and ("priority", "1") in k[1])]
+        return ParsedSeries(tuple(k for k, _ in pairs), [v for _, v in pairs])
     return joined(before), joined(after)
 
 
@@ -57,7 +61,10 @@ def _snapshot(**entrypoint: Any) -> Snapshot:
     for record in health:
         for when, series in zip((0.0, 60.0), _scrapes(), strict=True):
             if record.target.role != ENTRYPOINT_ROLE:  # an engine: tokens, which no router label splits
-                text = f'# TYPE {TOKENS} counter\n{TOKENS}_total{{model_name="m"}} {when}\n'
+                text = (f'# TYPE {TOKENS} counter\n{TOKENS}_total{{model_name="m"}} {when}\n'
+                        f'# TYPE {ITL} histogram\n{ITL}_bucket{{model_name="m",le="0.1"}} {when}\n'
+                        f'{ITL}_bucket{{model_name="m",le="+Inf"}} {when}\n'
+                        f'{ITL}_sum{{model_name="m"}} {when}\n{ITL}_count{{model_name="m"}} {when}\n')
                 series = Parser().parse(text)
             read, refused = dialect.read(record.target, series)
             assert refused is None
@@ -85,7 +92,9 @@ def test_two_priorities_give_two_split_figure_sets_that_add_up_to_the_topology()
     assert whole.requests_per_second == pytest.approx(sum(rates.values()))
     assert whole.failed_requests_per_second["error"] == pytest.approx(
         sum(f.failed_requests_per_second["error"] for f in splits.values()))
-    for kind in slo.SLO_KINDS:
+    # A family one split's router series lack stays absent there, never the engines' (unsplit) one
+    assert "itl" in splits[("priority", "0")].latency and "itl" not in splits[("priority", "1")].latency
+    for kind in ("ttft", "tpot", "e2el"):
         assert whole.latency[kind].observations == pytest.approx(
             sum(f.latency[kind].observations for f in splits.values())), kind
     # attainment: each split's share, weighted by its requests, adds up to the topology's share
