@@ -481,6 +481,9 @@ class Dialect:
 VLLM_DIALECT = Dialect(
     "vllm", "vLLM's own request families (crossover's P/D proxy, or any vLLM-compatible router)",
     histograms=((TTFT, TTFT), (ITL, ITL), (TPOT, TPOT), (E2E_LATENCY, E2E_LATENCY)),
+    # vLLM after 0.32 labels its request histograms with `priority` under the priority scheduling
+    # policy (see REQUEST_NUM_PREEMPTIONS above; checked against source only, not a captured fixture).
+    split_labels=("priority",),
     markers=(REQUEST_SUCCESS, TTFT, ITL, TPOT, E2E_LATENCY))
 LLMD_DIALECT = Dialect(
     "llm-d", "llm-d's router (endpoint picker), llm_d_epp_ families, llm-d-router v0.9.0 or later",
@@ -509,3 +512,10 @@ PRODUCTION_STACK_DIALECT = Dialect(
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (LLMD_DIALECT, LLMD_LEGACY_DIALECT,
                                                     PRODUCTION_STACK_DIALECT, VLLM_DIALECT)}
 ROUTER_ONLY_DIALECTS: tuple[Dialect, ...] = (PRODUCTION_STACK_DIALECT,)  # never an engine's series
+
+
+def split_labels(dialect: str | None) -> tuple[str, ...]:
+    """The labels an entrypoint's figures can be split by (spec: entrypoint.split_by): its dialect's,
+    or, where the dialect is left to detection, any known dialect's."""
+    chosen = DIALECTS.values() if dialect is None else (DIALECTS[dialect],)
+    return tuple(dict.fromkeys(label for d in chosen for label in d.split_labels))

@@ -198,7 +198,8 @@ def _router_target(spec: FleetSpec, labels: Mapping[str, str], url: str) -> Targ
             continue
         final = relabel(labels, router_relabelings(spec, topology))
         if final is not None:
-            return Target(topology.name, final["replica"], ENTRYPOINT_ROLE, url, 0, entrypoint.dialect)
+            return Target(topology.name, final["replica"], ENTRYPOINT_ROLE, url, 0, entrypoint.dialect,
+                          tuple(entrypoint.split_by))
     return None
 
 

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from crossover.catalog import DIALECTS, KV_CONNECTORS
+from crossover.catalog import DIALECTS, KV_CONNECTORS, split_labels
 from crossover.errors import UserError
 from crossover.netutil import check_http_url
 from crossover.slo import SLO_HISTOGRAMS, boundary_index, not_a_boundary
@@ -225,6 +225,10 @@ class Entrypoint(_Strict):
         "matchLabels); its pods are the topology's entrypoint targets (docs/kubernetes.md)")
     port: str = Field(default=ROUTER_METRICS_PORT, description="with selector: the container port name "
                       "serving the router's /metrics (llm-d's endpoint picker: metrics)")
+    split_by: list[str] = Field(
+        default_factory=list, description="extra labels of the router's request series (its dialect's "
+        "split_labels, e.g. llm-d's priority) whose values also split the topology's request figures; "
+        "summed away when left out (docs/routers.md)")
 
     @field_validator("dialect")
     @classmethod
@@ -255,6 +259,18 @@ class Entrypoint(_Strict):
         if self.dialect is not None and not self.scraped:
             raise ValueError("dialect needs metrics_url or selector: it names what the router's "
                              "/metrics serves")
+        if self.split_by:
+            allowed = split_labels(self.dialect)
+            unknown = [label for label in self.split_by if label not in allowed]
+            where = f"dialect {self.dialect}" if self.dialect is not None else "any known dialect"
+            if unknown:
+                raise ValueError(f"split_by: {', '.join(map(repr, unknown))} is no extra label of {where} "
+                                 f"(allowed: {', '.join(allowed)})")
+            if len(set(self.split_by)) != len(self.split_by):
+                raise ValueError("split_by: a label is listed twice")
+            if not self.scraped:
+                raise ValueError("split_by needs metrics_url or selector: the split figures come from "
+                                 "the router's own series")
         return self
 
     @property
@@ -829,6 +845,7 @@ class Target:
     metrics_url: str
     gpus: int  # the instance's tensor-parallel size (0 for an entrypoint)
     dialect: str | None = None  # an entrypoint's catalog.DIALECTS name; None: detected from what it serves
+    split_by: tuple[str, ...] = ()  # an entrypoint's labels kept on its request series (Entrypoint.split_by)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -844,5 +861,6 @@ def spec_targets(spec: FleetSpec) -> list[Target]:
                        topology.tp_of(instance)) for instance in topology.instances]
         if topology.entrypoint.metrics_url is not None:
             out.append(Target(topology.name, entrypoint_replica(topology.name), ENTRYPOINT_ROLE,
-                              topology.entrypoint.metrics_url, 0, topology.entrypoint.dialect))
+                              topology.entrypoint.metrics_url, 0, topology.entrypoint.dialect,
+                              tuple(topology.entrypoint.split_by)))
     return out

@@ -101,7 +101,9 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snapshot = self.current()
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        family_labels: dict[str, tuple[str, ...]] = {}
         for metric in names.EXPORTED_METRICS:
+            family_labels[metric.name] = metric.labels
             if metric.type == "counter":
                 families[metric.name] = CounterMetricFamily(metric.name.removesuffix("_total"), metric.help,
                                                             labels=metric.labels)
@@ -134,6 +136,19 @@ class SnapshotCollector(Collector):
                         families[names.REQUESTS_SOURCE].add_metric([*base, window, source], 1.0)
                     for suffix, extra, value in derived_rows(derived):
                         families[names.derived_name(level, suffix)].add_metric([*base, window, *extra], value)
+        for view in snapshot.splits:
+            # Split series join the topology's own families with one more label, beside the unsplit
+            # series (kept as they were): a query selects the unsplit ones with {label=""}.
+            assert view.split is not None
+            split_label, split_value = view.split
+            for window, derived in view.windows.items():
+                for suffix, extra, number in derived_rows(derived):
+                    if suffix not in names.SPLIT_SUFFIXES:
+                        continue
+                    family = families[names.derived_name("topology", suffix)]
+                    base = (view.topology, window, *extra)
+                    named = dict(zip(family_labels[family.name], base, strict=True))
+                    family.add_sample(family.name, {**named, split_label: split_value}, number)
         for family in families.values():
             if family.samples:
                 yield family

@@ -6,7 +6,8 @@ output read one shape whatever router stands in front of a topology:
 
 - each request histogram of the dialect becomes vLLM's (TTFT, ITL, TPOT, e2e), on the dialect's own
   bucket bounds (the exporter reads the bounds a target exposes), summed over the router's extra
-  labels (priority, fairness_id, target_model_name, streaming) so that series are never multiplied;
+  labels (priority, fairness_id, target_model_name, streaming) so that series are never multiplied,
+  except those the spec's entrypoint.split_by keeps (the topology's split figures, crossover.exporter.state);
 - its request counter becomes REQUEST_SUCCESS{finished_reason=slo.ROUTED_REASON}; its errors become
   finished_reason "error" (failed after the counter counted them), an admission rejection (refused
   before) or nothing (the client's own mistake, as crossover.slo counts it).
@@ -83,8 +84,10 @@ _SUCCESS = catalog.REQUEST_SUCCESS.sample_names[0]
 _REJECTIONS = catalog.ADMISSION_REJECTIONS.sample_names[0]
 
 
-def translate(series: ParsedSeries, dialect: Dialect) -> ParsedSeries:
-    """A target's series in `dialect` as vLLM's entrypoint families (see the module's docstring)."""
+def translate(series: ParsedSeries, dialect: Dialect, keep: tuple[str, ...] = ()) -> ParsedSeries:
+    """A target's series in `dialect` as vLLM's entrypoint families (see the module's docstring),
+    keeping the labels in `keep` (the spec's entrypoint.split_by: derivation sums them away for the
+    topology's figures and splits by them for its split ones)."""
     if dialect is catalog.VLLM_DIALECT:
         return series
     plan = _plan(dialect)
@@ -98,6 +101,9 @@ def translate(series: ParsedSeries, dialect: Dialect) -> ParsedSeries:
         if only is not None and found.get(only[0]) != only[1]:
             continue
         kept: dict[str, str] = {"model_name": found.get(dialect.model_label, "")}
+        for label in keep:
+            if label in found:
+                kept[label] = found[label]
         if kind == "histogram":
             if "le" in found:
                 kept["le"] = found["le"]
@@ -135,4 +141,4 @@ def read(target: Target, series: ParsedSeries) -> tuple[ParsedSeries, str | None
     dialect = catalog.DIALECTS[target.dialect] if target.dialect is not None else detect(names)
     if dialect is None:
         return series, None
-    return translate(series, dialect), None
+    return translate(series, dialect, target.split_by), None

@@ -108,6 +108,18 @@ DERIVED_SERIES: tuple[DerivedSeries, ...] = (
 )
 
 
+# The topology series a split (spec: entrypoint.split_by) is also exposed for, with the split label
+# added: the request figures, which come from the entrypoint's series alone. Token rates, GPUs and
+# KV figures come from the engines, which know no router label: never split.
+SPLIT_SUFFIXES: frozenset[str] = frozenset({
+    *(s.suffix for short in slo.SLO_KINDS for s in _latency(short, "")),
+    "requests_per_second", "finished_requests_per_second", slo.FAILED_REQUESTS, slo.FAILURES_COUNTED,
+    f"{slo.ATTAINMENT}_ratio", "slo_threshold_seconds", f"{slo.ATTAINMENT}_exact",
+    f"{slo.ATTAINMENT}_lower_ratio", f"{slo.ATTAINMENT}_upper_ratio",
+    f"{slo.GOODPUT_REQUESTS}_lower", f"{slo.GOODPUT_REQUESTS}_upper",
+})
+
+
 # 1 for the source of a topology's request figures (crossover.spec.REQUEST_SOURCES).
 REQUESTS_SOURCE = f"{PREFIX}_topology_requests_source"
 

@@ -25,7 +25,7 @@ from crossover.exporter.derive import (
     window_rows,
 )
 from crossover.exporter.scrape import ERROR_REASONS, ScrapeResult
-from crossover.exporter.window import History, SeriesWindow
+from crossover.exporter.window import History, SeriesWindow, label_values, only
 from crossover.slo import (
     GOODPUT_REQUESTS,
     GOODPUT_TOKENS,
@@ -91,6 +91,8 @@ class GroupView:
     instance: str | None
     gpus: int
     windows: dict[str, Derived]  # window name ("1m") -> figures
+    # A topology's figures for one value of one of its entrypoint's split_by labels: (label, value).
+    split: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ class Snapshot:
     spec_reloads: dict[str, int] = field(default_factory=dict)
     # Topologies whose entrypoint targets answer but expose no request family (decode-side instead).
     silent_entrypoints: tuple[str, ...] = ()
+    # Topologies' figures per value of each entrypoint split_by label (GroupView.split), beside the
+    # unsplit ones in `topologies`; empty where no topology asks for a split.
+    splits: tuple[GroupView, ...] = ()
 
 
 def window_names(spec: FleetSpec) -> dict[str, float]:
@@ -137,10 +142,12 @@ class _WindowDerivation:
         self._group_sums: dict[tuple[tuple[str, str], ...], WindowSums] = {}
         self._rows: dict[tuple[str, str], tuple[WindowSums, int]] = {}
         self._instances: dict[tuple[str, str], _Ticket] = {}
+        self._windows: dict[tuple[str, str], SeriesWindow] = {}
         together: dict[int, list[tuple[Target, SeriesWindow]]] = {}
         for record in health:
             window = record.history.window(now, seconds)
             if window is not None:  # a window whose series came or went reduces alone
+                self._windows[record.target.key] = window
                 key = id(window.keys) if window.complete else id(window)
                 together.setdefault(key, []).append((record.target, window))
         for members in together.values():
@@ -178,6 +185,19 @@ class _WindowDerivation:
                     picks.append((placed[0], [placed[1]]))
             sums = self._group_sums[key] = merge_rows(picks)
         return sums
+
+    def split_values(self, members: Sequence[Target], label: str) -> list[str]:
+        """The values `label` takes on the members' series in this window."""
+        found = {value for t in members if (w := self._windows.get(t.key)) is not None
+                 for value in label_values(w, label)}
+        return sorted(found)
+
+    def split_sums(self, members: Sequence[Target], label: str, value: str) -> WindowSums:
+        """The members' window restricted to the series whose `label` is `value`."""
+        picks: list[tuple[WindowSums, Sequence[int] | None]] = [
+            (window_rows([only(w, label, value)]), None)
+            for t in members if (w := self._windows.get(t.key)) is not None]
+        return merge_rows(picks)
 
     def derive(self) -> None:
         self._derived = derive_many(self._wanted, slos_seconds=self.slos, window_seconds=self.seconds)
@@ -236,6 +256,7 @@ def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, 
     roles: list[_Wanted] = []
     instances: list[_Wanted] = []
     silent: list[str] = []
+    splits: list[tuple[_Wanted, tuple[str, str]]] = []
     for topology in spec.topologies:
         members = [t for t in targets if t.topology == topology.name]
         if not members:
@@ -249,6 +270,23 @@ def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, 
             if fell_back and topology.name not in silent:
                 silent.append(topology.name)
         topologies.append(((topology.name, None, None, gpus, tickets), sources))
+        by_role: dict[str, list[Target]] = {}
+        for target in members:
+            by_role.setdefault(target.role, []).append(target)
+        entry = by_role.get(ENTRYPOINT_ROLE, [])
+        for label in dict.fromkeys(label for t in entry for label in t.split_by):
+            values = sorted({v for d in derivations.values() for v in d.split_values(entry, label)})
+            for value in values:
+                tickets = {}
+                for name, derivation in derivations.items():
+                    # Request families from the split alone: a family the router does not serve
+                    # stays absent rather than the decode side's, which knows no router label.
+                    engines = derivation.sums([t for t in members if t.role != ENTRYPOINT_ROLE])
+                    decode, prefill = (derivation.sums(by_role[r]) if r in by_role else engines
+                                       for r in (Role.DECODE.value, Role.PREFILL.value))
+                    sums = user_facing(engines, [derivation.split_sums(entry, label, value)], decode, prefill)
+                    tickets[name] = derivation.want(sums, gpus)
+                splits.append(((topology.name, None, None, gpus, tickets), (label, value)))
         present_roles = sorted({t.role for t in members})
         if present_roles != ["colocated"]:
             for role in present_roles:
@@ -275,7 +313,8 @@ def build_snapshot(spec: FleetSpec, health: Sequence[TargetHealth], now: float, 
     return Snapshot(now, spec.scrape.interval_seconds, windows, slos, views,
                     tuple(view(wanted, sources) for wanted, sources in topologies),
                     tuple(view(wanted) for wanted in roles), tuple(view(wanted) for wanted in instances),
-                    cycle_seconds, dict(spec_reloads or {}), tuple(silent))
+                    cycle_seconds, dict(spec_reloads or {}), tuple(silent),
+                    tuple(dataclasses.replace(view(wanted), split=split) for wanted, split in splits))
 
 
 # --- JSON --------------------------------------------------------------------------------------------

@@ -67,8 +67,10 @@ def parse_file_sd(text: str, spec: FleetSpec, source: str) -> list[Target]:
             if not parts.hostname:
                 raise UserError(f"{where}: target {address!r} is not host:port")
             instance = labels.get("instance", address)
+            entry = role == ENTRYPOINT_ROLE
             out.append(Target(topology.name, instance, role, url,
-                              0 if role == ENTRYPOINT_ROLE else topology.tp_for(instance, role)))
+                              0 if entry else topology.tp_for(instance, role),
+                              split_by=tuple(topology.entrypoint.split_by) if entry else ()))
     return out
 
 

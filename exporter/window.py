@@ -128,6 +128,22 @@ class SeriesWindow:
         return self._view(self.gauge, self.mean_values)
 
 
+def label_values(window: SeriesWindow, label: str) -> list[str]:
+    """The values `label` takes on the window's series, sorted."""
+    return sorted({value for _, labels in window.keys for name, value in labels if name == label})
+
+
+def only(window: SeriesWindow, label: str, value: str) -> SeriesWindow:
+    """The window's series whose `label` is `value` (a split of the topology's figures, the spec's
+    entrypoint.split_by); the others, without the label too, left out."""
+    mask = np.fromiter(((label, value) in labels for _, labels in window.keys), dtype=bool,
+                       count=len(window.keys))
+    keys = intern_keys(tuple(key for key, keep in zip(window.keys, mask.tolist(), strict=True) if keep))
+    return SeriesWindow(window.start, window.end, window.scrapes, keys, window.increase_values[mask],
+                        window.counted[mask], window.gauge[mask], window.last_values[mask],
+                        window.highest_values[mask], window.mean_values[mask], window.complete)
+
+
 def counter_increase(values: Sequence[float]) -> float:
     """Prometheus's increase without extrapolation: the sum of rises, a drop counting the new value."""
     total = 0.0
