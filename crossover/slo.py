@@ -277,6 +277,12 @@ FAILED_REQUESTS = "failed_requests_per_second"  # by reason: abort, error, rejec
 FAILURES_COUNTED = "failures_counted"  # 1: the failure families were read; 0: histogram-only fallback
 
 
+def tpot(decode_s: float, output_tokens: int) -> float:
+    """Per-request TPOT as vLLM and `vllm bench serve` count it: the decode time (e2e - TTFT) over
+    the tokens after the first, 0 for a one-token answer."""
+    return decode_s / (output_tokens - 1) if output_tokens > 1 else 0.0
+
+
 # --- throughput against interactivity (the Pareto view) ---------------------------------------
 INTERACTIVITY = "interactivity_tokens_per_second"  # one user's decode rate: output tokens/s per user
 THROUGHPUT_PER_GPU = "output_tokens_per_second_per_gpu"  # the fleet side of the same trade

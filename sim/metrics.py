@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric as PromFamily
 
-from crossover import catalog
+from crossover import catalog, slo
 from crossover.exposition import Hist, family, http_key
 
 LABEL_NAMES = catalog.ENGINE_LABELS
@@ -121,7 +121,7 @@ class InstanceMetrics:
         decode = last_token - first_token
         self.decode.observe(decode)
         self.inference.observe(last_token - scheduled)
-        self.tpot.observe(decode / (generated - 1) if generated > 1 else 0.0)
+        self.tpot.observe(slo.tpot(decode, generated))
         self.request_prompt.observe(prompt_tokens)
         self.request_generation.observe(generated)
 

@@ -42,8 +42,7 @@ class RequestTrace:
     def tpot(self) -> float:
         """vllm bench serve's per-request TPOT: (e2e - TTFT) / (output - 1), 0 for one token."""
         assert self.finish is not None and self.first_token is not None
-        n = len(self.token_times)
-        return (self.finish - self.first_token) / (n - 1) if n > 1 else 0.0
+        return slo.tpot(self.finish - self.first_token, len(self.token_times))
 
     @property
     def itls(self) -> list[float]:

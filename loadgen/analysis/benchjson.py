@@ -197,7 +197,7 @@ def requests_frame(file: BenchFile, topology: str | None = None) -> pd.DataFrame
             "topology": topology, "level": file.level, "index": i, "instance": "", "send_time": start,
             "end_time": start + (e2e if ok else 0.0), "ok": ok, "status": 200 if ok else 0, "error": error,
             "ttft": ttft if ok else nan, "e2e": e2e if ok else nan,
-            "tpot": ((e2e - ttft) / (output - 1) if output > 1 else 0.0) if ok else nan,
+            "tpot": slo.tpot(e2e - ttft, output) if ok else nan,
             "itl": itl if ok else [], "itl_max": (max(itl) if itl else 0.0) if ok else nan,
             "chunk_times": [], "chunk_tokens": [], "input_tokens": int(data["input_lens"][i] or 0),
             "output_tokens": output if ok else 0, "planned_input": int(data["input_lens"][i] or 0),

@@ -16,6 +16,7 @@ from itertools import count
 
 import orjson
 
+from crossover import slo
 from crossover.loadgen.traffic.dataset import SyntheticRequest
 from crossover.loadgen.traffic.httpclient import ClientError, HTTPClient
 from crossover.loadgen.traffic.sse import DONE, SSEOverflow, SSEParser
@@ -123,7 +124,7 @@ def build_record(trace: StreamTrace, request: SyntheticRequest, topology: str, l
     if ok:
         ttft = offsets[0]
         e2e = offsets[-1]
-        tpot = (e2e - ttft) / (output_tokens - 1) if output_tokens > 1 else 0.0
+        tpot = slo.tpot(e2e - ttft, output_tokens)
         itl = expand_itl(offsets, tokens)
     else:
         ttft = e2e = tpot = nan

@@ -92,3 +92,8 @@ def test_knee_is_the_last_level_worth_its_step() -> None:
     # NaN levels are stepped over.
     assert slo.knee([(100.0, 50.0), (float("nan"), 45.0), (101.0, 40.0)]) == 0
     assert slo.knee([]) is None
+
+
+def test_tpot_is_the_decode_time_over_the_tokens_after_the_first() -> None:
+    assert slo.tpot(0.3, 4) == pytest.approx(0.1)
+    assert slo.tpot(0.0, 1) == 0.0 and slo.tpot(0.5, 0) == 0.0

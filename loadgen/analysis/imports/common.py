@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from crossover import slo
 from crossover.errors import UserError
 from crossover.loadgen.plan import Mode
 from crossover.loadgen.traffic.client import RequestRecord
@@ -55,7 +56,7 @@ def request_row(*, index: int, send_time: float, ttft: float, e2e: float, itl: S
         topology="", level=0.0, index=index, instance="", send_time=send_time,
         end_time=send_time + (e2e if ok and math.isfinite(e2e) else 0.0), ok=ok, status=200 if ok else status,
         error=error, ttft=ttft if ok else nan, e2e=e2e if ok else nan,
-        tpot=((e2e - ttft) / (output_tokens - 1) if output_tokens > 1 else 0.0) if ok else nan,
+        tpot=slo.tpot(e2e - ttft, output_tokens) if ok else nan,
         itl=gaps, itl_max=(max(gaps) if gaps else 0.0) if ok else nan, chunk_times=[], chunk_tokens=[],
         input_tokens=input_tokens, output_tokens=output_tokens if ok else 0, planned_input=input_tokens,
         planned_output=output_tokens, completion_id=completion_id, garbage=0, shared_reads=0)
