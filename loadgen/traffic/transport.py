@@ -25,7 +25,17 @@ from typing import Any
 # Linux architecture Python runs on except a few (parisc, sparc), which are not supported here.
 SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 _TIMESPEC = struct.Struct("@qq") if struct.calcsize("@l") == 8 else None
-_CMSG_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+STAMP_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0  # recvmsg's ancillary size
+
+
+def kernel_stamp(ancdata: list[tuple[int, int, bytes]]) -> float | None:
+    """The kernel's receive time (unix seconds) in a recvmsg's ancillary data, None without one."""
+    stamp = None
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and _TIMESPEC is not None:
+            seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
+            stamp = seconds + nanoseconds * 1e-9
+    return stamp
 
 
 _HOLDER: socket.socket | None = None
@@ -48,7 +58,7 @@ def keep_kernel_stamping_on() -> None:
 
 
 def kernel_stamps_available() -> bool:
-    return SO_TIMESTAMPNS is not None and _TIMESPEC is not None and _CMSG_SPACE > 0 and \
+    return SO_TIMESTAMPNS is not None and _TIMESPEC is not None and STAMP_SPACE > 0 and \
         hasattr(socket.socket, "recvmsg")
 
 
@@ -88,7 +98,7 @@ class KernelStampedTransport(asyncio.Transport):
     # --- reading ---------------------------------------------------------------------------
     def _read_ready(self) -> None:
         try:
-            data, ancdata, _, _ = self._sock.recvmsg(self.max_size, _CMSG_SPACE)
+            data, ancdata, _, _ = self._sock.recvmsg(self.max_size, STAMP_SPACE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -105,12 +115,7 @@ class KernelStampedTransport(asyncio.Transport):
             if not keep_open:
                 self.close()
             return
-        stamp = None
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and _TIMESPEC is not None:
-                seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
-                stamp = seconds + nanoseconds * 1e-9
-        protocol.read_stamp = stamp  # type: ignore[attr-defined]
+        protocol.read_stamp = kernel_stamp(ancdata)  # type: ignore[attr-defined]
         try:
             protocol.data_received(data)
         except Exception as exc:
