@@ -760,6 +760,11 @@ def goals(figures: dict[str, Any]) -> dict[str, Any]:
         out["bias_ratio_to_best_peer"] = abs(typical_bias_ms(ours)) / best_bias if best_bias else math.inf
         out["cpu_ratio_to_best_peer"] = ours["cpu_s_per_request"] / best_cpu if best_cpu else math.inf
         out["bias_le_third_of_best_peer"] = out["bias_ratio_to_best_peer"] <= 1 / 3
+        if "ttft_bias_above_floor_ms" in ours:  # the same read of the clients' own shares
+            best_own = min(abs(r["ttft_bias_above_floor_ms"]) for r in peers.values())
+            out["own_bias_ratio_to_best_peer"] = (max(ours["ttft_bias_above_floor_ms"], 0.0) / best_own
+                                                  if best_own else math.inf)
+            out["own_bias_le_third_of_best_peer"] = out["own_bias_ratio_to_best_peer"] <= 1 / 3
         out["cpu_le_half_of_best_peer"] = out["cpu_ratio_to_best_peer"] <= 0.5
     return out
 

@@ -128,6 +128,7 @@ def test_the_goal_reads_the_typical_bias_per_request_where_spans_give_it() -> No
     assert goals["bias"] == "median per request" and not goals["bias_le_1ms"]
     assert goals["bias_above_floor_le_1ms"] and goals["bias_le_third_of_best_peer"]
     assert goals["cpu_ratio_to_best_peer"] == pytest.approx(0.0021 / 0.0038)
+    assert goals["own_bias_ratio_to_best_peer"] == pytest.approx(0.02 / 4.6)
     # without spans (the simulator): the means, and each round against the floor's same round
     figures = {"clients": {"crossover": row(0.5, None, 0.001), "floor": row(0.7, None, 0.001)}}
     BENCH.above_floor(figures)
