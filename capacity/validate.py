@@ -83,7 +83,12 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
             "dataset_path": workload.source,
             "endpoint": Endpoint(workload.endpoint),
             "tokenizer": workload.tokenizer,
+            "turns": workload.turns,  # every turn of the conversations, as the prediction sent them
+            "think_time_s": workload.think_time_s,
         }
+    # Open loop, the sweep's level is requests/s and its conversations arrive at level / turns
+    # (loadgen/sweep.py); the prediction's rate is conversations/s: the sweep runs ours x turns.
+    per = workload.turns if mode is Mode.OPEN else 1
     if mode is Mode.CLOSED:
         # As the ground truth's closed loop: two rounds of warm-up, then the counted requests (at
         # least four rounds); a round lasts about concurrency / predicted requests per second.
@@ -94,19 +99,19 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
             mode=mode, levels=levels, rounds=2 + max(4.0, workload.requests / top), warmup_s=warmup, **common
         )
     else:
-        requests = max(workload.open_requests(level) for level in levels)
+        conversations = max(workload.open_conversations(level) for level in levels)
         # The ground truth leaves out its first arrivals (evaluate.WARMUP_SHARE); so does the sweep.
         sweep_plan = SweepPlan(
             mode=mode,
-            levels=levels,
-            requests_per_level=int(requests * (1 + WARMUP_SHARE)),
-            warmup_s=WARMUP_SHARE * requests / max(levels),
+            levels=tuple(level * per for level in levels),
+            requests_per_level=int(conversations * per * (1 + WARMUP_SHARE)),
+            warmup_s=WARMUP_SHARE * conversations / max(levels),
             **common,
         )
     with running_fleet(fleet):
         outcome = run_sweep(fleet, sweep_plan, folder / name, [name], n_boot=0)
     capacity = next(c for c in outcome.crossover.capacities if c.topology == name)
-    rows = outcome.summary[(outcome.summary["topology"] == name) & (outcome.summary["level"] == centre)]
+    rows = outcome.summary[(outcome.summary["topology"] == name) & (outcome.summary["level"] == centre * per)]
     measured_goodput = float(rows[per_gpu(slo.GOODPUT_REQUESTS)].iloc[0]) if len(rows) else math.nan
     topology = result.layout.topology()
     on_profile = profile.apply(spec)
@@ -116,7 +121,7 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
         centre,
         result.capacity.load,
         (result.slow.load, result.fast.load),
-        capacity.x,
+        None if capacity.x is None else capacity.x / per,
         capacity.censored,
         predicted,
         measured_goodput,
