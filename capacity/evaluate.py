@@ -113,9 +113,22 @@ class Workload:
         spanned = min(math.ceil(MAX_REQUESTS / turns), math.ceil(rate * self.min_span_s))
         return max(math.ceil(self.requests / turns), spanned)
 
-    def open_requests(self, rate: float) -> int:
-        """Requests counted at an open-loop rate: its conversations' turns, on average."""
-        return math.ceil(self.open_conversations(rate) * self.mean_turns)
+    def session_life(self, slos_ms: Mapping[str, float], step_s: float) -> float:
+        """How long a conversation lasts when its turns meet the SLOs (p90 over the file's): each turn
+        its E2E SLO, or its TTFT SLO and its output at the TPOT (ITL) SLO, else at `step_s` a token;
+        and the think times. 0 for single requests: they need no ramp."""
+        if not self.multi_turn:
+            return 0.0
+        per_token = (slos_ms.get("tpot") or slos_ms.get("itl") or step_s * 1000.0) / 1000.0
+        ttft = slos_ms.get("ttft", 0.0) / 1000.0
+
+        def turn(output: int) -> float:
+            e2el = slos_ms.get("e2el")
+            return e2el / 1000.0 if e2el else ttft + per_token * max(0, output - 1)
+
+        lives = [sum(turn(t.output_tokens) for t in talk) + self.think_time_s * (len(talk) - 1)
+                 for talk in self.conversations]
+        return float(np.percentile(lives, 90))
 
 
 def _dist(values: np.ndarray, digits: str = ".0f") -> str:
@@ -216,8 +229,7 @@ def measure(
             think_time_s=workload.think_time_s,
         )
         return _closed_point(run, load, slos_ms)
-    counted_conversations = workload.open_conversations(load)
-    warmup = int(counted_conversations * WARMUP_SHARE)
+    warmup, counted_conversations = open_counts(spec, topology, workload, load, slos_ms)
     total = counted_conversations + warmup
     rng = random.Random(workload.seed)
     arrivals = list(itertools.accumulate(rng.expovariate(load) for _ in range(total)))
@@ -234,8 +246,11 @@ def measure(
 
     des.on_done = on_done
     des.run(lambda: finished[0] >= requests)
-    # The turns of the conversations that arrived after the warm-up are counted, each a request.
-    counted = tuple(trace for session in sessions[warmup:] for trace in session)
+    # The turns sent from the warm-up's end to the last conversation's arrival are counted, each a
+    # request: conversations going on at every stage, as in a long run (a single request: those
+    # that arrived after the warm-up).
+    start, stop = arrivals[warmup], arrivals[-1]
+    counted = tuple(trace for session in sessions for trace in session if start <= trace.arrival <= stop)
     # Rates over the sweep's window (loadgen.analysis.summary, as `vllm bench serve` divides by its
     # duration): from the first counted send to the last end, so a prediction reads like a sweep.
     first = counted[0].arrival
@@ -244,6 +259,18 @@ def measure(
     return _point(
         load, counted, duration, slos_ms, kv_peak[0], sum(n.scheduler.preemptions for n in des.nodes)
     )
+
+
+def open_counts(
+    spec: FleetSpec, topology: Topology, workload: Workload, rate: float, slos_ms: Mapping[str, float]
+) -> tuple[int, int]:
+    """Open loop: (warm-up, counted) conversations at `rate`. The warm-up is the first
+    WARMUP_SHARE of the counted ones and, with conversations of several turns, a conversation's life
+    (Workload.session_life) of arrivals: until then the turns in flight are only first turns, the
+    conversations' later turns still to come, and the load is lower than it stays."""
+    counted = workload.open_conversations(rate)
+    life = workload.session_life(slos_ms, _decode_step(spec, topology, workload)[0])
+    return int(counted * WARMUP_SHARE) + math.ceil(rate * life), counted
 
 
 def _drawer(workload: Workload) -> Callable[[], truth.Conversation] | None:
@@ -274,19 +301,26 @@ def scaled(spec: FleetSpec, factor: float) -> FleetSpec:
     return spec.model_copy(update={"simulator": sim.model_copy(update=knobs)})
 
 
+def _decode_step(
+    spec: FleetSpec, topology: Topology, workload: Workload, batch: int = 32
+) -> tuple[float, int]:
+    """A serving instance's decode step (s) at a batch of `batch` mean-length requests, and how
+    many serving instances there are."""
+    des = truth.FleetDES(spec, topology)
+    model = des.serving[0].scheduler.model
+    load = StepLoad(batch, batch * (workload.input_len + workload.output_len // 2))
+    return model.step_seconds(load), len(des.serving)
+
+
 def first_guess(spec: FleetSpec, topology: Topology, workload: Workload) -> float:
     """A load near capacity from the step model alone: the serving instances' decode rate at a
     batch of 32, as conversations per second (open: requests per second over the turns a
     conversation makes) or the concurrency that keeps it busy (closed)."""
-    des = truth.FleetDES(spec, topology)
+    step, serving = _decode_step(spec, topology, workload)
     batch = 32
-    rate = 0.0
-    for node in des.serving:
-        model = node.scheduler.model
-        step = model.step_seconds(StepLoad(batch, batch * (workload.input_len + workload.output_len // 2)))
-        rate += batch / (workload.output_len * step)
+    rate = serving * batch / (workload.output_len * step)
     if workload.mode is Mode.CLOSED:
-        return float(max(1, batch * len(des.serving)))
+        return float(max(1, batch * serving))
     return float(f"{rate / workload.mean_turns:.3g}")  # conversations/s
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from crossover import slo
-from crossover.capacity.evaluate import WARMUP_SHARE, measure
+from crossover.capacity.evaluate import measure, open_counts
 from crossover.capacity.output import Plan, fleet_spec
 from crossover.capacity.search import LayoutResult, label
 from crossover.loadgen.analysis.crossings import format_load
@@ -66,6 +66,8 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
     profile = next(p for p in plan.profiles if p.name == result.profile)
     fleet = spec_on_free_ports(parse_spec(fleet_spec(spec, profile, [result.layout]), "validation spec"))
     name = result.layout.name
+    topology = result.layout.topology()
+    on_profile = profile.apply(spec)
     centre = _level(result.capacity.load, mode)
     levels = tuple(sorted({_level(result.capacity.load * f, mode) for f in LEVEL_FACTORS} | {centre}))
     common: dict[str, Any] = {
@@ -99,13 +101,15 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
             mode=mode, levels=levels, rounds=2 + max(4.0, workload.requests / top), warmup_s=warmup, **common
         )
     else:
-        conversations = max(workload.open_conversations(level) for level in levels)
-        # The ground truth leaves out its first arrivals (evaluate.WARMUP_SHARE); so does the sweep.
+        warmup, conversations = max(
+            open_counts(on_profile, topology, workload, level, plan.slos_ms) for level in levels
+        )
+        # The ground truth leaves out its first arrivals (evaluate.open_counts); so does the sweep.
         sweep_plan = SweepPlan(
             mode=mode,
             levels=tuple(level * per for level in levels),
-            requests_per_level=int(conversations * per * (1 + WARMUP_SHARE)),
-            warmup_s=WARMUP_SHARE * conversations / max(levels),
+            requests_per_level=(warmup + conversations) * per,
+            warmup_s=warmup / max(levels),
             **common,
         )
     with running_fleet(fleet):
@@ -113,8 +117,6 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
     capacity = next(c for c in outcome.crossover.capacities if c.topology == name)
     rows = outcome.summary[(outcome.summary["topology"] == name) & (outcome.summary["level"] == centre * per)]
     measured_goodput = float(rows[per_gpu(slo.GOODPUT_REQUESTS)].iloc[0]) if len(rows) else math.nan
-    topology = result.layout.topology()
-    on_profile = profile.apply(spec)
     predicted = measure(on_profile, topology, workload, centre, plan.slos_ms).goodput_rps / result.gpus
     return Check(
         label(result, len(plan.profiles)),
