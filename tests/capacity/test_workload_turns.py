@@ -191,3 +191,28 @@ def test_the_command_on_conversations_says_turns_rate_and_cache(
     assert workload["load_unit"] == "conv/s" and workload["requests_per_conversation"] == 2.875
     assert 0.2 < workload["prefix_hit_share"] < 1
     assert (out / "spec-top.yaml").is_file() and list(out.glob("spec-tp*.yaml"))
+
+
+@pytest.mark.slow
+def test_validate_sends_the_conversations_with_their_turns(tmp_path: Path) -> None:
+    """--validate on a multi-turn file: the live sweep sends every turn (--turns, --think-time) of
+    the same conversations, so the live simulator's prefix cache sees the history too, and its
+    capacity comes back in conversations/s."""
+    from crossover.capacity import cli, validate
+    from crossover.loadgen.analysis.results import TURNS_CSV
+    from tests.capacity.test_workload_file import cli_args
+
+    argv = [str(SEED), "--rate", "1", "--workload", str(TURNS), "--endpoint", "chat", "--think-time", "1",
+            "--tpot-ms", "8", "--requests", "60", "--span", "10", "--layouts", "colocated", "--tp", "4",
+            "--workers", "1"]
+    plan, spec = cli.plan(cli_args(*argv))
+    result = plan.results[0]
+    assert result.capacity.load is not None
+    check = validate.check_layout(plan, spec, result, tmp_path / "live")
+    assert check.layout == "TP=4x1" and check.measured_capacity is not None
+    # the sweep's levels are requests/s (conversations at level / turns): ours x 4, and back
+    assert check.measured_capacity < 2 * result.capacity.load
+    described = json.loads(next((tmp_path / "live").rglob("workload.json")).read_text())
+    assert described["dataset"] == "sharegpt" and described["turns"] == 4 and described["endpoint"] == "chat"
+    turns = next((tmp_path / "live").rglob(TURNS_CSV)).read_text()
+    assert turns.count("\n") > 4  # per-turn rows: later turns were sent
