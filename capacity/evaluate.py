@@ -253,7 +253,7 @@ def measure(
     counted = tuple(trace for session in sessions for trace in session if start <= trace.arrival <= stop)
     # Rates over the sweep's window (loadgen.analysis.summary, as `vllm bench serve` divides by its
     # duration): from the first counted send to the last end, so a prediction reads like a sweep.
-    first = counted[0].arrival
+    first = min(t.arrival for t in counted)  # a turn of an earlier conversation may come before
     end = max(t.finish or t.arrival for t in counted)
     duration = end - first if end > first else 1.0 / load
     return _point(
