@@ -224,9 +224,12 @@ def measure(
             int(load),
             workload.input_len,
             workload.output_len,
-            measured=max(workload.requests, 2 * int(load)),  # at least two rounds of every client
+            # at least two rounds of every client, after two (of whole conversations: until then
+            # the clients are on their first turns, not on every stage of a conversation)
+            measured=max(workload.requests, 2 * int(load)),
             draw=_drawer(workload),
             think_time_s=workload.think_time_s,
+            warmup=math.ceil(2 * int(load) * workload.mean_turns),
         )
         return _closed_point(run, load, slos_ms)
     warmup, counted_conversations = open_counts(spec, topology, workload, load, slos_ms)

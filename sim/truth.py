@@ -229,10 +229,10 @@ class ClosedLoopRun:
 def closed_loop_run(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,
                     output_len: int, measured: int | None = None,
                     draw: Callable[[], Conversation] | None = None,
-                    think_time_s: float = 0.0) -> ClosedLoopRun:
+                    think_time_s: float = 0.0, warmup: int | None = None) -> ClosedLoopRun:
     """closed_loop with the counted requests kept (per-request SLO checks); `measured` requests are
-    counted after 2 x concurrency warm-up ones (default: 4 x concurrency, at least 40). `draw()` makes
-    each client's next conversation when they vary (a workload file's turns, lengths and prefix
+    counted after `warmup` ones (defaults: 4 x concurrency, at least 40, after 2 x concurrency). `draw()`
+    makes each client's next conversation when they vary (a workload file's turns, lengths and prefix
     hashes): a client sends its turns one after another, `think_time_s` after each answer, and starts
     the next conversation when the last turn ends (every turn is a request); input_len and output_len
     then only pace the clients' first sends (their means)."""
@@ -246,7 +246,7 @@ def closed_loop_run(spec: FleetSpec, topology: Topology | str, concurrency: int,
     per_instance = max(1, concurrency // len(serving))
     decode_step = des.model.step_seconds(StepLoad(per_instance, per_instance * (input_len + output_len // 2)))
     life = output_len * decode_step
-    warmup = 2 * concurrency
+    warmup = 2 * concurrency if warmup is None else warmup
     measured = max(4 * concurrency, 40) if measured is None else measured
     done: list[tuple[float, RequestTrace]] = []
     entries = des.prefill or serving
