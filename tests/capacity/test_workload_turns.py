@@ -118,6 +118,9 @@ def test_a_closed_loop_client_runs_one_conversation_after_another() -> None:
     # a later turn finds its history (a first turn only when its conversation was drawn before)
     assert all(b.cached_tokens > 0 for a, b in itertools.pairwise(run.traces)
                if b.arrival - (a.finish or 0.0) > 0.25)
+    # the capacity search's closed loop: later turns' histories are most of the prompt tokens
+    point = measure(spec, spec.topologies[0], workload, 4, {"ttft": 2500.0})
+    assert point.counted >= 40 and point.prefix_hit_share > 0.3
 
 
 def _long(turns: int, words: int, answer: int, name: str = "") -> list[dict[str, str]]:
