@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--endpoint chat sends every turn of its conversations",
     )
     parser.add_argument(
+        "--turns",
+        type=int,
+        metavar="N",
+        help="a --workload conversation's first N turns at most (the sweep's --turns; default: all)",
+    )
+    parser.add_argument(
         "--think-time",
         type=float,
         default=THINK_TIME_S,
@@ -216,6 +222,8 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
     gpus = args.gpus if args.gpus is not None else spec.topologies[0].gpus
     if not args.span > 0:
         raise UserError(f"--span: must be a positive number of seconds, got {args.span:g}")
+    if args.turns is not None and args.turns < 1:
+        raise UserError(f"--turns: must be at least 1, got {args.turns}")
     if not (args.think_time >= 0 and math.isfinite(args.think_time)):
         raise UserError(f"--think-time: must be zero or positive seconds, got {args.think_time:g}")
     workload = Workload(mode, args.input_len, args.output_len, args.requests, args.seed, args.span,
@@ -229,6 +237,7 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
             spec.model.max_model_len,
             args.tokenizer,
             spec.simulator.block_size,
+            args.turns,
         )
         turns = [turn for talk in read.conversations for turn in talk]
         workload = replace(

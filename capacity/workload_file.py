@@ -61,7 +61,8 @@ def dataset_kind(path: Path, name: str | None) -> DatasetKind:
 
 
 def read_conversations(path: Path, kind: DatasetKind, endpoint: Endpoint, output_len: int, max_model_len: int,
-                       tokenizer_dir: str | None = None, block_size: int = 16) -> FileWorkload:
+                       tokenizer_dir: str | None = None, block_size: int = 16,
+                       max_turns: int | None = None) -> FileWorkload:
     """Every entry of the file as a conversation (truth.Turn each: prompt tokens, output tokens, block
     hashes). A ShareGPT conversation sent to the chat endpoint keeps all its user turns, as the sweep
     sends them with --turns (dataset.requests' follow-ups): turn k+1's prompt is the history (every
@@ -72,7 +73,7 @@ def read_conversations(path: Path, kind: DatasetKind, endpoint: Endpoint, output
     the answers as it streams them, chained per `block_size` block), so a turn finds its history in
     the prefix cache, and prompts that share a beginning (a common system prompt) hit it, as they do
     there. An entry without a recorded answer length (no output_len, no ShareGPT reply) gets
-    `output_len`."""
+    `output_len`. `max_turns` keeps a conversation's first turns only (the sweep's --turns)."""
     from crossover.sim.server import answer_text, prompt_keys  # the server's web stack loads only for a file
 
     if kind is DatasetKind.RANDOM:
@@ -84,6 +85,7 @@ def read_conversations(path: Path, kind: DatasetKind, endpoint: Endpoint, output
         workload = dataset.prepare_workload(plan, tokenizer, max_model_len)
         chat = endpoint is Endpoint.CHAT
         turns = dataset.most_turns(workload) if chat and kind is DatasetKind.SHAREGPT else 1
+        turns = min(turns, max_turns or turns)
         workload = dataset.with_turns(workload, turns)
 
         def keys(role: str, text: str) -> list[object]:

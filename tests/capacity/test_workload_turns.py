@@ -172,6 +172,16 @@ def test_a_bad_conversation_names_file_and_place(tmp_path: Path, capsys: pytest.
     assert f"{long}: conversation big: turn 3 reaches" in err and err.count("\n") == 1
     assert main([*argv, str(TURNS), "--think-time", "-1"]) == 2
     assert "--think-time" in capsys.readouterr().err
+    assert main([*argv, str(TURNS), "--turns", "0"]) == 2
+    assert "--turns: must be at least 1" in capsys.readouterr().err
+
+
+def test_turns_keeps_a_conversations_first_turns() -> None:
+    """--turns N, as the sweep's: a long conversation's first N turns (its later ones may not fit)."""
+    whole = _read()
+    read = read_conversations(TURNS, DatasetKind.SHAREGPT, Endpoint.CHAT, 99, 8192, max_turns=2)
+    assert read.turns == 2 and sorted(len(c) for c in read.conversations) == [2] * 8
+    assert {c[:2] for c in whole} == set(read.conversations)
 
 
 @pytest.mark.slow
