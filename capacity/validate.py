@@ -96,10 +96,11 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
         # least four rounds); a round lasts about concurrency / predicted requests per second.
         top = max(levels)
         at = result.capacity.at
-        warmup = 2 * top / at.goodput_rps if at is not None and at.goodput_rps > 0 else 0.0
-        sweep_plan = SweepPlan(
-            mode=mode, levels=levels, rounds=2 + max(4.0, workload.requests / top), warmup_s=warmup, **common
-        )
+        # (rounds of conversations with several turns, as the ground truth's warm-up)
+        warm = 2 * workload.mean_turns
+        warmup = warm * top / at.goodput_rps if at is not None and at.goodput_rps > 0 else 0.0
+        rounds = warm + max(4.0, workload.requests / top)
+        sweep_plan = SweepPlan(mode=mode, levels=levels, rounds=rounds, warmup_s=warmup, **common)
     else:
         warmup, conversations = max(
             open_counts(on_profile, topology, workload, level, plan.slos_ms) for level in levels
