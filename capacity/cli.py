@@ -4,6 +4,7 @@ the simulator's ground truth, with bands, a verdict, the crossover map and the t
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -14,15 +15,21 @@ from crossover.capacity import output, profiles, search, workload_file
 from crossover.capacity.evaluate import DEFAULT_REQUESTS, DEFAULT_SPAN_S, Workload
 from crossover.capacity.layouts import Layout, Space, enumerate_layouts, fit, layout_of
 from crossover.errors import UserError
-from crossover.loadgen.plan import Endpoint, Mode
+from crossover.loadgen.plan import Endpoint, Mode, SweepPlan
 from crossover.spec import FleetSpec, load_spec
+
+THINK_TIME_S = SweepPlan.think_time_s  # the sweep's default (--think-time)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="fleet spec: the model, the hardware, the SLOs")
     parser.add_argument("--gpus", type=int, help="the GPU budget (default: the spec's first topology's)")
     load = parser.add_mutually_exclusive_group(required=True)
-    load.add_argument("--rate", help="open loop: requests/s, or a range LOW-HIGH for the crossover map")
+    load.add_argument(
+        "--rate",
+        help="open loop: requests/s (conversations/s with a multi-turn --workload), or a range LOW-HIGH "
+        "for the crossover map",
+    )
     load.add_argument("--concurrency", help="closed loop: requests in flight, or a range LOW-HIGH")
     parser.add_argument("--input-len", type=int, default=512, help="prompt tokens (512)")
     parser.add_argument("--output-len", type=int, default=256, help="output tokens (256)")
@@ -31,7 +38,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="prompt and output lengths from a sweep dataset (JSONL or ShareGPT) instead of "
-        "--input-len; entries without an answer's length get --output-len",
+        "--input-len; entries without an answer's length get --output-len; a ShareGPT file with "
+        "--endpoint chat sends every turn of its conversations",
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        metavar="N",
+        help="a --workload conversation's first N turns at most (the sweep's --turns; default: all)",
+    )
+    parser.add_argument(
+        "--think-time",
+        type=float,
+        default=THINK_TIME_S,
+        metavar="S",
+        help="seconds between a turn's answer and the conversation's next turn "
+        f"({THINK_TIME_S:g}, the sweep's default)",
     )
     parser.add_argument(
         "--dataset-name",
@@ -200,9 +222,14 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
     gpus = args.gpus if args.gpus is not None else spec.topologies[0].gpus
     if not args.span > 0:
         raise UserError(f"--span: must be a positive number of seconds, got {args.span:g}")
-    workload = Workload(mode, args.input_len, args.output_len, args.requests, args.seed, args.span)
+    if args.turns is not None and args.turns < 1:
+        raise UserError(f"--turns: must be at least 1, got {args.turns}")
+    if not (args.think_time >= 0 and math.isfinite(args.think_time)):
+        raise UserError(f"--think-time: must be zero or positive seconds, got {args.think_time:g}")
+    workload = Workload(mode, args.input_len, args.output_len, args.requests, args.seed, args.span,
+                        think_time_s=args.think_time)
     if args.workload is not None:
-        lengths = workload_file.read_lengths(
+        read = workload_file.read_conversations(
             args.workload,
             workload_file.dataset_kind(args.workload, args.dataset_name),
             Endpoint(args.endpoint),
@@ -210,12 +237,15 @@ def plan(args: argparse.Namespace) -> tuple[output.Plan, FleetSpec]:
             spec.model.max_model_len,
             args.tokenizer,
             spec.simulator.block_size,
+            args.turns,
         )
+        turns = [turn for talk in read.conversations for turn in talk]
         workload = replace(
             workload,
-            input_len=max(1, round(sum(n for n, _, _ in lengths) / len(lengths))),
-            output_len=max(1, round(sum(n for _, n, _ in lengths) / len(lengths))),
-            lengths=lengths,
+            input_len=max(1, round(sum(t.prompt_tokens for t in turns) / len(turns))),
+            output_len=max(1, round(sum(t.output_tokens for t in turns) / len(turns))),
+            conversations=read.conversations,
+            turns=read.turns,
             source=str(args.workload),
             dataset=workload_file.dataset_kind(args.workload, args.dataset_name).value,
             endpoint=args.endpoint,

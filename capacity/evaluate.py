@@ -34,56 +34,106 @@ MAX_REQUESTS = 3_000  # per level: bounds the cost of a level far past capacity
 
 @dataclass(frozen=True)
 class Workload:
-    """What the users send: fixed prompt and output lengths, or a workload file's (prompt, output)
-    pairs drawn with the seed, on one load axis."""
+    """What the users send: fixed prompt and output lengths, or a workload file's conversations drawn
+    with the seed, on one load axis. Open loop, the rate is of conversations (a single request is a
+    conversation of one turn); every turn is a request to the SLOs and the goodput."""
 
     mode: Mode
-    input_len: int = 512  # with a file: its mean, for first_guess's step model
+    input_len: int = 512  # with a file: its mean over every turn, for first_guess's step model
     output_len: int = 256
     requests: int = DEFAULT_REQUESTS  # counted per measured level, at least
     seed: int = 0
     # Open loop: arrivals span at least this long, so that a queue that grows is seen growing (a
     # burst of `requests` alone meets the SLOs at any rate the fleet can hold that many of at once).
     min_span_s: float = DEFAULT_SPAN_S
-    # a workload file's (prompt tokens, output tokens, prefix-cache block hashes); () fixed lengths
-    lengths: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
+    # a workload file's conversations (truth.Turn: prompt tokens, output tokens, prefix-cache block
+    # hashes); () fixed lengths
+    conversations: tuple[truth.Conversation, ...] = ()
     source: str = ""  # the workload file, for the output and --validate's sweep
     # its format (loadgen.plan.DatasetKind), endpoint and tokenizer, as the sweep takes them
     dataset: str = ""
     endpoint: str = "completions"
     tokenizer: str | None = None
+    turns: int = 1  # the most turns a conversation has: the sweep's --turns for them
+    think_time_s: float = 0.0  # between a turn's answer and the next turn (the sweep's --think-time)
 
-    def draw(self, rng: random.Random, at: float = 0.0) -> truth.RequestTrace:
-        """One request arriving at `at`: fixed lengths, or a file entry drawn with `rng`."""
-        if not self.lengths:
-            return truth.RequestTrace(at, self.input_len, self.output_len)
-        prompt, output, hashes = rng.choice(self.lengths)
-        return truth.RequestTrace(at, prompt, output, block_hashes=hashes)
+    def draw(self, rng: random.Random) -> truth.Conversation:
+        """One conversation: a request of the fixed lengths, or a file entry drawn with `rng`."""
+        if not self.conversations:
+            return (truth.Turn(self.input_len, self.output_len),)
+        return rng.choice(self.conversations)
+
+    @property
+    def mean_turns(self) -> float:
+        """Requests per conversation, on average over the file's conversations (1 without a file)."""
+        if not self.conversations:
+            return 1.0
+        return sum(len(c) for c in self.conversations) / len(self.conversations)
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.mean_turns > 1
 
     def describe(self) -> str:
         """The lengths in words: fixed, or the file's distribution (mean and p50/p99)."""
-        if not self.lengths:
+        if not self.conversations:
             return f"{self.input_len} prompt and {self.output_len} output tokens per request"
-        prompts = np.array([n for n, _, _ in self.lengths])
-        outputs = np.array([n for _, n, _ in self.lengths])
-
-        def dist(values: np.ndarray) -> str:
-            p50, p99 = np.percentile(values, [50, 99])
-            return f"mean {values.mean():.0f}, p50 {p50:.0f}, p99 {p99:.0f}"
-
-        return (
-            f"{self.source}: {len(self.lengths)} entries, drawn with the seed; prompt tokens "
-            f"{dist(prompts)}; output tokens {dist(outputs)}"
+        turns = [turn for talk in self.conversations for turn in talk]
+        prompts = np.array([t.prompt_tokens for t in turns])
+        outputs = np.array([t.output_tokens for t in turns])
+        text = (
+            f"{self.source}: {len(self.conversations)} entries, drawn with the seed; prompt tokens "
+            f"{_dist(prompts)}; output tokens {_dist(outputs)}"
         )
+        if self.multi_turn:
+            text += (
+                f"; {len(self.conversations)} conversations of {len(turns)} turns, turns per conversation "
+                f"{_dist(np.array([len(c) for c in self.conversations]), '.1f')}, think time "
+                f"{self.think_time_s:g} s; a turn's prompt is the history and its new message"
+            )
+        return text
 
     def summary(self) -> dict[str, object]:
-        """The workload for capacity.json: the file's pairs left out (the file holds them)."""
-        out = {k: v for k, v in asdict(self).items() if k != "lengths"}
-        return out | {"entries": len(self.lengths), "lengths": self.describe()}
+        """The workload for capacity.json: the file's conversations left out (the file holds them)."""
+        out = {k: v for k, v in asdict(self).items() if k != "conversations"}
+        out |= {"entries": len(self.conversations), "lengths": self.describe()}
+        if self.conversations:
+            turns = np.array([len(c) for c in self.conversations])
+            p50, p99 = np.percentile(turns, [50, 99])
+            out |= {
+                "conversations": len(self.conversations),
+                "turns_per_conversation": {"mean": float(turns.mean()), "p50": float(p50), "p99": float(p99)},
+            }
+        return out
 
-    def open_requests(self, rate: float) -> int:
-        """Requests counted at an open-loop rate: `requests`, or more to span min_span_s."""
-        return max(self.requests, min(MAX_REQUESTS, math.ceil(rate * self.min_span_s)))
+    def open_conversations(self, rate: float) -> int:
+        """Conversations counted at an open-loop rate (conversations/s): enough for `requests`
+        requests, or more to span min_span_s."""
+        turns = self.mean_turns
+        spanned = min(math.ceil(MAX_REQUESTS / turns), math.ceil(rate * self.min_span_s))
+        return max(math.ceil(self.requests / turns), spanned)
+
+    def session_life(self, slos_ms: Mapping[str, float], step_s: float) -> float:
+        """How long a conversation lasts when its turns meet the SLOs (p90 over the file's): each turn
+        its E2E SLO, or its TTFT SLO and its output at the TPOT (ITL) SLO, else at `step_s` a token;
+        and the think times. 0 for single requests: they need no ramp."""
+        if not self.multi_turn:
+            return 0.0
+        per_token = (slos_ms.get("tpot") or slos_ms.get("itl") or step_s * 1000.0) / 1000.0
+        ttft = slos_ms.get("ttft", 0.0) / 1000.0
+
+        def turn(output: int) -> float:
+            e2el = slos_ms.get("e2el")
+            return e2el / 1000.0 if e2el else ttft + per_token * max(0, output - 1)
+
+        lives = [sum(turn(t.output_tokens) for t in talk) + self.think_time_s * (len(talk) - 1)
+                 for talk in self.conversations]
+        return float(np.percentile(lives, 90))
+
+
+def _dist(values: np.ndarray, digits: str = ".0f") -> str:
+    p50, p99 = np.percentile(values, [50, 99])
+    return f"mean {values.mean():{digits}}, p50 {p50:.0f}, p99 {p99:.0f}"
 
 
 @dataclass(frozen=True)
@@ -101,6 +151,7 @@ class Point:
     tpot_median_ms: float
     kv_usage_peak: float
     preemptions: int
+    prefix_hit_share: float = 0.0  # prompt tokens found in the prefix cache, of all prompt tokens
 
     def per_gpu(self, gpus: int) -> tuple[float, float]:
         """(goodput, output tokens/s) per GPU."""
@@ -157,13 +208,15 @@ def _point(
         _quantile_ms(tpots, slo.INTERACTIVITY_QUANTILE),
         kv_peak,
         preemptions,
+        sum(t.cached_tokens for t in traces) / max(1, sum(t.prompt_tokens for t in traces)),
     )
 
 
 def measure(
     spec: FleetSpec, topology: Topology, workload: Workload, load: float, slos_ms: Mapping[str, float]
 ) -> Point:
-    """The layout at one load: a closed-loop concurrency or a Poisson rate (req/s)."""
+    """The layout at one load: a closed-loop concurrency or a Poisson rate (conversations/s; each a
+    request without multi-turn conversations)."""
     if workload.mode is Mode.CLOSED:
         run = truth.closed_loop_run(
             spec,
@@ -171,20 +224,22 @@ def measure(
             int(load),
             workload.input_len,
             workload.output_len,
-            measured=max(workload.requests, 2 * int(load)),  # at least two rounds of every client
+            # at least two rounds of every client, after two (of whole conversations: until then
+            # the clients are on their first turns, not on every stage of a conversation)
+            measured=max(workload.requests, 2 * int(load)),
             draw=_drawer(workload),
+            think_time_s=workload.think_time_s,
+            warmup=math.ceil(2 * int(load) * workload.mean_turns),
         )
         return _closed_point(run, load, slos_ms)
-    counted_requests = workload.open_requests(load)
-    warmup = int(counted_requests * WARMUP_SHARE)
-    total = counted_requests + warmup
+    warmup, counted_conversations = open_counts(spec, topology, workload, load, slos_ms)
+    total = counted_conversations + warmup
     rng = random.Random(workload.seed)
     arrivals = list(itertools.accumulate(rng.expovariate(load) for _ in range(total)))
     des = truth.FleetDES(spec, topology)
     draw = random.Random(f"{workload.seed}/lengths")  # apart from the arrivals: a file moves no arrival
-    traces = tuple(workload.draw(draw, at) for at in arrivals)
-    for trace in traces:
-        des.submit(trace)
+    sessions = [des.converse(workload.draw(draw), at, workload.think_time_s) for at in arrivals]
+    requests = sum(len(s) for s in sessions)
     finished = [0]
     kv_peak = [0.0]
 
@@ -193,22 +248,39 @@ def measure(
         kv_peak[0] = max(kv_peak[0], *(n.scheduler.kv_usage for n in des.nodes))
 
     des.on_done = on_done
-    des.run(lambda: finished[0] >= total)
-    counted = traces[warmup:]
+    des.run(lambda: finished[0] >= requests)
+    # The turns sent from the warm-up's end to the last conversation's arrival are counted, each a
+    # request: conversations going on at every stage, as in a long run (a single request: those
+    # that arrived after the warm-up).
+    start, stop = arrivals[warmup], arrivals[-1]
+    counted = tuple(trace for session in sessions for trace in session if start <= trace.arrival <= stop)
     # Rates over the sweep's window (loadgen.analysis.summary, as `vllm bench serve` divides by its
     # duration): from the first counted send to the last end, so a prediction reads like a sweep.
+    first = min(t.arrival for t in counted)  # a turn of an earlier conversation may come before
     end = max(t.finish or t.arrival for t in counted)
-    duration = end - counted[0].arrival if end > counted[0].arrival else 1.0 / load
+    duration = end - first if end > first else 1.0 / load
     return _point(
         load, counted, duration, slos_ms, kv_peak[0], sum(n.scheduler.preemptions for n in des.nodes)
     )
 
 
-def _drawer(workload: Workload) -> Callable[[float], truth.RequestTrace] | None:
-    if not workload.lengths:
+def open_counts(
+    spec: FleetSpec, topology: Topology, workload: Workload, rate: float, slos_ms: Mapping[str, float]
+) -> tuple[int, int]:
+    """Open loop: (warm-up, counted) conversations at `rate`. The warm-up is the first
+    WARMUP_SHARE of the counted ones and, with conversations of several turns, a conversation's life
+    (Workload.session_life) of arrivals: until then the turns in flight are only first turns, the
+    conversations' later turns still to come, and the load is lower than it stays."""
+    counted = workload.open_conversations(rate)
+    life = workload.session_life(slos_ms, _decode_step(spec, topology, workload)[0])
+    return int(counted * WARMUP_SHARE) + math.ceil(rate * life), counted
+
+
+def _drawer(workload: Workload) -> Callable[[], truth.Conversation] | None:
+    if not workload.conversations:
         return None
     rng = random.Random(f"{workload.seed}/lengths")
-    return lambda at: workload.draw(rng, at)
+    return lambda: workload.draw(rng)
 
 
 def _closed_point(run: truth.ClosedLoopRun, load: float, slos_ms: Mapping[str, float]) -> Point:
@@ -232,19 +304,27 @@ def scaled(spec: FleetSpec, factor: float) -> FleetSpec:
     return spec.model_copy(update={"simulator": sim.model_copy(update=knobs)})
 
 
+def _decode_step(
+    spec: FleetSpec, topology: Topology, workload: Workload, batch: int = 32
+) -> tuple[float, int]:
+    """A serving instance's decode step (s) at a batch of `batch` mean-length requests, and how
+    many serving instances there are."""
+    des = truth.FleetDES(spec, topology)
+    model = des.serving[0].scheduler.model
+    load = StepLoad(batch, batch * (workload.input_len + workload.output_len // 2))
+    return model.step_seconds(load), len(des.serving)
+
+
 def first_guess(spec: FleetSpec, topology: Topology, workload: Workload) -> float:
     """A load near capacity from the step model alone: the serving instances' decode rate at a
-    batch of 32, as requests per second (open) or the concurrency that keeps it busy (closed)."""
-    des = truth.FleetDES(spec, topology)
+    batch of 32, as conversations per second (open: requests per second over the turns a
+    conversation makes) or the concurrency that keeps it busy (closed)."""
+    step, serving = _decode_step(spec, topology, workload)
     batch = 32
-    rate = 0.0
-    for node in des.serving:
-        model = node.scheduler.model
-        step = model.step_seconds(StepLoad(batch, batch * (workload.input_len + workload.output_len // 2)))
-        rate += batch / (workload.output_len * step)
+    rate = serving * batch / (workload.output_len * step)
     if workload.mode is Mode.CLOSED:
-        return float(max(1, batch * len(des.serving)))
-    return float(f"{rate:.3g}")
+        return float(max(1, batch * serving))
+    return float(f"{rate / workload.mean_turns:.3g}")  # conversations/s
 
 
 @dataclass(frozen=True)

@@ -61,10 +61,40 @@ def _load(value: float | None, mode: Mode) -> str:
     return "-" if value is None else format_load(value, mode)
 
 
+def load_unit(workload: Workload) -> str:
+    """The load axis' unit: a concurrency, requests/s, or conversations/s for a multi-turn workload
+    (open loop: conversations arrive at the rate; each turn is a request)."""
+    if workload.mode is Mode.CLOSED:
+        return "conc"
+    return "conv/s" if workload.multi_turn else "req/s"
+
+
+def hit_share(plan: Plan) -> tuple[str, float] | None:
+    """The leader's predicted prefix-cache hit share (prompt tokens found cached) at its capacity."""
+    for r in plan.results:
+        if r.capacity.at is not None:
+            return label(r, len(plan.profiles)), r.capacity.at.prefix_hit_share
+    return None
+
+
+def _turn_lines(plan: Plan) -> list[str]:
+    workload, lines = plan.workload, []
+    if plan.mode is Mode.OPEN and workload.multi_turn:
+        lines.append(
+            f"rate: conversations/s (one conversation is {workload.mean_turns:.2f} requests on average, "
+            "so 1 conv/s is that many req/s); goodput counts every turn as a request"
+        )
+    share = hit_share(plan)
+    if share is not None:
+        layout, hits = share
+        lines.append(f"prefix cache: {hits:.0%} of prompt tokens predicted cached ({layout}, at capacity)")
+    return lines
+
+
 def table(plan: Plan) -> list[str]:
     """The ranked layouts, the verdict, the map, the front and what is assumed: terminal lines."""
     mode, n = plan.mode, len(plan.profiles)
-    unit = "conc" if mode is Mode.CLOSED else "req/s"
+    unit = load_unit(plan.workload)
     lines = []
     fits = ", ".join(
         f"TP{f.tp} {f.needed_gib:.1f}/{f.usable_gib:.1f} GiB{'' if f.fits else ' (no)'}" for f in plan.fits
@@ -108,6 +138,8 @@ def table(plan: Plan) -> list[str]:
     lines.append(plan.verdict.sentence)
     counted = plan.workload.requests
     lines.append(f"workload: {plan.workload.describe()}")
+    if plan.workload.conversations:
+        lines += _turn_lines(plan)
     lines.append(
         f"capacity: the highest {mode.axis} whose SLO attainment ({_slos(plan.slos_ms)}) meets "
         f"{plan.objective:.0%}, bracketed and bisected; goodput/GPU: good requests/s per GPU there; "
@@ -184,7 +216,13 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "spec": plan.spec_source,
         "gpus": plan.gpus,
         "axis": plan.mode.axis,
-        "workload": {**plan.workload.summary(), "mode": plan.mode.value},
+        "workload": {
+            **plan.workload.summary(),
+            "mode": plan.mode.value,
+            "load_unit": load_unit(plan.workload),
+            "requests_per_conversation": plan.workload.mean_turns,
+            "prefix_hit_share": None if (share := hit_share(plan)) is None else share[1],
+        },
         "objective": plan.objective,
         "slos_ms": plan.slos_ms,
         "user_loads": list(plan.user_loads),

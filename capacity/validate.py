@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from crossover import slo
-from crossover.capacity.evaluate import WARMUP_SHARE, measure
+from crossover.capacity.evaluate import measure, open_counts
 from crossover.capacity.output import Plan, fleet_spec
 from crossover.capacity.search import LayoutResult, label
 from crossover.loadgen.analysis.crossings import format_load
@@ -66,6 +66,8 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
     profile = next(p for p in plan.profiles if p.name == result.profile)
     fleet = spec_on_free_ports(parse_spec(fleet_spec(spec, profile, [result.layout]), "validation spec"))
     name = result.layout.name
+    topology = result.layout.topology()
+    on_profile = profile.apply(spec)
     centre = _level(result.capacity.load, mode)
     levels = tuple(sorted({_level(result.capacity.load * f, mode) for f in LEVEL_FACTORS} | {centre}))
     common: dict[str, Any] = {
@@ -83,40 +85,46 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
             "dataset_path": workload.source,
             "endpoint": Endpoint(workload.endpoint),
             "tokenizer": workload.tokenizer,
+            "turns": workload.turns,  # every turn of the conversations, as the prediction sent them
+            "think_time_s": workload.think_time_s,
         }
+    # Open loop, the sweep's level is requests/s and its conversations arrive at level / turns
+    # (loadgen/sweep.py); the prediction's rate is conversations/s: the sweep runs ours x turns.
+    per = workload.turns if mode is Mode.OPEN else 1
     if mode is Mode.CLOSED:
         # As the ground truth's closed loop: two rounds of warm-up, then the counted requests (at
         # least four rounds); a round lasts about concurrency / predicted requests per second.
         top = max(levels)
         at = result.capacity.at
-        warmup = 2 * top / at.goodput_rps if at is not None and at.goodput_rps > 0 else 0.0
-        sweep_plan = SweepPlan(
-            mode=mode, levels=levels, rounds=2 + max(4.0, workload.requests / top), warmup_s=warmup, **common
-        )
+        # (rounds of conversations with several turns, as the ground truth's warm-up)
+        warm = 2 * workload.mean_turns
+        warmup = warm * top / at.goodput_rps if at is not None and at.goodput_rps > 0 else 0.0
+        rounds = warm + max(4.0, workload.requests / top)
+        sweep_plan = SweepPlan(mode=mode, levels=levels, rounds=rounds, warmup_s=warmup, **common)
     else:
-        requests = max(workload.open_requests(level) for level in levels)
-        # The ground truth leaves out its first arrivals (evaluate.WARMUP_SHARE); so does the sweep.
+        warmup, conversations = max(
+            open_counts(on_profile, topology, workload, level, plan.slos_ms) for level in levels
+        )
+        # The ground truth leaves out its first arrivals (evaluate.open_counts); so does the sweep.
         sweep_plan = SweepPlan(
             mode=mode,
-            levels=levels,
-            requests_per_level=int(requests * (1 + WARMUP_SHARE)),
-            warmup_s=WARMUP_SHARE * requests / max(levels),
+            levels=tuple(level * per for level in levels),
+            requests_per_level=(warmup + conversations) * per,
+            warmup_s=warmup / max(levels),
             **common,
         )
     with running_fleet(fleet):
         outcome = run_sweep(fleet, sweep_plan, folder / name, [name], n_boot=0)
     capacity = next(c for c in outcome.crossover.capacities if c.topology == name)
-    rows = outcome.summary[(outcome.summary["topology"] == name) & (outcome.summary["level"] == centre)]
+    rows = outcome.summary[(outcome.summary["topology"] == name) & (outcome.summary["level"] == centre * per)]
     measured_goodput = float(rows[per_gpu(slo.GOODPUT_REQUESTS)].iloc[0]) if len(rows) else math.nan
-    topology = result.layout.topology()
-    on_profile = profile.apply(spec)
     predicted = measure(on_profile, topology, workload, centre, plan.slos_ms).goodput_rps / result.gpus
     return Check(
         label(result, len(plan.profiles)),
         centre,
         result.capacity.load,
         (result.slow.load, result.fast.load),
-        capacity.x,
+        None if capacity.x is None else capacity.x / per,
         capacity.censored,
         predicted,
         measured_goodput,

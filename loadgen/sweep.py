@@ -214,7 +214,7 @@ class _LevelRunner:
             if self.plan.think_time_s > 0:
                 await asyncio.sleep(self.plan.think_time_s)
             messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": follow.text}]
-            planned = record.input_tokens + record.output_tokens + follow.tokens + self.turn_tokens
+            planned = follow.input_after(record.input_tokens, record.output_tokens, self.turn_tokens)
             request = SyntheticRequest(first + turn, follow.text, planned, follow.output_len, list(messages))
             payload = request_payload(self.model, request, self.plan.ignore_eos, self.plan.endpoint)
         await self._send(session, url, request, payload)

@@ -40,6 +40,12 @@ _WORDS = [w.encode() for w in (" the", " model", " serves", " tokens", " in", " 
 _MAX_METRICS_STALL_S = 600.0
 
 
+def answer_text(tokens: int) -> str:
+    """The text of an answer of `tokens` tokens, as streamed (StreamSink.prepare: token i is word i + 1):
+    a conversation's next turn carries it back in its history, so the ground truth hashes it too."""
+    return "".join(_WORDS[(i + 1) & 15].decode() for i in range(tokens))
+
+
 def record_view(record: dict[str, Any]) -> dict[str, Any]:
     """A finished request's record as `/admin/requests` shows it (token times as a list)."""
     return {**record, "token_times": array("d", record["token_times"]).tolist()}
@@ -349,7 +355,7 @@ class SimInstance:
                 http.transport.abort()
             return web.Response(status=500)
         self._record(record, sim)
-        text = "".join(_WORDS[(i + 1) & 15].decode() for i in range(sim.generated))
+        text = answer_text(sim.generated)
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + sim.generated,
                  "completion_tokens": sim.generated, "prompt_tokens_details": None}
         choice: dict[str, Any]

@@ -12,7 +12,7 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from crossover import slo
@@ -32,6 +32,9 @@ class RequestTrace:
     finish: float | None = None
     token_times: list[float] = field(default_factory=list)
     block_hashes: tuple[int, ...] = ()  # the prompt's prefix-cache keys (none: nothing to reuse)
+    cached_tokens: int = 0  # prompt tokens the prefix cache held at admission
+    # what follows the request's end (a conversation's next turn), called with the end time
+    then: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ttft(self) -> float:
@@ -47,6 +50,34 @@ class RequestTrace:
     @property
     def itls(self) -> list[float]:
         return [b - a for a, b in itertools.pairwise(self.token_times)]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One request of a conversation: its whole prompt (the history and the new message), its
+    answer's length and the prompt's prefix-cache block hashes."""
+
+    prompt_tokens: int
+    output_tokens: int
+    block_hashes: tuple[int, ...] = ()
+
+
+Conversation = tuple[Turn, ...]  # a session's requests in order; a single request is one turn
+
+
+def conversation(messages: Sequence[Sequence[Hashable]], answers: Sequence[Sequence[Hashable]],
+                 prompt_tokens: Sequence[int], output_tokens: Sequence[int], block_size: int) -> Conversation:
+    """A conversation's turns: turn k's prompt is messages[0], answers[0], ..., answers[k-1],
+    messages[k] (the keys the server hashes, in order), so its block hashes chain over the whole
+    history and its leading blocks are turn k-1's prompt's: the prefix cache holds them."""
+    keys: list[Hashable] = []
+    turns = []
+    for k, (new, tokens, output) in enumerate(zip(messages, prompt_tokens, output_tokens, strict=True)):
+        if k:
+            keys += answers[k - 1]
+        keys += new
+        turns.append(Turn(tokens, output, chained_block_hashes(keys, block_size)))
+    return tuple(turns)
 
 
 @dataclass
@@ -90,6 +121,26 @@ class FleetDES:
         request.sink = trace
         self.at(trace.arrival, lambda t: self._arrive(target, request))
 
+    def converse(self, turns: Conversation, at: float, think_time_s: float = 0.0, node: _Node | None = None,
+                 on_end: Callable[[float], None] | None = None) -> list[RequestTrace]:
+        """A conversation starting at `at`: turn k+1 is sent when turn k's answer has ended plus the
+        think time, every turn to one entry instance (the sweep's client sends a conversation to one
+        URL), so its history is in that instance's prefix cache; through a P/D proxy (no `node`) each
+        turn goes to the next prefill instance, as the proxy sends each request (pdproxy/proxy.py,
+        round robin). `on_end(t)` when the last turn ends."""
+        target = node or (None if self.prefill else next(self._rr_entry))
+        traces = [RequestTrace(at, t.prompt_tokens, t.output_tokens, block_hashes=t.block_hashes)
+                  for t in turns]
+
+        def send(k: int, when: float) -> None:
+            trace = traces[k]
+            trace.arrival = when
+            trace.then = (lambda end: send(k + 1, end + think_time_s)) if k + 1 < len(traces) else on_end
+            self.submit(trace, target)
+
+        send(0, at)
+        return traces
+
     def _arrive(self, node: _Node, request: SimRequest) -> None:
         node.scheduler.add(request)
         self._kick(node)
@@ -120,6 +171,8 @@ class FleetDES:
                 trace.first_token = self.now
         for request in outcome.finished:
             trace = request.sink
+            if not request.remote_kv:  # P/D: the prefill instance's cache hits, not the decoder's
+                trace.cached_tokens = request.cached_tokens
             if node.role is Role.PREFILL:
                 decode = SimRequest(f"r{next(self._ids)}", trace.prompt_tokens, trace.output_tokens,
                                     self.now, remote_kv=True)
@@ -129,6 +182,8 @@ class FleetDES:
             else:
                 trace.finish = self.now
                 self.on_done(trace, self.now)
+                if trace.then is not None:
+                    trace.then(self.now)
         self._kick(node)
 
     def run(self, until: Callable[[], bool], max_time: float = 1e7) -> None:
@@ -173,11 +228,14 @@ class ClosedLoopRun:
 
 def closed_loop_run(spec: FleetSpec, topology: Topology | str, concurrency: int, input_len: int,
                     output_len: int, measured: int | None = None,
-                    draw: Callable[[float], RequestTrace] | None = None) -> ClosedLoopRun:
+                    draw: Callable[[], Conversation] | None = None,
+                    think_time_s: float = 0.0, warmup: int | None = None) -> ClosedLoopRun:
     """closed_loop with the counted requests kept (per-request SLO checks); `measured` requests are
-    counted after 2 x concurrency warm-up ones (default: 4 x concurrency, at least 40). `draw(at)` makes
-    each request sent at `at` when they vary (a workload file's lengths and prefix hashes); input_len
-    and output_len then only pace the clients' first sends (their means)."""
+    counted after `warmup` ones (defaults: 4 x concurrency, at least 40, after 2 x concurrency). `draw()`
+    makes each client's next conversation when they vary (a workload file's turns, lengths and prefix
+    hashes): a client sends its turns one after another, `think_time_s` after each answer, and starts
+    the next conversation when the last turn ends (every turn is a request); input_len and output_len
+    then only pace the clients' first sends (their means)."""
     topo = _topology(spec, topology)
     if concurrency < 1 or input_len < 1 or output_len < 1:
         raise ValueError("concurrency, input_len and output_len must be positive")
@@ -188,22 +246,20 @@ def closed_loop_run(spec: FleetSpec, topology: Topology | str, concurrency: int,
     per_instance = max(1, concurrency // len(serving))
     decode_step = des.model.step_seconds(StepLoad(per_instance, per_instance * (input_len + output_len // 2)))
     life = output_len * decode_step
-    warmup = 2 * concurrency
+    warmup = 2 * concurrency if warmup is None else warmup
     measured = max(4 * concurrency, 40) if measured is None else measured
     done: list[tuple[float, RequestTrace]] = []
     entries = des.prefill or serving
-    client_entry = {}
     kv_peak = [0.0]
+    single = (Turn(input_len, output_len),)
 
     def issue(client: int, at: float) -> None:
-        trace = draw(at) if draw else RequestTrace(at, input_len, output_len)
-        client_entry[id(trace)] = client
-        des.submit(trace, entries[client % len(entries)])
+        des.converse(draw() if draw else single, at, think_time_s, entries[client % len(entries)],
+                     lambda end: issue(client, end))
 
     def on_done(trace: RequestTrace, now: float) -> None:
         done.append((now, trace))
         kv_peak[0] = max(kv_peak[0], *(n.scheduler.kv_usage for n in des.nodes))
-        issue(client_entry.pop(id(trace)), now)
 
     des.on_done = on_done
     for client in range(concurrency):
@@ -340,14 +396,12 @@ def conversation_ttfts(spec: FleetSpec, topology: Topology | str, turns: int, in
     if turns < 1 or input_len < 1 or output_len < 1:
         raise ValueError("turns, input_len and output_len must be positive")
     des = FleetDES(spec, _topology(spec, topology))
-    keys: list[str] = []
-    ttfts: list[float] = []
-    for turn in range(turns):
-        keys += [f"u{turn}-{i}" for i in range(input_len)]
-        hashes = chained_block_hashes(keys, des.model.block_size) if prefix_caching else ()
-        trace = RequestTrace(des.now, len(keys), output_len, block_hashes=hashes)
-        des.submit(trace, des.serving[0])
-        des.run(lambda trace=trace: trace.finish is not None)  # type: ignore[misc]
-        ttfts.append(trace.ttft)
-        keys += [f"a{turn}-{i}" for i in range(output_len)]
-    return ttfts
+    messages = [[f"u{turn}-{i}" for i in range(input_len)] for turn in range(turns)]
+    answers = [[f"a{turn}-{i}" for i in range(output_len)] for turn in range(turns)]
+    prompts = [(k + 1) * input_len + k * output_len for k in range(turns)]
+    talk = conversation(messages, answers, prompts, [output_len] * turns, des.model.block_size)
+    if not prefix_caching:
+        talk = tuple(Turn(t.prompt_tokens, t.output_tokens) for t in talk)
+    traces = des.converse(talk, 0.0, node=des.serving[0])
+    des.run(lambda: traces[-1].finish is not None)
+    return [trace.ttft for trace in traces]

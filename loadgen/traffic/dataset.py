@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,11 @@ class FollowUp:
     text: str
     tokens: int  # the message's content tokens
     output_len: int
+
+    def input_after(self, input_tokens: int, output_tokens: int, turn_tokens: int) -> int:
+        """This turn's prompt tokens after a turn of `input_tokens` and `output_tokens`: that turn's
+        prompt, its answer, this message and the template tokens a turn adds (Workload.turn_tokens)."""
+        return input_tokens + output_tokens + self.tokens + turn_tokens
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,21 @@ def prepare_workload(plan: SweepPlan, tokenizer: Tokenizer, max_model_len: int) 
         assert plan.dataset_path is not None
         workload.entries = read_dataset(plan.dataset, plan.dataset_path, plan.endpoint)
     return workload
+
+
+def most_turns(workload: Workload) -> int:
+    """The most requests one of the dataset's conversations makes with the plan's endpoint (a
+    ShareGPT conversation's user turns on chat; one on completions, which sends the first turn)."""
+    return max((1 + len(entry.later) for entry in workload.entries), default=1)
+
+
+def with_turns(workload: Workload, turns: int) -> Workload:
+    """The prepared workload sending `turns` requests per conversation (--turns), its later turns'
+    template tokens measured as prepare_workload measures them."""
+    plan = replace(workload.plan, turns=turns)
+    turn_tokens = (_turn_overhead(workload.tokenizer) - workload.template_tokens
+                   if plan.endpoint is Endpoint.CHAT and turns > 1 else 0)
+    return replace(workload, plan=plan, turn_tokens=turn_tokens)
 
 
 def _template_overhead(tokenizer: Tokenizer) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from crossover.capacity import cli
 from crossover.capacity.evaluate import Workload, measure
-from crossover.capacity.workload_file import dataset_kind, read_lengths
+from crossover.capacity.workload_file import dataset_kind, read_conversations
 from crossover.cli import main
 from crossover.errors import UserError
 from crossover.loadgen.plan import DatasetKind, Endpoint, Mode
@@ -40,9 +40,10 @@ def _jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
 
 def test_jsonl_lengths_are_the_simulators_token_counts(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "w.jsonl", [{"prompt": _words(30), "output_len": 7}, {"prompt": _words(12)}])
-    lengths = read_lengths(path, dataset_kind(path, None), Endpoint.COMPLETIONS, 99, 4096)
+    read = read_conversations(path, dataset_kind(path, None), Endpoint.COMPLETIONS, 99, 4096)
     # One word, one token (sim/tokenizer.py); the line without output_len gets --output-len.
-    assert sorted(n[:2] for n in lengths) == [(12, 99), (30, 7)]
+    assert sorted((c[0].prompt_tokens, c[0].output_tokens) for c in read.conversations) == [(12, 99), (30, 7)]
+    assert read.turns == 1 and all(len(c) == 1 for c in read.conversations)
 
 
 def test_sharegpt_counts_the_chat_template_and_the_recorded_answer(tmp_path: Path) -> None:
@@ -50,8 +51,10 @@ def test_sharegpt_counts_the_chat_template_and_the_recorded_answer(tmp_path: Pat
     turns = [{"from": "human", "value": _words(20)}, {"from": "gpt", "value": _words(9)}]
     path.write_text(json.dumps([{"id": "a", "conversations": turns}]))
     assert dataset_kind(path, None) is DatasetKind.SHAREGPT
-    lengths = read_lengths(path, DatasetKind.SHAREGPT, Endpoint.CHAT, 99, 4096)
-    assert [n[:2] for n in lengths] == [(20 + MESSAGE_OVERHEAD, 9)]
+    read = read_conversations(path, DatasetKind.SHAREGPT, Endpoint.CHAT, 99, 4096)
+    assert [(t.prompt_tokens, t.output_tokens) for c in read.conversations for t in c] == [
+        (20 + MESSAGE_OVERHEAD, 9)
+    ]
 
 
 def test_a_bad_line_is_the_loaders_error_naming_file_and_line(
@@ -89,23 +92,25 @@ def test_a_missing_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_the_ground_truth_runs_the_files_lengths() -> None:
     spec = load_spec(SEED)
     topology = spec.topologies[0]
-    pairs = ((64, 8, ()), (3000, 200, ()))
-    workload = Workload(Mode.CLOSED, 1532, 104, 40, lengths=pairs)
+    pairs = ((truth.Turn(64, 8),), (truth.Turn(3000, 200),))
+    workload = Workload(Mode.CLOSED, 1532, 104, 40, conversations=pairs)
     rng = random.Random(0)
     seen: list[tuple[int, int]] = []
 
-    def draw(at: float) -> truth.RequestTrace:
-        trace = workload.draw(rng, at)
-        seen.append((trace.prompt_tokens, trace.output_tokens))
-        return trace
+    def draw() -> truth.Conversation:
+        talk = workload.draw(rng)
+        seen.append((talk[0].prompt_tokens, talk[0].output_tokens))
+        return talk
 
     run = truth.closed_loop_run(spec, topology, 4, 1532, 104, measured=40, draw=draw)
-    assert {(t.prompt_tokens, t.output_tokens) for t in run.traces} == {p[:2] for p in pairs}
-    assert set(seen) == {p[:2] for p in pairs}
+    lengths = {(p[0].prompt_tokens, p[0].output_tokens) for p in pairs}
+    assert {(t.prompt_tokens, t.output_tokens) for t in run.traces} == lengths
+    assert set(seen) == lengths
     # Open loop: long prompts from the file take longer to a first token than the fixed short ones.
     fixed = measure(spec, topology, Workload(Mode.OPEN, 64, 8, 60), 1.0, {"ttft": 2500})
     filed = measure(
-        spec, topology, Workload(Mode.OPEN, 64, 8, 60, lengths=((3000, 8, ()),)), 1.0, {"ttft": 2500}
+        spec, topology, Workload(Mode.OPEN, 64, 8, 60, conversations=((truth.Turn(3000, 8),),)), 1.0,
+        {"ttft": 2500},
     )
     assert filed.ttft_p99_ms > 2 * fixed.ttft_p99_ms
 
@@ -124,18 +129,22 @@ def test_prompts_that_share_a_beginning_hit_the_prefix_cache(tmp_path: Path) -> 
     )
     spec = load_spec(SEED)
     read = {
-        path: read_lengths(path, DatasetKind.JSONL, Endpoint.COMPLETIONS, 8, 8192)
+        path: read_conversations(path, DatasetKind.JSONL, Endpoint.COMPLETIONS, 8, 8192)
         for path in (shared, unique)
     }
-    first = {entry[2][:125] for entry in read[shared]}
+    first = {talk[0].block_hashes[:125] for talk in read[shared].conversations}
     assert (
-        len(first) == 1 and len({entry[2][:125] for entry in read[unique]}) == 30
+        len(first) == 1 and len({talk[0].block_hashes[:125] for talk in read[unique].conversations}) == 30
     )  # 2000 words = 125 blocks
     ttft = {
         path: measure(
-            spec, spec.topologies[0], Workload(Mode.OPEN, 2041, 8, 60, lengths=lengths), 2.0, {"ttft": 2500}
+            spec,
+            spec.topologies[0],
+            Workload(Mode.OPEN, 2041, 8, 60, conversations=found.conversations),
+            2.0,
+            {"ttft": 2500},
         ).ttft_p99_ms
-        for path, lengths in read.items()
+        for path, found in read.items()
     }
     assert ttft[shared] < 0.5 * ttft[unique]
 
@@ -153,7 +162,7 @@ def test_the_command_says_the_files_distribution_and_writes_it(
     saved = json.loads((out / "capacity.json").read_text())["workload"]
     assert saved["entries"] == 3 and saved["source"] == str(path) and saved["input_len"] == 700
     with pytest.raises(UserError, match="--dataset-name: random"):
-        read_lengths(path, DatasetKind.RANDOM, Endpoint.COMPLETIONS, 1, 4096)
+        read_conversations(path, DatasetKind.RANDOM, Endpoint.COMPLETIONS, 1, 4096)
     assert cli.parse_loads("8", "--concurrency", Mode.CLOSED) == (8.0,)
 
 
