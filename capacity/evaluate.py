@@ -11,17 +11,18 @@ its own.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from crossover import slo
 from crossover.loadgen.analysis.crossings import bracket
-from crossover.loadgen.plan import Mode
+from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.traffic.dataset import arrival_offsets
 from crossover.sim import truth
 from crossover.sim.model import StepLoad
 from crossover.spec import FleetSpec, Topology
@@ -81,9 +82,27 @@ class Workload:
         out = {k: v for k, v in asdict(self).items() if k != "lengths"}
         return out | {"entries": len(self.lengths), "lengths": self.describe()}
 
+    def open_sweep(self, levels: tuple[float, ...], **fields: Any) -> SweepPlan:
+        """The open-loop sweep that the ground truth's levels stand for and `--validate` runs: at each
+        rate, rate x min_span_s requests counted (at least `requests`) after a WARMUP_SHARE more, on
+        Poisson arrivals drawn with the seed by the sweep's own draw (loadgen's arrival_offsets). One
+        plan for both, so a level the planner measured is swept live with the same arrivals, the same
+        count and the same last arrival (the one that waits longest)."""
+        return SweepPlan(mode=Mode.OPEN, levels=levels, seed=self.seed,
+                         duration_s=self.min_span_s * (1 + WARMUP_SHARE),
+                         min_requests=self.requests + round(self.requests * WARMUP_SHARE), **fields)
+
+    def open_sent(self, rate: float) -> int:
+        """Requests sent at an open-loop rate, the warm-up's included (open_sweep's count, the counted
+        ones at most MAX_REQUESTS)."""
+        sent = self.open_sweep((rate,)).requests_for(rate)
+        assert sent is not None
+        return min(sent, MAX_REQUESTS + round(MAX_REQUESTS * WARMUP_SHARE))
+
     def open_requests(self, rate: float) -> int:
         """Requests counted at an open-loop rate: `requests`, or more to span min_span_s."""
-        return max(self.requests, min(MAX_REQUESTS, math.ceil(rate * self.min_span_s)))
+        sent = self.open_sent(rate)
+        return sent - round(sent * WARMUP_SHARE / (1 + WARMUP_SHARE))
 
 
 @dataclass(frozen=True)
@@ -175,11 +194,9 @@ def measure(
             draw=_drawer(workload),
         )
         return _closed_point(run, load, slos_ms)
-    counted_requests = workload.open_requests(load)
-    warmup = int(counted_requests * WARMUP_SHARE)
-    total = counted_requests + warmup
-    rng = random.Random(workload.seed)
-    arrivals = list(itertools.accumulate(rng.expovariate(load) for _ in range(total)))
+    total = workload.open_sent(load)
+    warmup = total - workload.open_requests(load)
+    arrivals = arrival_offsets(workload.open_sweep((load,)), load, total).tolist()
     des = truth.FleetDES(spec, topology)
     draw = random.Random(f"{workload.seed}/lengths")  # apart from the arrivals: a file moves no arrival
     traces = tuple(workload.draw(draw, at) for at in arrivals)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from crossover import slo
-from crossover.capacity.evaluate import WARMUP_SHARE, measure
+from crossover.capacity.evaluate import measure
 from crossover.capacity.output import Plan, fleet_spec
 from crossover.capacity.search import LayoutResult, label
 from crossover.loadgen.analysis.crossings import format_load
@@ -68,10 +68,17 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
     name = result.layout.name
     centre = _level(result.capacity.load, mode)
     levels = tuple(sorted({_level(result.capacity.load * f, mode) for f in LEVEL_FACTORS} | {centre}))
+    if mode is Mode.OPEN and result.capacity.low is not None and result.capacity.high is not None:
+        # The levels the planner bracketed its capacity with, swept with the arrivals it drew there
+        # (Workload.open_sweep): its attainment steps from 1 to well below the objective within a
+        # few % of load, so on the factors' levels alone the sweep's interpolation reads the
+        # capacity near the level below the step, up to 20% off, whatever the fleet does.
+        centre = result.capacity.low  # the highest level that met the objective
+        outer = {_level(result.capacity.load * f, mode) for f in (LEVEL_FACTORS[0], LEVEL_FACTORS[-1])}
+        levels = tuple(sorted(outer | {result.capacity.low, result.capacity.high}))
     common: dict[str, Any] = {
         "input_len": LengthDist.fixed(workload.input_len),
         "output_len": LengthDist.fixed(workload.output_len),
-        "seed": workload.seed,
         "slos_ms": dict(plan.slos_ms),
         "objective": plan.objective,
         "timeout_s": 600.0,
@@ -91,17 +98,15 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
         at = result.capacity.at
         warmup = 2 * top / at.goodput_rps if at is not None and at.goodput_rps > 0 else 0.0
         sweep_plan = SweepPlan(
-            mode=mode, levels=levels, rounds=2 + max(4.0, workload.requests / top), warmup_s=warmup, **common
+            mode=mode, levels=levels, rounds=2 + max(4.0, workload.requests / top), warmup_s=warmup,
+            seed=workload.seed, **common
         )
     else:
-        requests = max(workload.open_requests(level) for level in levels)
-        # The ground truth leaves out its first arrivals (evaluate.WARMUP_SHARE); so does the sweep.
-        sweep_plan = SweepPlan(
-            mode=mode,
-            levels=levels,
-            requests_per_level=int(requests * (1 + WARMUP_SHARE)),
-            warmup_s=WARMUP_SHARE * requests / max(levels),
-            **common,
+        # The ground truth's own sweep: its arrivals and counts at every level. It leaves out its
+        # first arrivals (evaluate.WARMUP_SHARE); the sweep, those sent in as long at the centre (the
+        # same ones but for a few, which meet an empty fleet either way).
+        sweep_plan = workload.open_sweep(
+            levels, warmup_s=(workload.open_sent(centre) - workload.open_requests(centre)) / centre, **common
         )
     with running_fleet(fleet):
         outcome = run_sweep(fleet, sweep_plan, folder / name, [name], n_boot=0)
