@@ -85,10 +85,12 @@ class Workload:
     def open_sweep(self, levels: tuple[float, ...], **fields: Any) -> SweepPlan:
         """The open-loop sweep that the ground truth's levels stand for and `--validate` runs: at each
         rate, rate x min_span_s requests counted (at least `requests`) after a WARMUP_SHARE more, on
-        Poisson arrivals drawn with the seed by the sweep's own draw (loadgen's arrival_offsets). One
-        plan for both, so a level the planner measured is swept live with the same arrivals, the same
-        count and the same last arrival (the one that waits longest)."""
-        return SweepPlan(mode=Mode.OPEN, levels=levels, seed=self.seed,
+        Poisson arrivals drawn with the seed by the sweep's own draw (loadgen's arrival_offsets), one
+        sequence scaled to every rate (shared_arrivals: the attainment falls with load, not with the
+        draw, so the search and the bands see the load). One plan for both, so a level the planner
+        measured is swept live with the same arrivals, the same count and the same last arrival
+        (the one that waits longest)."""
+        return SweepPlan(mode=Mode.OPEN, levels=levels, seed=self.seed, shared_arrivals=True,
                          duration_s=self.min_span_s * (1 + WARMUP_SHARE),
                          min_requests=self.requests + round(self.requests * WARMUP_SHARE), **fields)
 
