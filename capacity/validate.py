@@ -1,10 +1,12 @@
 """`crossover capacity --validate`: the top layouts on the live simulator (crossover.sim.fleet) with
 the real sweep (crossover.loadgen), predicted against measured capacity and goodput per GPU.
 
-Each layout gets its own sweep of three levels around its predicted capacity (0.8, 1 and 1.25 times
-it), as many requests per level as the prediction counted; the sweep's own analysis
-(loadgen.crossings.max_load_meeting_objective, in its crossover.json) gives the measured capacity,
-and its summary the measured goodput per GPU at the predicted capacity's level.
+Each layout gets its own sweep of levels around its predicted capacity (0.8, 1 and 1.25 times it;
+open loop, the planner's two bracket levels in place of the middle one, each sent as the planner
+drew it: Workload.open_sweep), as many requests per level as the prediction counted; the sweep's
+own analysis (loadgen.crossings.max_load_meeting_objective, in its crossover.json) gives the
+measured capacity, and its summary the measured goodput per GPU at the predicted capacity's level
+(open loop: the bracket's lower level, the highest that met the objective).
 """
 
 from __future__ import annotations
@@ -135,7 +137,9 @@ def run_validation(plan: Plan, spec: FleetSpec, top: int, folder: Path | None = 
         return ["validate: no top layout has a capacity inside the loads tried; nothing to check"]
     lines = [
         f"validation: the top {len(chosen)} layout(s) on the live simulator, swept at "
-        f"{', '.join(f'{f:g}' for f in LEVEL_FACTORS)} x their predicted capacity (goal: within {GOAL:.0%})"
+        f"{', '.join(f'{f:g}' for f in LEVEL_FACTORS)} x their predicted capacity"
+        + (" and the levels bracketing it, on the prediction's arrivals" if plan.mode is Mode.OPEN else "")
+        + f" (goal: within {GOAL:.0%})"
     ]
     with tempfile.TemporaryDirectory(prefix="crossover-capacity-") as scratch:
         base = folder or Path(scratch)
