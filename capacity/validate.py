@@ -137,8 +137,12 @@ def run_validation(plan: Plan, spec: FleetSpec, top: int, folder: Path | None = 
         return ["validate: no top layout has a capacity inside the loads tried; nothing to check"]
     lines = [
         f"validation: the top {len(chosen)} layout(s) on the live simulator, swept at "
-        f"{', '.join(f'{f:g}' for f in LEVEL_FACTORS)} x their predicted capacity"
-        + (" and the levels bracketing it, on the prediction's arrivals" if plan.mode is Mode.OPEN else "")
+        + (
+            f"the levels bracketing their predicted capacity and {LEVEL_FACTORS[0]:g} and "
+            f"{LEVEL_FACTORS[-1]:g} x it, on the prediction's arrivals"
+            if plan.mode is Mode.OPEN
+            else f"{', '.join(f'{f:g}' for f in LEVEL_FACTORS)} x their predicted capacity"
+        )
         + f" (goal: within {GOAL:.0%})"
     ]
     with tempfile.TemporaryDirectory(prefix="crossover-capacity-") as scratch:
