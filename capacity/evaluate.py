@@ -16,12 +16,14 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from crossover import slo
 from crossover.loadgen.analysis.crossings import bracket
-from crossover.loadgen.plan import Mode
+from crossover.loadgen.plan import Mode, SweepPlan
+from crossover.loadgen.traffic.dataset import arrival_offsets
 from crossover.sim import truth
 from crossover.sim.model import StepLoad
 from crossover.spec import FleetSpec, Topology
@@ -130,6 +132,30 @@ class Workload:
                  for talk in self.conversations]
         return float(np.percentile(lives, 90))
 
+    def open_sweep(self, levels: tuple[float, ...], **fields: Any) -> SweepPlan:
+        """The open-loop sweep that the ground truth's levels stand for and `--validate` runs: at each
+        rate, rate x min_span_s requests counted (at least `requests`) after a WARMUP_SHARE more, on
+        Poisson arrivals drawn with the seed by the sweep's own draw (loadgen's arrival_offsets), one
+        sequence scaled to every rate (shared_arrivals: the attainment falls with load, not with the
+        draw, so the search and the bands see the load). One plan for both, so a level the planner
+        measured is swept live with the same arrivals, the same count and the same last arrival
+        (the one that waits longest)."""
+        return SweepPlan(mode=Mode.OPEN, levels=levels, seed=self.seed, shared_arrivals=True,
+                         duration_s=self.min_span_s * (1 + WARMUP_SHARE),
+                         min_requests=self.requests + round(self.requests * WARMUP_SHARE), **fields)
+
+    def open_sent(self, rate: float) -> int:
+        """Requests sent at an open-loop rate, the warm-up's included (open_sweep's count, the counted
+        ones at most MAX_REQUESTS)."""
+        sent = self.open_sweep((rate,)).requests_for(rate)
+        assert sent is not None
+        return min(sent, MAX_REQUESTS + round(MAX_REQUESTS * WARMUP_SHARE))
+
+    def open_requests(self, rate: float) -> int:
+        """Requests counted at an open-loop rate: `requests`, or more to span min_span_s."""
+        sent = self.open_sent(rate)
+        return sent - round(sent * WARMUP_SHARE / (1 + WARMUP_SHARE))
+
 
 def _dist(values: np.ndarray, digits: str = ".0f") -> str:
     p50, p99 = np.percentile(values, [50, 99])
@@ -232,10 +258,17 @@ def measure(
             warmup=math.ceil(2 * int(load) * workload.mean_turns),
         )
         return _closed_point(run, load, slos_ms)
-    warmup, counted_conversations = open_counts(spec, topology, workload, load, slos_ms)
-    total = counted_conversations + warmup
-    rng = random.Random(workload.seed)
-    arrivals = list(itertools.accumulate(rng.expovariate(load) for _ in range(total)))
+    if workload.multi_turn:
+        # conversations: Poisson arrivals after a conversation's life of warm-up (open_counts)
+        warmup, counted_conversations = open_counts(spec, topology, workload, load, slos_ms)
+        rng = random.Random(workload.seed)
+        gaps = (rng.expovariate(load) for _ in range(warmup + counted_conversations))
+        arrivals = list(itertools.accumulate(gaps))
+    else:
+        # single requests: the sweep's own plan (Workload.open_sweep), its arrivals and its counts
+        total = workload.open_sent(load)
+        warmup = total - workload.open_requests(load)
+        arrivals = arrival_offsets(workload.open_sweep((load,)), load, total).tolist()
     des = truth.FleetDES(spec, topology)
     draw = random.Random(f"{workload.seed}/lengths")  # apart from the arrivals: a file moves no arrival
     sessions = [des.converse(workload.draw(draw), at, workload.think_time_s) for at in arrivals]

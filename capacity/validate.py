@@ -1,10 +1,12 @@
 """`crossover capacity --validate`: the top layouts on the live simulator (crossover.sim.fleet) with
 the real sweep (crossover.loadgen), predicted against measured capacity and goodput per GPU.
 
-Each layout gets its own sweep of three levels around its predicted capacity (0.8, 1 and 1.25 times
-it), as many requests per level as the prediction counted; the sweep's own analysis
-(loadgen.crossings.max_load_meeting_objective, in its crossover.json) gives the measured capacity,
-and its summary the measured goodput per GPU at the predicted capacity's level.
+Each layout gets its own sweep of levels around its predicted capacity (0.8, 1 and 1.25 times it;
+open loop, the planner's two bracket levels in place of the middle one, each sent as the planner
+drew it: Workload.open_sweep), as many requests per level as the prediction counted; the sweep's
+own analysis (loadgen.crossings.max_load_meeting_objective, in its crossover.json) gives the
+measured capacity, and its summary the measured goodput per GPU at the predicted capacity's level
+(open loop: the bracket's lower level, the highest that met the objective).
 """
 
 from __future__ import annotations
@@ -70,10 +72,17 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
     on_profile = profile.apply(spec)
     centre = _level(result.capacity.load, mode)
     levels = tuple(sorted({_level(result.capacity.load * f, mode) for f in LEVEL_FACTORS} | {centre}))
+    if mode is Mode.OPEN and result.capacity.low is not None and result.capacity.high is not None:
+        # The levels the planner bracketed its capacity with, swept with the arrivals it drew there
+        # (Workload.open_sweep): its attainment steps from 1 to well below the objective within a
+        # few % of load, so on the factors' levels alone the sweep's interpolation reads the
+        # capacity near the level below the step, up to 20% off, whatever the fleet does.
+        centre = result.capacity.low  # the highest level that met the objective
+        outer = {_level(result.capacity.load * f, mode) for f in (LEVEL_FACTORS[0], LEVEL_FACTORS[-1])}
+        levels = tuple(sorted(outer | {result.capacity.low, result.capacity.high}))
     common: dict[str, Any] = {
         "input_len": LengthDist.fixed(workload.input_len),
         "output_len": LengthDist.fixed(workload.output_len),
-        "seed": workload.seed,
         "slos_ms": dict(plan.slos_ms),
         "objective": plan.objective,
         "timeout_s": 600.0,
@@ -100,8 +109,9 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
         warm = 2 * workload.mean_turns
         warmup = warm * top / at.goodput_rps if at is not None and at.goodput_rps > 0 else 0.0
         rounds = warm + max(4.0, workload.requests / top)
-        sweep_plan = SweepPlan(mode=mode, levels=levels, rounds=rounds, warmup_s=warmup, **common)
-    else:
+        sweep_plan = SweepPlan(mode=mode, levels=levels, rounds=rounds, warmup_s=warmup, seed=workload.seed,
+                               **common)
+    elif workload.multi_turn:
         warmup, conversations = max(
             open_counts(on_profile, topology, workload, level, plan.slos_ms) for level in levels
         )
@@ -112,6 +122,13 @@ def check_layout(plan: Plan, spec: FleetSpec, result: LayoutResult, folder: Path
             requests_per_level=(warmup + conversations) * per,
             warmup_s=warmup / max(levels),
             **common,
+        )
+    else:
+        # The ground truth's own sweep: its arrivals and counts at every level. It leaves out its
+        # first arrivals (evaluate.WARMUP_SHARE); the sweep, those sent in as long at the centre (the
+        # same ones but for a few, which meet an empty fleet either way).
+        sweep_plan = workload.open_sweep(
+            levels, warmup_s=(workload.open_sent(centre) - workload.open_requests(centre)) / centre, **common
         )
     with running_fleet(fleet):
         outcome = run_sweep(fleet, sweep_plan, folder / name, [name], n_boot=0)
@@ -138,7 +155,13 @@ def run_validation(plan: Plan, spec: FleetSpec, top: int, folder: Path | None = 
         return ["validate: no top layout has a capacity inside the loads tried; nothing to check"]
     lines = [
         f"validation: the top {len(chosen)} layout(s) on the live simulator, swept at "
-        f"{', '.join(f'{f:g}' for f in LEVEL_FACTORS)} x their predicted capacity (goal: within {GOAL:.0%})"
+        + (
+            f"the levels bracketing their predicted capacity and {LEVEL_FACTORS[0]:g} and "
+            f"{LEVEL_FACTORS[-1]:g} x it, on the prediction's arrivals"
+            if plan.mode is Mode.OPEN
+            else f"{', '.join(f'{f:g}' for f in LEVEL_FACTORS)} x their predicted capacity"
+        )
+        + f" (goal: within {GOAL:.0%})"
     ]
     with tempfile.TemporaryDirectory(prefix="crossover-capacity-") as scratch:
         base = folder or Path(scratch)

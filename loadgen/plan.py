@@ -178,6 +178,10 @@ class SweepPlan:
     ramp_s: float = 0.0  # closed: workers start spread over ramp_s; open: rate rises linearly
     arrival: Arrival = Arrival.POISSON
     burstiness: float = 1.0
+    # every level's arrivals one seeded unit-rate sequence scaled to its rate, not a draw of its own:
+    # levels then differ only by rate (the capacity planner's ground truth draws them so, and
+    # `capacity --validate` sweeps them so: capacity/evaluate.py, Workload.open_sweep)
+    shared_arrivals: bool = False
     slos_ms: dict[str, float] | None = None  # overrides spec.slos thresholds (ms) when given
     objective: float | None = None  # overrides spec.slos.objective
     min_requests: int = 1

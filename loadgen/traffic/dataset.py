@@ -399,11 +399,12 @@ def arrival_offsets(plan: SweepPlan, rate: float, n: int) -> np.ndarray:
     """Send times (seconds from the level's start) of n open-loop requests at `rate` req/s.
 
     Gaps are gamma(shape=burstiness, mean 1) in units of the cumulative arrival intensity, so
-    burstiness 1 is Poisson (as in `vllm bench serve`). With a ramp the intensity rises linearly
-    from 0 to `rate` over ramp_s: the unit-rate times are mapped through the inverse of
+    burstiness 1 is Poisson (as in `vllm bench serve`). One draw per level, or with
+    plan.shared_arrivals one for every level (the rate-1 level's, scaled). With a ramp the intensity
+    rises linearly from 0 to `rate` over ramp_s: the unit-rate times are mapped through the inverse of
     Lambda(t) = rate t^2 / (2 ramp) (t < ramp), rate ramp / 2 + rate (t - ramp) after.
     """
-    rng = _rng(plan, rate, "arrivals")
+    rng = _rng(plan, 1.0 if plan.shared_arrivals else rate, "arrivals")
     shape = 1.0 if plan.arrival is Arrival.POISSON else plan.burstiness
     gaps = rng.gamma(shape, 1.0 / shape, size=n)
     units = np.cumsum(gaps) - gaps[0]  # the first request goes at once

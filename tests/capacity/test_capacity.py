@@ -300,19 +300,42 @@ def test_measure_counts_the_asked_requests() -> None:
 
 @pytest.mark.slow
 def test_validate_sweeps_the_layout_live_and_compares(tmp_path: Path) -> None:
-    """The goal is 10%; on the shared 2-core VM the live side reads -2% to +24% (capacity) and
-    +12% to +41% (goodput per GPU) here, the sweep sending fewer requests than offered at the
-    higher levels (docs/capacity.md): the test holds the comparison to 30% until that is found."""
+    """The sweep sends the prediction's own arrivals and counts at the planner's bracket levels
+    (Workload.open_sweep), so what is left between them is the live simulator's timing and the
+    interpolation inside the bracket (3% wide: find_capacity's tolerance). Measured on the shared
+    2-core VM, both cores kept busy or not (docs/capacity.md): capacity -0.1% to -0.3%, goodput per
+    GPU -0.1% to +0.6%, a level's attainment within 0.013 of the ground truth's; the bounds below are
+    the bracket's width and three times that attainment spread."""
     from crossover.capacity import validate
+    from crossover.loadgen.analysis.results import load_run
 
     plan, spec = cli.plan(_args(str(SEED), "--rate", "4", "--input-len", "512", "--output-len", "64",
                                 "--requests", "150", "--span", "10", "--layouts", "colocated", "--tp", "4",
                                 "--workers", "1"))
-    check = validate.check_layout(plan, spec, plan.results[0], tmp_path)
+    result = plan.results[0]
+    check = validate.check_layout(plan, spec, result, tmp_path)
     assert check.layout == "TP=4x1" and check.measured_censored == ""
-    assert check.capacity_error is not None and abs(check.capacity_error) <= 0.30
-    assert check.goodput_error is not None and abs(check.goodput_error) <= 0.45
+    assert check.capacity_error is not None and abs(check.capacity_error) <= 0.03
+    assert check.goodput_error is not None and abs(check.goodput_error) <= 0.03
     assert "capacity predicted" in validate.line(check, plan.mode)
+    summary = load_run(tmp_path / result.layout.name).summary
+    assert {result.capacity.low, result.capacity.high} <= set(summary["level"])  # the bracket, swept
+    profiled = next(p for p in plan.profiles if p.name == result.profile).apply(spec)
+    for level, attainment in zip(summary["level"], summary["attainment"], strict=True):
+        truth_point = measure(profiled, result.layout.topology(), plan.workload, level, plan.slos_ms)
+        assert attainment == pytest.approx(truth_point.attainment, abs=0.04), level
+
+
+def test_the_open_loop_sweep_sends_what_the_ground_truth_counts() -> None:
+    """Workload.open_sweep is the plan --validate runs: each level sends the truth's count, its warm-up
+    included, so the last arrival (the one that waits longest) is the same on both sides."""
+    workload = Workload(Mode.OPEN, 512, 64, 150, min_span_s=10)
+    levels = (4.0, 34.4, 43.0, 44.2, 53.8)
+    sweep = workload.open_sweep(levels)
+    for level in levels:
+        assert sweep.requests_for(level) == workload.open_sent(level)
+        assert workload.open_requests(level) >= workload.requests
+    assert workload.open_requests(4.0) == 150 and workload.open_requests(43.0) == 430
 
 
 def test_with_prices_the_verdict_is_said_per_dollar_as_well() -> None:
