@@ -11,7 +11,6 @@ its own.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections.abc import Callable, Mapping
@@ -259,16 +258,15 @@ def measure(
         )
         return _closed_point(run, load, slos_ms)
     if workload.multi_turn:
-        # conversations: Poisson arrivals after a conversation's life of warm-up (open_counts)
+        # conversations: a conversation's life of warm-up first (open_counts)
         warmup, counted_conversations = open_counts(spec, topology, workload, load, slos_ms)
-        rng = random.Random(workload.seed)
-        gaps = (rng.expovariate(load) for _ in range(warmup + counted_conversations))
-        arrivals = list(itertools.accumulate(gaps))
+        total = warmup + counted_conversations
     else:
-        # single requests: the sweep's own plan (Workload.open_sweep), its arrivals and its counts
+        # single requests: the sweep's own plan (Workload.open_sweep), its counts
         total = workload.open_sent(load)
         warmup = total - workload.open_requests(load)
-        arrivals = arrival_offsets(workload.open_sweep((load,)), load, total).tolist()
+    # Poisson arrivals by the sweep's own draw (one definition: loadgen's arrival_offsets)
+    arrivals = arrival_offsets(workload.open_sweep((load,)), load, total).tolist()
     des = truth.FleetDES(spec, topology)
     draw = random.Random(f"{workload.seed}/lengths")  # apart from the arrivals: a file moves no arrival
     sessions = [des.converse(workload.draw(draw), at, workload.think_time_s) for at in arrivals]
