@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.error
@@ -17,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -97,6 +99,48 @@ class RealServer:
 
     def stop(self, timeout: float = 20.0) -> None:
         stop_group(self.process, timeout)
+
+    @cached_property
+    def engine_pids(self) -> frozenset[int]:
+        """The server's child processes (engine core and its workers); they lead no group of their own."""
+        return frozenset(_group_members(self.process.pid) - {self.process.pid})
+
+    def pause_engine(self) -> None:
+        """Freeze the engine while the API server keeps answering: a test can then watch the API server
+        handle an event before the engine moves past it."""
+        for pid in self.engine_pids:
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume_engine(self) -> None:
+        for pid in self.engine_pids:
+            os.kill(pid, signal.SIGCONT)
+
+    def run_engine_for(self, seconds: float) -> None:
+        """Let a paused engine run for about `seconds`. The pulse is timed at real-time priority: on a
+        busy machine the scheduler left this process waiting 1.6 s to wake from a 2-ms sleep while the
+        engine ran on (needs root or CAP_SYS_NICE)."""
+        policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        try:
+            self.resume_engine()
+            time.sleep(seconds)
+            self.pause_engine()
+        finally:
+            os.sched_setscheduler(0, policy, param)
+
+
+def _group_members(group: int) -> set[int]:
+    """Processes in a process group, from /proc (the server leads its own group)."""
+    members = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # exited while we looked
+                continue
+            if int(fields[2]) == group:
+                members.add(int(entry.name))
+    return members
 
 
 def start_server(model_dir: Path, url: str, served_name: str, log_path: Path, *,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.request
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,7 +18,7 @@ from crossover import catalog, slo
 MEASURED: dict[str, dict[str, float]] = {
     # max_tokens over max_model_len, an unknown model, a body that is not JSON: only the HTTP 4xx.
     "bad_input": {"http:4xx": 1},
-    # A client reads a few tokens and closes the connection: a 2xx, no finished_reason, and the
+    # A client reads the first token and closes the connection: a 2xx, no finished_reason, and the
     # first token observed; the per-finished-request histograms do not see it.
     "cut_stream": {"http:2xx": 1, "ttft": 1},
     # A queue limit refuses the request: 503 and the admission counter.
@@ -52,18 +54,54 @@ def increase(before: str, after: str) -> dict[str, float]:
     return {key: new[key] - old[key] for key in WATCHED if new[key] != old[key]}
 
 
-def cut_stream(url: str, model: str, lines: int = 4) -> None:
-    """Start a long streamed completion, read a few event lines, then close the socket."""
+class Engine(Protocol):
+    def pause_engine(self) -> None: ...
+    def run_engine_for(self, seconds: float) -> None: ...
+    def resume_engine(self) -> None: ...
+
+
+def cut_stream(url: str, model: str, engine: Engine | None = None, timeout_s: float = 60.0) -> None:
+    """Start a long streamed completion, read its first token, close the socket, and return once the
+    server has ended the response (its 2xx count moved). A busy server may write its first token only
+    after the engine has finished the whole completion (seen on 2 cores), which then counts as finished;
+    with `engine`, the engine runs in pulses of milliseconds until the first token is out and stays
+    frozen until the server is done."""
+    served = _served(url)
     parts = urlsplit(url)
     body = json.dumps({"model": model, "prompt": "w1 w2 w3 w4", "max_tokens": 1000, "ignore_eos": True,
                        "stream": True}).encode()
-    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        seen = b""
-        while seen.count(b"data: ") < lines:
+    if engine is not None:
+        engine.pause_engine()
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            _read_first_event(sock, engine, time.monotonic() + timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while _served(url) == served:
+            assert time.monotonic() < deadline, f"{url} did not end a cut stream in {timeout_s:.0f} s"
+            time.sleep(0.05)
+    finally:
+        if engine is not None:
+            engine.resume_engine()
+
+
+def _read_first_event(sock: socket.socket, engine: Engine | None, deadline: float) -> None:
+    """Read until one server-sent event has arrived; a frozen engine gets a few milliseconds at a time."""
+    seen = b""
+    sock.settimeout(0.2)
+    while b"data: " not in seen:
+        assert time.monotonic() < deadline, "no streamed token before the deadline"
+        if engine is not None:
+            engine.run_engine_for(0.002)
+        try:
             chunk = sock.recv(4096)
-            if not chunk:
-                break
-            seen += chunk
-    time.sleep(0.5)
+        except TimeoutError:
+            continue
+        assert chunk, "the server closed the stream before its first token"
+        seen += chunk
+
+
+def _served(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        return counts(response.read().decode())["http:2xx"]
