@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -97,15 +100,35 @@ def test_analyze_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureF
         BenchOptions.parse("ttft,latency", None, False)
 
 
+# One process for every level (importing vLLM takes 12 s here): a line of argv lists on stdin runs
+# them in turn, and a marker on stdout says the level is done.
+LEVEL_DONE = b"=== crossover: level done ==="
 BENCH_DRIVER = """
 import json, sys
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-for argv in json.loads(sys.argv[1]):
-    parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    main(parser.parse_args(argv))
+for line in sys.stdin:
+    for argv in json.loads(line):
+        parser = FlexibleArgumentParser()
+        add_cli_args(parser)
+        main(parser.parse_args(argv))
+    print(sys.argv[1], flush=True)
 """
+
+
+def run_level(driver: subprocess.Popen[bytes], runs: list[list[str]], log: Path, timeout_s: float) -> None:
+    """Send one level's vllm bench runs to the driver and wait for its marker."""
+    assert driver.stdin is not None and driver.stdout is not None
+    driver.stdin.write(json.dumps(runs).encode() + b"\n")
+    driver.stdin.flush()
+    deadline, tail = time.monotonic() + timeout_s, b""
+    while LEVEL_DONE not in tail:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"vllm bench took over {timeout_s:.0f} s for a level"
+        if select.select([driver.stdout], [], [], remaining)[0]:
+            chunk = os.read(driver.stdout.fileno(), 65536)
+            assert chunk, f"vllm bench exited with {driver.wait()}: {log.read_text()[-3000:]}"
+            tail = tail[-len(LEVEL_DONE):] + chunk
 
 
 @pytest.mark.vllm
@@ -147,12 +170,17 @@ def test_analyze_reads_what_the_pinned_vllm_bench_serve_writes_and_agrees_with_a
                          "--ready-check-timeout-sec", "0", "--disable-tqdm", "--seed", str(level)])
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    with sim_process(spec, tmp_path, 0.25):
+    log = tmp_path / "vllm-bench.log"
+    command = [str(vllm_python()), "-c", BENCH_DRIVER, LEVEL_DONE.decode()]
+    with sim_process(spec, tmp_path, 0.25), log.open("wb") as errors, subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+            env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}) as driver:
         for level in levels:
-            done = subprocess.run([str(vllm_python()), "-c", BENCH_DRIVER, json.dumps(runs[level])],
-                                  capture_output=True, text=True, timeout=600,
-                                  env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-            assert done.returncode == 0, done.stderr[-3000:]
+            try:
+                run_level(driver, runs[level], log, 600)
+            except BaseException:
+                driver.kill()
+                raise
             # the native sweep's level as result files too, so both crossovers come from analyze
             assert main(["sweep", str(spec_path), "--out", str(tmp_path / "native-levels" / f"c{level}"),
                          "--concurrency", str(level), "--rounds", str(n // 4), "--input-len", str(input_len),
