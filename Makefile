@@ -43,7 +43,7 @@ typecheck: install
 # scripts/with-dockerd starts a Docker engine for the compose stack's tests when none runs, and
 # stops the one it started afterwards. CI prints the 20 slowest tests, so a slow one is seen.
 pytest: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/with-dockerd scripts/run-tests $(BIN)/python $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/with-dockerd $(BIN)/python -m pytest --durations=20 $(PYTEST_ARGS)
 
 # Regenerate the committed artifacts (rules, dashboards, compose config) from the example specs.
 generate: install
