@@ -277,9 +277,14 @@ class _LevelRunner:
         await asyncio.gather(*tasks)
 
 
+# How often a running level looks at its stop flag: a person waits this long at most, and the client
+# wakes this often beside its token events (every wake-up is CPU that bench_clients.py counts).
+STOP_POLL_S = 0.25
+
+
 async def _until_stopped(stop: StopFlag) -> None:
     while not stop.is_set():
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(STOP_POLL_S)
 
 
 async def _run_or_stop(job: Coroutine[Any, Any, T], stop: StopFlag | None) -> T | None:

@@ -242,6 +242,10 @@ class _CompletionSink:
     def feed(self, data: bytes, stamp: float) -> bool:
         if self.streaming:
             trace = self.trace
+            payload = self.parser.whole_event(data)
+            if payload is not None:
+                _consume_event(trace, payload, stamp)
+                return False
             before = len(trace.chunk_times)
             for event in self.parser.feed(data):
                 _consume_event(trace, event, stamp)

@@ -108,11 +108,21 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         stamp = self.read_stamp or time.time()
-        if self._done is None:  # bytes nobody asked for: the connection is out of step
+        sink = self._sink
+        if sink is None:  # bytes nobody asked for: the connection is out of step
             self._close()
             return
         self.received = True
         try:
+            if self._state == _CHUNK_SIZE and not self._partial and data[-2:] == b"\r\n":
+                # the common read: one whole chunk (one token's event), handed on in one step
+                line_end = data.find(b"\r\n", 0, 12)
+                size = data[:line_end]
+                if line_end > 0 and _HEX.issuperset(size) and line_end + 4 + int(size, 16) == len(data) \
+                        and size.strip(b"0"):
+                    if sink.feed(data[line_end + 2:-2], stamp):
+                        self._wanted_no_more()
+                    return
             if self._state == _HEAD:
                 data = self._head(data)
                 if not data:
@@ -210,14 +220,7 @@ class _Connection(asyncio.Protocol):
 
     def _chunked(self, data: bytes, stamp: float) -> None:
         """Decode chunked framing; the data of all chunks completed or cut by this read go to the
-        sink at once. The common read is one whole chunk (one token's event): taken in one step."""
-        if self._state == _CHUNK_SIZE and not self._partial and data[-2:] == b"\r\n":
-            line_end = data.find(b"\r\n", 0, 12)
-            size = data[:line_end]
-            if line_end > 0 and _HEX.issuperset(size) and line_end + 4 + int(size, 16) == len(data) \
-                    and size.strip(b"0"):
-                self._deliver(data[line_end + 2:-2], stamp)
-                return
+        sink at once (the common read, one whole chunk, is taken in data_received)."""
         if self._partial:
             data, self._partial = self._partial + data, b""
         pieces: list[bytes] = []
@@ -272,11 +275,15 @@ class _Connection(asyncio.Protocol):
         """Hand body bytes to the sink; True when it wanted no more (the exchange is over)."""
         assert self._sink is not None
         if self._sink.feed(data, stamp):
-            self.reusable = False
-            self._finish()
-            self._close()
+            self._wanted_no_more()
             return True
         return False
+
+    def _wanted_no_more(self) -> None:
+        """The sink ended the exchange before the response did: the rest goes with the connection."""
+        self.reusable = False
+        self._finish()
+        self._close()
 
     def _finish(self) -> None:
         done, self._done, self._sink, self._state = self._done, None, None, _DONE

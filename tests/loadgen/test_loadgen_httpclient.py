@@ -132,6 +132,15 @@ def test_chunked_events_take_the_stamp_of_the_read_that_completed_them(chunks: l
     assert done.done() and done.exception() is None and connection.reusable
 
 
+def test_a_read_of_one_whole_chunk_is_one_event_with_its_stamp() -> None:
+    # the common read of a token stream, which data_received takes in one step
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunks = [b"%x\r\n%s\r\n" % (len(event), event) for event in EVENTS]
+    sink, done, connection = _replay([head, *chunks, b"0\r\n\r\n"])
+    assert sink.events == [(event[6:-2], float(number)) for number, event in enumerate(EVENTS, 2)]
+    assert done.done() and done.exception() is None and connection.reusable
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(1, 120), min_size=1, max_size=10), st.booleans())
 def test_length_and_until_close_bodies_take_their_reads_stamps(reads: list[int], until_close: bool) -> None:

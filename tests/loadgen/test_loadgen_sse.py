@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,6 +28,19 @@ def _parse_in_pieces(stream: bytes, cuts: list[int]) -> tuple[list[bytes], int]:
     return events, parser.garbage
 
 
+def _parse_fast_then_feed(stream: bytes, cuts: list[int]) -> tuple[list[bytes], int]:
+    """As the client reads: each piece through whole_event, and through feed where it says None."""
+    parser = SSEParser()
+    events: list[bytes] = []
+    bounds = [0, *sorted(set(cuts)), len(stream)]
+    for start, end in pairwise(bounds):
+        piece = stream[start:end]
+        one = parser.whole_event(piece)
+        events += [one] if one is not None else parser.feed(piece)
+    events += parser.finish()
+    return events, parser.garbage
+
+
 def test_whole_stream() -> None:
     events, garbage = _parse_in_pieces(STREAM, [])
     assert events == EXPECTED
@@ -40,6 +55,27 @@ def test_any_split_and_line_ending_gives_the_same_events(cuts: list[int], crlf: 
     events, garbage = _parse_in_pieces(stream, cuts)
     assert events == EXPECTED
     assert garbage == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(sorted({0, *(i + 2 for i in range(len(STREAM)) if STREAM[i:i + 2] == b"\n\n"),
+                                          len(STREAM)})) | st.integers(0, len(STREAM)), max_size=12),
+       st.booleans())
+def test_the_one_event_fast_path_gives_what_feed_gives(cuts: list[int], crlf: bool) -> None:
+    # cuts drawn mostly on event boundaries, so that many pieces are one whole event
+    stream = STREAM.replace(b"\n", b"\r\n") if crlf else STREAM
+    cuts = [min(c * (2 if crlf else 1), len(stream)) for c in cuts]
+    assert _parse_fast_then_feed(stream, cuts) == _parse_in_pieces(stream, cuts)
+
+
+def test_the_one_event_fast_path_takes_only_one_whole_data_line() -> None:
+    parser = SSEParser()
+    assert parser.whole_event(b'data: {"a": 1}\n\n') == b'{"a": 1}'
+    for other in (b'data: {"a": 1}\n', b'data: 1\n\ndata: 2\n\n', b"data: a\ndata: b\n\n", b"data:x\n\n",
+                  b"data: x\r\n\r\n", b": comment\n\n", b"event: e\n\n"):
+        assert parser.whole_event(other) is None, other
+    assert parser.feed(b"data: half") == []
+    assert parser.whole_event(b'data: {"a": 1}\n\n') is None  # the rest of an event is pending
 
 
 def test_every_single_byte_split() -> None:
