@@ -65,7 +65,7 @@ from figures import add_smoke_flag, finish, loadavg, skipped  # noqa: E402
 from crossover import catalog  # noqa: E402
 from crossover.exporter.quantile import histogram_quantile  # noqa: E402
 from crossover.netutil import free_port, spec_on_free_ports  # noqa: E402
-from crossover.processes import stop_group  # noqa: E402
+from crossover.processes import proc_stat, stop_group  # noqa: E402
 from crossover.spec import load_spec  # noqa: E402
 from devkit.realvllm import make_tiny_model, start_server, vllm_available, vllm_python, wait_healthy  # noqa: E402
 
@@ -245,7 +245,7 @@ SAMPLE_S = 0.02  # /proc sampling period of the client's process tree
 def _parent(pid: int) -> int | None:
     """The parent pid of a live process, None when it is gone."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return int(proc_stat(pid)[1])
     except (OSError, IndexError):
         return None
 

@@ -39,6 +39,7 @@ from crossover.loadgen.sweep import run_sweep  # noqa: E402
 from crossover.loadgen.traffic.client import ClientOptions, StreamTrace, _consume_event  # noqa: E402
 from crossover.loadgen.traffic.sse import SSEParser  # noqa: E402
 from crossover.netutil import spec_on_free_ports  # noqa: E402
+from crossover.processes import cpu_seconds  # noqa: E402
 from crossover.spec import FleetSpec, load_spec  # noqa: E402
 from devkit.realvllm import vllm_python  # noqa: E402
 from tests.loadgen.loadgen_sim_process import emitted_by_id, sim_process, stamp_errors  # noqa: E402
@@ -121,12 +122,6 @@ def _bench_ours(spec: FleetSpec, topology: str, streams: int, requests: int, inp
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _run_vllm_bench(python: Path, url: str, model: str, tokenizer: Path, streams: int, prompts: int,
                     input_len: int, output_len: int, folder: Path) -> tuple[dict, list[tuple[float, float]]]:
     """Run it; also its CPU time sampled every 20 ms as (unix time, CPU seconds), so that the CPU
@@ -153,7 +148,7 @@ def _run_vllm_bench(python: Path, url: str, model: str, tokenizer: Path, streams
     deadline = time.monotonic() + 900
     while process.poll() is None and time.monotonic() < deadline:
         with contextlib.suppress(OSError, IndexError, ValueError):
-            samples.append((time.time(), cpu_seconds(process.pid)))
+            samples.append((time.time(), sum(cpu_seconds(process.pid))))
         time.sleep(0.02)
     if process.poll() is None:
         process.kill()

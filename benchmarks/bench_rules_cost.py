@@ -30,7 +30,7 @@ from figures import add_smoke_flag, print_figures
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.netutil import free_port
-from crossover.processes import stop_group
+from crossover.processes import cpu_seconds, stop_group
 from crossover.rules.generate import Format, outputs
 from crossover.rules.model import build_rules
 from crossover.rules.prom import PrometheusServer, running_prometheus
@@ -85,12 +85,6 @@ async def _serve(count: int, body: bytes) -> None:
 
 def serve_forever(count: int) -> None:
     asyncio.run(_serve(count, PAYLOAD.read_bytes()))
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def group_durations(server: PrometheusServer) -> dict[str, float]:
@@ -164,11 +158,11 @@ def main() -> int:
         up = {s.url: s.query("count(up == 1)")[0].value for s in (bare, ruled)}
         up[exporter_url] = exporter_targets_up(exporter_url)
         pids = {bare.url: bare.process.pid, ruled.url: ruled.process.pid, exporter_url: exporter.pid}
-        before = {url: cpu_seconds(pid) for url, pid in pids.items()}
+        before = {url: sum(cpu_seconds(pid)) for url, pid in pids.items()}
         started = time.monotonic()
         time.sleep(args.seconds)
         span = time.monotonic() - started
-        used = {url: cpu_seconds(pid) - before[url] for url, pid in pids.items()}
+        used = {url: sum(cpu_seconds(pid)) - before[url] for url, pid in pids.items()}
         durations = group_durations(ruled)
     cycles = span / 5.0
     scrape, both, exporting = (used[url] / cycles for url in (bare.url, ruled.url, exporter_url))

@@ -40,6 +40,7 @@ import yaml
 from figures import add_smoke_flag, print_figures
 
 from crossover.eventloop import LOOPS, loop_factory
+from crossover.processes import cpu_seconds
 
 TARGET_STREAMS = 2000
 TARGET_TOKENS_PER_CORE = 50_000
@@ -76,13 +77,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 class Stream(asyncio.Protocol):

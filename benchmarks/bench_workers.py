@@ -36,12 +36,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))  # for tests.loadgen; the package itself as installed
 sys.path.append(str(REPO / "benchmarks"))
 
-from bench_loadgen import _quantiles, cpu_seconds  # noqa: E402
+from bench_loadgen import _quantiles  # noqa: E402
 from figures import add_smoke_flag, print_figures  # noqa: E402
 
 from crossover.loadgen.plan import LengthDist, SweepPlan  # noqa: E402
 from crossover.loadgen.sweep import Traffic, run_sweep  # noqa: E402
 from crossover.netutil import free_port  # noqa: E402
+from crossover.processes import cpu_seconds  # noqa: E402
 from crossover.sim import fleet as sim_fleet  # noqa: E402
 from crossover.spec import FleetSpec, load_spec, parse_spec  # noqa: E402
 from tests.loadgen.loadgen_sim_process import emitted_by_id, sim_process, stamp_errors  # noqa: E402
@@ -88,12 +89,12 @@ def _start_cpu_seconds(spec: FleetSpec, plan: SweepPlan, workers: int, folder: P
 
 def one(spec: FleetSpec, plan: SweepPlan, workers: int, folder: Path,
         sim_pids: list[int]) -> dict[str, float]:
-    sim_cpu = sum(cpu_seconds(pid) for pid in sim_pids)
+    sim_cpu = sum(sum(cpu_seconds(pid)) for pid in sim_pids)
     client_cpu = _client_cpu_seconds()
     started = time.monotonic()
     result = run_sweep(spec, plan, folder, [TOPOLOGY], n_boot=0, traffic=Traffic(workers=workers))
     wall = time.monotonic() - started
-    sim_cpu = sum(cpu_seconds(pid) for pid in sim_pids) - sim_cpu
+    sim_cpu = sum(sum(cpu_seconds(pid)) for pid in sim_pids) - sim_cpu
     client_cpu = _client_cpu_seconds() - client_cpu
     net_cpu = client_cpu - _start_cpu_seconds(spec, plan, workers, folder)
     # A run whose traffic costs less CPU than the start's own noise (a smoke's 512 requests against

@@ -36,10 +36,10 @@ import yaml
 from figures import add_smoke_flag, print_figures
 
 from crossover.netutil import free_port
+from crossover.processes import cpu_seconds
 from crossover.spec import load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
-TICKS = os.sysconf("SC_CLK_TCK")
 WINDOW_S = 60.0
 
 
@@ -58,9 +58,7 @@ class Sample:
 
 def proc_stats(pid: int) -> tuple[float, float]:
     """(RSS in MB, CPU seconds) of a process, from /proc."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+    cpu = sum(cpu_seconds(pid))
     with open(f"/proc/{pid}/status") as status:
         rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
     return rss, cpu

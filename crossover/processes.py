@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 
 def die_with_parent() -> None:
@@ -40,3 +41,15 @@ def stop_group(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     signal_group(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=grace_s)
+
+
+def proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command's name (Linux): [0] the state, [1] the parent,
+    [2] the process group, [11] and [12] user and system CPU in clock ticks. OSError once it is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process and all its threads so far, from /proc."""
+    fields, tick = proc_stat(pid), os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick

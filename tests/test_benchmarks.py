@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from crossover.processes import stop_group
+from crossover.processes import proc_stat, stop_group
 from tests.benchmark_docs import benchmark_scripts, figures_module, sections
 from tests.helpers import REPO, require, require_binary
 
@@ -163,7 +163,7 @@ def test_a_smoke_past_its_limit_is_stopped_with_its_children(tmp_path: Path) -> 
 def _running(pid: int) -> bool:
     """Whether a process is alive (a zombie, killed and not yet reaped by its new parent, is not)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        state = proc_stat(pid)[0]
     except FileNotFoundError:
         return False
     return state != "Z"

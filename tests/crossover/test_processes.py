@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from crossover.processes import die_with_parent, stop_group
+from crossover.processes import cpu_seconds, die_with_parent, proc_stat, stop_group
 
 
 def _group_alive(pgid: int, within_s: float = 5.0) -> bool:
@@ -50,3 +52,28 @@ def test_stop_group_of_a_finished_process_is_no_error() -> None:
     process.wait(10)
     stop_group(process, grace_s=1.0)
     assert process.returncode == 3
+
+
+def test_proc_stat_reads_the_fields_after_a_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
+    # a command name may hold ") (": the fields start after the last one
+    odd = tmp_path / "a) (b"
+    odd.symlink_to(Path(sys.executable))
+    child = subprocess.Popen([str(odd), "-c", "import time; time.sleep(30)"])
+    try:
+        fields = proc_stat(child.pid)
+        assert fields[0] in ("R", "S", "D") and int(fields[1]) == os.getpid()
+        assert int(fields[2]) == os.getpgid(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(OSError):
+        proc_stat(child.pid)
+
+
+def test_cpu_seconds_counts_this_process_work() -> None:
+    user, system = cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:
+        pass
+    later_user, later_system = cpu_seconds(os.getpid())
+    assert later_user + later_system - user - system >= 0.2  # 10-ms ticks: 0.3 s of work reads 0.29-0.31
