@@ -10,6 +10,7 @@ ITLs always number output_tokens - 1 and sum to e2e - TTFT.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from itertools import count
@@ -218,22 +219,32 @@ class ClientOptions:
     preconnect: bool = True  # closed loop: open every stream's connection before the level's first send
 
 
+# Reads a stream keeps before parsing them (the sink's `reads`): bounds its memory (64 reads of a
+# few hundred bytes) and keeps the batch's parsing hot in the CPU's caches.
+PARSE_BATCH = 64
+
+
 class _CompletionSink:
-    """One stream's response, fed by its connection as the bytes arrive (loadgen/traffic/httpclient.py): the
-    events are parsed and stamped with the time of the read that completed them.
+    """One stream's response, fed by its connection as the bytes arrive (loadgen/traffic/httpclient.py): each
+    read is kept with its time, and its events are parsed later, in batches, each stamped with the
+    time of the read that completed it.
 
-    Why in the protocol: a coroutine reading the stream runs after every other ready coroutine,
-    so at hundreds of streams whose tokens arrive in the same engine step, a time taken there is
-    late by the time the others took (milliseconds); data_received runs as the bytes come off
-    the socket, and on plain TCP its time is the kernel's receive time of the read."""
+    Why the time in the protocol: a coroutine reading the stream runs after every other ready
+    coroutine, so at hundreds of streams whose tokens arrive in the same engine step, a time taken
+    there is late by the time the others took (milliseconds); data_received runs as the bytes come
+    off the socket, and on plain TCP its time is the kernel's receive time of the read.
+    Why the parse later: a token event wakes the client from sleep with its caches cold, where
+    parsing one event costs several times what it costs in a batch (benchmarks/bench_clients.py
+    measures the client's CPU per request); only the read and its time are needed on arrival."""
 
-    __slots__ = ("error_body", "parser", "streaming", "trace")
+    __slots__ = ("error_body", "parser", "reads", "streaming", "trace")
 
     def __init__(self, trace: StreamTrace) -> None:
         self.trace = trace
         self.parser = SSEParser()
         self.streaming = False
         self.error_body = b""
+        self.reads: list[tuple[bytes, float]] = []
 
     def head(self, status: int, headers: dict[str, str]) -> None:
         self.trace.status = status
@@ -241,26 +252,37 @@ class _CompletionSink:
 
     def feed(self, data: bytes, stamp: float) -> bool:
         if self.streaming:
-            trace = self.trace
-            payload = self.parser.whole_event(data)
+            reads = self.reads
+            reads.append((data, stamp))
+            if len(reads) >= PARSE_BATCH:
+                self.parse()
+            return False
+        self.error_body += data
+        return len(self.error_body) >= _ERROR_BODY_BYTES
+
+    def parse(self) -> None:
+        """Parse the reads kept so far into the trace (SSEOverflow for a stream that is not SSE)."""
+        trace, parser = self.trace, self.parser
+        reads, self.reads = self.reads, []
+        for data, stamp in reads:
+            payload = parser.whole_event(data)
             if payload is not None:
                 _consume_event(trace, payload, stamp)
-                return False
+                continue
             before = len(trace.chunk_times)
-            for event in self.parser.feed(data):
+            for event in parser.feed(data):
                 _consume_event(trace, event, stamp)
             # Events that waited in the socket together share its one kernel stamp, the last
             # arrival's: the earlier ones read late (by up to the gaps between them).
             if len(trace.chunk_times) - before > 1:
                 trace.shared_reads += len(trace.chunk_times) - before
-            return False
-        self.error_body += data
-        return len(self.error_body) >= _ERROR_BODY_BYTES
 
     def finish(self) -> None:
-        """The response ended: a last event without its blank line, or the error's body."""
+        """The response ended: its reads parsed, a last event without its blank line, or the
+        error's body."""
         trace = self.trace
         if self.streaming:
+            self.parse()
             now = time.time()
             for event in self.parser.finish():
                 _consume_event(trace, event, now)
@@ -288,6 +310,9 @@ async def stream_completion(client: HTTPClient, base_url: str, payload: bytes, t
         trace.error = f"not an event stream: {exc}"
     except (ClientError, OSError) as exc:
         trace.error = f"{type(exc).__name__}: {str(exc)[:_ERROR_BODY_CHARS]}"
+    if sink.reads:  # a stream cut short: what it had sent still counts (the request itself failed)
+        with contextlib.suppress(SSEOverflow):
+            sink.parse()
     trace.garbage += sink.parser.garbage
     trace.end_time = time.time()
     return trace

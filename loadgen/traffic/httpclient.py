@@ -3,8 +3,8 @@
 Why our own: the sweep times each token event by the socket read that brought it, with the
 kernel's receive time where it can (transport.py), which needs the socket under the protocol;
 aiohttp's public API hands out neither. Here the response body goes to the request's sink inside
-`data_received`, with the read's time, so events are parsed and stamped as they come off the
-socket and the request's coroutine wakes once, at the end.
+`data_received`, with the read's time, so every event keeps the time its bytes came off the
+socket, and the request's coroutine wakes once, at the end.
 
 Kept to what the load generator needs: one request at a time per connection, the body in memory,
 responses framed by Content-Length, chunked or the connection's end; keep-alive connections

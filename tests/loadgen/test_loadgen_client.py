@@ -116,6 +116,31 @@ def test_failures_are_failed_requests_with_a_reason(behaviour: Behaviour, error:
     assert record.output_tokens == 0 and math.isnan(record.ttft)
 
 
+def test_a_stream_cut_short_keeps_the_events_it_sent(connector: str) -> None:
+    # the reads are parsed after the response (in batches): a failed one is parsed too
+    with FakeServer(Behaviour(drop_after=3)) as server:
+        record = _send(server, connector=connector)
+    assert not record.ok and len(record.chunk_times) == 3 and record.chunk_tokens == [1, 1, 1]
+
+
+def test_a_long_stream_is_parsed_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    import crossover.loadgen.traffic.client as client_module
+
+    kept: list[int] = []
+    parse = client_module._CompletionSink.parse
+
+    def counting(sink: client_module._CompletionSink) -> None:
+        kept.append(len(sink.reads))
+        parse(sink)
+
+    monkeypatch.setattr(client_module, "PARSE_BATCH", 4)
+    monkeypatch.setattr(client_module._CompletionSink, "parse", counting)
+    with FakeServer(Behaviour(tpot_s=0.005)) as server:
+        record = _send(server)
+    assert record.ok and record.output_tokens == 9 and len(record.itl) == 8
+    assert max(kept) == 4 and len(kept) >= 3  # 9 token events and the end: batches of 4 and the rest
+
+
 def test_a_hanging_server_times_out_and_the_client_returns(connector: str) -> None:
     with FakeServer(Behaviour(hang=True)) as server:
         started = time.monotonic()
