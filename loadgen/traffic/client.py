@@ -265,10 +265,6 @@ class _CompletionSink:
         trace, parser = self.trace, self.parser
         reads, self.reads = self.reads, []
         for data, stamp in reads:
-            payload = parser.whole_event(data)
-            if payload is not None:
-                _consume_event(trace, payload, stamp)
-                continue
             before = len(trace.chunk_times)
             for event in parser.feed(data):
                 _consume_event(trace, event, stamp)

@@ -24,17 +24,11 @@ class SSEParser:
     garbage: int = 0  # lines that were neither data nor an SSE field we ignore on purpose
     _cr: bool = field(default=False, repr=False)
 
-    def whole_event(self, chunk: bytes) -> bytes | None:
-        """The payload when `chunk` is exactly one `data: ...` line and its blank line with nothing
-        pending before it (the common read: one token's event); None for anything else, which
-        goes through `feed`. Same result as feed, without its loop: the client's hot path."""
-        if chunk[-2:] == b"\n\n" and chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2 \
-                and not self.pending and not self._cr and b"\r" not in chunk:
-            return chunk[6:-2]
-        return None
-
     def feed(self, chunk: bytes) -> list[bytes]:
         """Add received bytes; return the `data` payloads of every event now complete."""
+        if chunk[-2:] == b"\n\n" and chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2 \
+                and not self.pending and not self._cr and b"\r" not in chunk:
+            return [chunk[6:-2]]  # the common read, one token's event: one `data:` line, nothing pending
         if b"\r" in chunk or self._cr:
             # CRLF and lone CR are legal line ends in SSE; fold them into LF. A CR at the end of
             # one read may pair with an LF at the start of the next.

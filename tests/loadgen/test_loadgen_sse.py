@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from itertools import pairwise
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,19 +26,6 @@ def _parse_in_pieces(stream: bytes, cuts: list[int]) -> tuple[list[bytes], int]:
     return events, parser.garbage
 
 
-def _parse_fast_then_feed(stream: bytes, cuts: list[int]) -> tuple[list[bytes], int]:
-    """As the client reads: each piece through whole_event, and through feed where it says None."""
-    parser = SSEParser()
-    events: list[bytes] = []
-    bounds = [0, *sorted(set(cuts)), len(stream)]
-    for start, end in pairwise(bounds):
-        piece = stream[start:end]
-        one = parser.whole_event(piece)
-        events += [one] if one is not None else parser.feed(piece)
-    events += parser.finish()
-    return events, parser.garbage
-
-
 def test_whole_stream() -> None:
     events, garbage = _parse_in_pieces(STREAM, [])
     assert events == EXPECTED
@@ -61,21 +46,20 @@ def test_any_split_and_line_ending_gives_the_same_events(cuts: list[int], crlf: 
 @given(st.lists(st.sampled_from(sorted({0, *(i + 2 for i in range(len(STREAM)) if STREAM[i:i + 2] == b"\n\n"),
                                           len(STREAM)})) | st.integers(0, len(STREAM)), max_size=12),
        st.booleans())
-def test_the_one_event_fast_path_gives_what_feed_gives(cuts: list[int], crlf: bool) -> None:
-    # cuts drawn mostly on event boundaries, so that many pieces are one whole event
+def test_cuts_on_event_boundaries_give_the_same_events(cuts: list[int], crlf: bool) -> None:
+    # many pieces are then one whole event, the common read that feed takes in one step
     stream = STREAM.replace(b"\n", b"\r\n") if crlf else STREAM
     cuts = [min(c * (2 if crlf else 1), len(stream)) for c in cuts]
-    assert _parse_fast_then_feed(stream, cuts) == _parse_in_pieces(stream, cuts)
+    events, garbage = _parse_in_pieces(stream, cuts)
+    assert events == EXPECTED
+    assert garbage == 1
 
 
-def test_the_one_event_fast_path_takes_only_one_whole_data_line() -> None:
+def test_one_whole_event_after_a_pending_part_joins_it() -> None:
     parser = SSEParser()
-    assert parser.whole_event(b'data: {"a": 1}\n\n') == b'{"a": 1}'
-    for other in (b'data: {"a": 1}\n', b'data: 1\n\ndata: 2\n\n', b"data: a\ndata: b\n\n", b"data:x\n\n",
-                  b"data: x\r\n\r\n", b": comment\n\n", b"event: e\n\n"):
-        assert parser.whole_event(other) is None, other
     assert parser.feed(b"data: half") == []
-    assert parser.whole_event(b'data: {"a": 1}\n\n') is None  # the rest of an event is pending
+    assert parser.feed(b'data: {"a": 1}\n\n') == [b'halfdata: {"a": 1}']  # one line, not a fresh event
+    assert parser.feed(b"data: x\r\n\r\n") == [b"x"]  # CRLF line ends: the full path
 
 
 def test_every_single_byte_split() -> None:
